@@ -1,0 +1,71 @@
+"""Timing and reporting shared by every benchmark.
+
+Per-op time is measured inside one jitted program (a chain of dependent ops,
+unrolled or in lax.fori_loop), as the median over repetitions of the
+wall-clock time of the whole program divided by the number of ops.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+import jax
+
+
+def median_time(fn, *args, reps: int = 10, warmup: int = 2) -> float:
+  """Median wall-clock seconds of ``fn(*args)`` (blocking on the result)."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  ts = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    ts.append(time.perf_counter() - t)
+  return statistics.median(ts)
+
+
+def machine() -> str:
+  try:
+    devs = jax.devices()
+    kind = devs[0].device_kind
+    return f"{len(devs)}x {kind} ({socket.gethostname()})"
+  except Exception:  # pragma: no cover
+    return platform.node()
+
+
+def header(command: str | None = None) -> dict:
+  return {
+      "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+      "machine": machine(),
+      "jax": jax.__version__,
+      "command": command or " ".join([os.path.basename(sys.executable), *sys.argv]),
+  }
+
+
+def write_results(name: str, payload: dict, markdown: str, outdir: str | None = None) -> tuple[str, str]:
+  """Writes ``<outdir>/<name>.json`` and ``.md`` (default: benchmarks/results)."""
+  outdir = outdir or os.path.join(os.path.dirname(__file__), "results")
+  os.makedirs(outdir, exist_ok=True)
+  jp, mp = os.path.join(outdir, name + ".json"), os.path.join(outdir, name + ".md")
+  with open(jp, "w") as f:
+    json.dump(payload, f, indent=1)
+  hdr = payload.get("header", {})
+  with open(mp, "w") as f:
+    f.write(f"# {name}\n\n")
+    for k in ("date", "machine", "jax", "command"):
+      if k in hdr:
+        f.write(f"- {k}: `{hdr[k]}`\n")
+    f.write("\n" + markdown + "\n")
+  return jp, mp
+
+
+def md_table(headers, rows) -> str:
+  out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+  out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+  return "\n".join(out)

@@ -1,0 +1,74 @@
+"""all_to_all: drop-in for jax.lax.all_to_all.
+Canonical form: (n, *S) -> (n, *S) with out[r] = x_r[rank]."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_dfccl._src import compat
+from jax_dfccl._src import core as c
+
+
+def _abstract(aval, n, params):
+  from jax._src.lax.parallel import collective_vma_rule
+  if not aval.shape or aval.shape[0] != n:
+    raise ValueError(f"jax_dfccl: all_to_all canonical input must lead with {n}, got {aval.shape}")
+  vma = collective_vma_rule("all_to_all", params["axes"], aval)
+  return compat.with_shape_vma(aval, aval.shape, vma)
+
+
+def _transpose(ct, params):
+  return c.bind_blocking(ct, params)  # a permutation of blocks across ranks: self-transpose
+
+
+def _batch(x, d):
+  return jnp.moveaxis(x, d, 1), 1
+
+
+OP = c.register_op(c.OpDef("all_to_all", "all_to_all", _abstract, _transpose, _batch))
+
+
+def _tiled_post(n, shape, ca):
+  def post(y):
+    y = jnp.moveaxis(y, 0, ca)
+    return y.reshape(shape[:ca] + (n * shape[ca],) + shape[ca + 1:])
+  return post
+
+
+def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, key=None):
+  axes, n, items, treedef = c.leaves_of(x, "all_to_all", axis_name, key, "all_to_all")
+  leaves = []
+  for leaf, k, h in items:
+    nd = leaf.ndim
+    sa = split_axis + nd if split_axis < 0 else split_axis
+    ca = concat_axis + nd if concat_axis < 0 else concat_axis
+    if not (0 <= sa < nd and 0 <= ca < nd):
+      raise ValueError(f"jax_dfccl.all_to_all: split_axis {split_axis} / concat_axis "
+                       f"{concat_axis} out of range for a rank-{nd} input")
+    if tiled:
+      if leaf.shape[sa] % n:
+        raise ValueError(f"jax_dfccl.all_to_all: split dimension {sa} of size {leaf.shape[sa]} "
+                         f"is not divisible by the group size {n} of axis {axis_name!r}")
+      post = None
+    else:
+      if leaf.shape[sa] != n:
+        raise ValueError(f"jax_dfccl.all_to_all: split dimension {sa} has size "
+                         f"{leaf.shape[sa]}, but tiled=False needs the group size {n}")
+      # As jax.lax: a size-1 concat dimension, a tiled exchange, then drop the split dim.
+      leaf = jnp.expand_dims(leaf, ca)
+      sq = sa + (sa >= ca)
+      post = (lambda y, sq=sq: jnp.squeeze(y, sq)) if sq != ca else (lambda y: y)
+      sa = sq
+    shape = leaf.shape
+    xc = leaf.reshape(shape[:sa] + (n, shape[sa] // n) + shape[sa + 1:])
+    xc = jnp.moveaxis(xc, sa, 0)
+    chunk = shape[:sa] + (shape[sa] // n,) + shape[sa + 1:]
+    tiled_post = _tiled_post(n, chunk, ca)
+    full_post = tiled_post if post is None else (lambda y, a=tiled_post, b=post: b(a(y)))
+    leaves.append(c.Leaf(xc, dict(op="all_to_all", axes=axes, key=k, key_hash=h,
+                                  reduce="sum", perm=()), full_post))
+  return leaves, treedef
+
+
+all_to_all, all_to_all_start = c.api("all_to_all", _plan)
+all_to_all.__doc__ = """Splits ``x`` along ``split_axis`` across the ranks of ``axis_name`` and
+concatenates the received blocks along ``concat_axis``; drop-in for ``jax.lax.all_to_all``."""

@@ -1,0 +1,487 @@
+"""The start/done primitives every collective is built on.
+
+Each op module (psum.py, all_gather.py, ...) describes its canonical form with
+an :class:`OpDef` (abstract eval, transpose, batching) and a *plan* function
+that brings user arguments into that form.  This module owns the three
+primitives and their rules:
+
+* ``dfccl_collective`` — the blocking form; lowers to ``dfccl_start`` followed
+  by ``dfccl_done`` (custom calls, see ``xla_ffi/ffi/attrs.h``); linear, with
+  JVP/transpose/batching delegated to the op.
+* ``dfccl_start`` — returns ``(out, input_alias, ticket)``; ``input_alias``
+  keeps the input alive until the matching done.
+* ``dfccl_done`` — waits for the instance and returns ``out``.
+
+Identity, not order: every instance is identified by ``(group, key, seq)``.
+``key`` is the user's key or is derived from op, shape, dtype, axes and the
+call site; the runtime counts ``seq`` per key on each rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+from jax._src import effects
+from jax._src.interpreters import ad
+from jax._src.interpreters import batching
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
+from jax._src.sharding_impls import SPMDAxisContext
+
+from jax_dfccl._src import compat
+
+# --------------------------------------------------------------------------
+# Effect: keeps collectives from being dead-code eliminated or hoisted, and is
+# allowed everywhere JAX's own collectives are (control flow, remat, custom AD).
+
+
+class DfcclEffect(effects.Effect):
+  __str__ = lambda self: "DfcclCollective"
+
+
+dfccl_effect = DfcclEffect()
+for _s in (effects.lowerable_effects, effects.control_flow_allowed_effects,
+           effects.remat_allowed_effects, effects.custom_derivatives_allowed_effects):
+  _s.add_type(DfcclEffect)
+
+# --------------------------------------------------------------------------
+# Op registry
+
+KIND = {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 2, "all_to_all": 3, "ppermute": 4}
+REDUCE = {"sum": 0, "max": 1, "min": 2}
+SUPPORTED_DTYPES = tuple(np.dtype(d) for d in
+                         (np.float32, jnp.bfloat16, np.float16, np.float64, np.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+  """The canonical form of one collective (see xla_ffi/include/dfccl/collective.h).
+
+  abstract(aval, n, params) -> output aval
+  transpose(ct, params) -> cotangent of the input (built from blocking binds)
+  batch(x, bdim) -> (x with the batch dim where the op allows it, output bdim)
+  jvp(x, t, params) -> (y, t_out), or None for linear ops
+  """
+  name: str
+  kind: str
+  abstract: Callable
+  transpose: Callable
+  batch: Callable
+  jvp: Callable | None = None
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register_op(op: OpDef) -> OpDef:
+  OPS[op.name] = op
+  return op
+
+
+# --------------------------------------------------------------------------
+# Keys
+
+
+def _hash64(s: str) -> int:
+  return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+_PKG_DIRS = tuple(os.path.dirname(os.path.dirname(m.__file__)) + os.sep
+                  for m in (sys.modules["jax_dfccl"], jax))
+_SKIP = ("contextlib.py", "functools.py", "<frozen")
+
+
+def call_site(depth: int = 3) -> str:
+  """The innermost user frames (file basename:line:function), outside jax and jax_dfccl."""
+  frames, f = [], sys._getframe(1)
+  while f is not None and len(frames) < depth:
+    fn = f.f_code.co_filename
+    if not fn.startswith(_PKG_DIRS) and not fn.endswith(_SKIP) and "<frozen" not in fn:
+      frames.append(f"{os.path.basename(fn)}:{f.f_lineno}:{f.f_code.co_name}")
+    f = f.f_back
+  return "<".join(frames) or "?"
+
+
+def make_key(opname: str, user_key, aval, axes, extra: str = "") -> tuple[str, int]:
+  """(readable key, 64-bit identity).  A user key is the identity itself, so
+  ranks that disagree on shapes under one key get a mismatch error."""
+  if user_key is not None:
+    if not isinstance(user_key, str) or not user_key:
+      raise TypeError(f"jax_dfccl: key must be a non-empty string, got {user_key!r}")
+    return user_key + extra, _hash64("user:" + user_key + extra)
+  site = call_site()
+  readable = f"{opname}@{site}{extra}"
+  ident = f"{opname}|{site}|{tuple(aval.shape)}|{aval.dtype}|{tuple(axes)}{extra}"
+  return readable, _hash64(ident)
+
+
+def derive(params: dict, tag: str) -> dict:
+  """Params of a collective derived from another (JVP tangent, transpose)."""
+  p = dict(params)
+  p["key"] = f"{params['key']}/{tag}"
+  p["key_hash"] = _hash64(f"{params['key_hash']}/{tag}")
+  return p
+
+
+# --------------------------------------------------------------------------
+# Trace-time checks
+
+
+def as_axes(axis_name) -> tuple:
+  axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  if not axes:
+    raise ValueError("jax_dfccl: axis_name must name at least one mesh axis")
+  if len(set(axes)) != len(axes):
+    raise ValueError(f"jax_dfccl: repeated axis in axis_name {axis_name!r}")
+  return axes
+
+
+def group_size(axes: tuple, api: str) -> int:
+  env = core.get_axis_env()
+  n = 1
+  for a in axes:
+    if not env.axis_exists(a):
+      raise NameError(f"jax_dfccl.{api}: unbound axis name {a!r}; call it inside "
+                      f"jax.shard_map over a mesh that has axis {a!r}")
+    n *= env.axis_size(a)
+  return n
+
+
+def check_dtype(x, api: str):
+  dt = np.dtype(jnp.result_type(x))
+  if dt not in SUPPORTED_DTYPES:
+    raise TypeError(f"jax_dfccl.{api}: unsupported dtype {dt}; supported: "
+                    + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+
+
+def make_varying(x, axes):
+  """Like jax.lax collectives: an input invariant over `axes` is first made
+  varying (so psum of an invariant value multiplies it by the group size)."""
+  if not compat.check_vma_enabled():
+    return x
+  missing = tuple(a for a in axes if a not in compat.varying(jax.typeof(x)))
+  return compat.pvary(x, missing) if missing else x
+
+
+# --------------------------------------------------------------------------
+# Primitives
+
+collective_p = core.Primitive("dfccl_collective")
+start_p = core.Primitive("dfccl_start")
+start_p.multiple_results = True
+done_p = core.Primitive("dfccl_done")
+
+_SITES = itertools.count(1)
+
+
+def _axes_n(axes):
+  env = core.get_axis_env()
+  return int(np.prod([env.axis_size(a) for a in axes]))
+
+
+def _out_aval(aval, params):
+  return OPS[params["op"]].abstract(aval, _axes_n(params["axes"]), params)
+
+
+def _effects(params):
+  return {dfccl_effect, *map(core.NamedAxisEffect, params["axes"])}
+
+
+def _collective_abstract(aval, **params):
+  return _out_aval(aval, params), _effects(params)
+
+
+def _ticket_aval(aval):
+  return compat.with_shape_vma(aval, (), compat.varying(aval)).update(dtype=np.dtype(np.int64),
+                                                                      weak_type=False)
+
+
+def _start_abstract(aval, *, site, **params):
+  return [_out_aval(aval, params), aval, _ticket_aval(aval)], _effects(params)
+
+
+def _done_abstract(out, x_alias, ticket, *, key, site):
+  return out, {dfccl_effect}
+
+
+collective_p.def_effectful_abstract_eval(_collective_abstract)
+start_p.def_effectful_abstract_eval(_start_abstract)
+done_p.def_effectful_abstract_eval(_done_abstract)
+
+
+def _no_impl(*args, **params):
+  raise ValueError("jax_dfccl collectives must be called inside jax.shard_map "
+                   "(under jax.jit), like jax.lax collectives")
+
+
+for _p in (collective_p, start_p, done_p):
+  _p.def_impl(_no_impl)
+
+# ---- AD (blocking form only: start/done handles are not differentiable) ----
+
+
+def _collective_jvp(primals, tangents, **params):
+  (x,), (t,) = primals, tangents
+  op = OPS[params["op"]]
+  if op.jvp is not None:
+    return op.jvp(x, t, params)
+  y = collective_p.bind(x, **params)
+  if type(t) is ad.Zero:
+    return y, ad.Zero(core.get_aval(y).to_tangent_aval())
+  return y, collective_p.bind(t, **derive(params, "jvp"))
+
+
+def _collective_transpose(ct, x, **params):
+  if type(ct) is ad.Zero:
+    return [ad.Zero(x.aval)]
+  return [OPS[params["op"]].transpose(ct, derive(params, "T"))]
+
+
+ad.primitive_jvps[collective_p] = _collective_jvp
+ad.primitive_transposes[collective_p] = _collective_transpose
+
+
+def _no_ad(*args, **kw):
+  raise NotImplementedError("jax_dfccl: start/done handles are not differentiable; "
+                            "use the blocking form (e.g. jax_dfccl.psum) under autodiff")
+
+
+ad.primitive_jvps[start_p] = _no_ad
+ad.primitive_jvps[done_p] = _no_ad
+
+# ---- batching ----
+
+
+def _check_not_batched_axis(axis_data, params):
+  if axis_data.name is not None and axis_data.name in params["axes"]:
+    raise NotImplementedError("jax_dfccl: collectives over a vmapped axis name are not supported")
+
+
+def _collective_batch(axis_data, vals_in, dims_in, **params):
+  _check_not_batched_axis(axis_data, params)
+  (x,), (d,) = vals_in, dims_in
+  if d is batching.not_mapped:
+    return collective_p.bind(x, **params), d
+  x, out_d = OPS[params["op"]].batch(x, d)
+  return collective_p.bind(x, **params), out_d
+
+
+def _start_batch(axis_data, vals_in, dims_in, **params):
+  _check_not_batched_axis(axis_data, params)
+  (x,), (d,) = vals_in, dims_in
+  if d is batching.not_mapped:
+    return start_p.bind(x, **params), [d, d, d]
+  x, out_d = OPS[params["op"]].batch(x, d)
+  out, xa, t = start_p.bind(x, **params)
+  # The ticket is per device, not per batch element: broadcast it.
+  return [out, xa, t], [out_d, d, batching.not_mapped]
+
+
+def _done_batch(axis_data, vals_in, dims_in, **params):
+  (out, xa, t), (d_out, d_xa, d_t) = vals_in, dims_in
+  if d_t is not batching.not_mapped:
+    raise NotImplementedError("jax_dfccl: vmapping over a batch of handles is not supported")
+  return done_p.bind(out, xa, t, **params), d_out
+
+
+batching.fancy_primitive_batchers[collective_p] = _collective_batch
+batching.fancy_primitive_batchers[start_p] = _start_batch
+batching.fancy_primitive_batchers[done_p] = _done_batch
+
+# ---- lowering ----
+
+
+def _spmd_mesh(ctx, api):
+  ac = ctx.module_context.axis_context
+  if not isinstance(ac, SPMDAxisContext):
+    raise ValueError(f"jax_dfccl.{api}: must be lowered inside jax.shard_map")
+  mesh = ac.mesh
+  manual = frozenset(ac.manual_axes)
+  if manual and manual != frozenset(a for a in mesh.axis_names if mesh.shape[a] > 1) \
+      and manual != frozenset(mesh.axis_names):
+    raise NotImplementedError("jax_dfccl: collectives in a partially-manual shard_map "
+                              "(axis_names=...) are not supported; make every mesh axis manual")
+  return mesh
+
+
+def group_table(mesh, axes) -> np.ndarray:
+  """(num_groups, group_size) partition ids; a row is a group in rank order
+  (row-major over `axes` in the order given, as jax.lax.axis_index)."""
+  names = list(mesh.axis_names)
+  sizes = [mesh.shape[a] for a in names]
+  strides = {a: int(np.prod(sizes[i + 1:])) for i, a in enumerate(names)}
+  others = [a for a in names if a not in axes]
+  rows = []
+  for oc in itertools.product(*[range(mesh.shape[a]) for a in others]):
+    base = sum(c * strides[a] for a, c in zip(others, oc))
+    rows.append([base + sum(c * strides[a] for a, c in zip(axes, ac))
+                 for ac in itertools.product(*[range(mesh.shape[a]) for a in axes])])
+  return np.asarray(rows, dtype=np.int32)
+
+
+def device_ids(mesh) -> np.ndarray:
+  if isinstance(mesh, jax.sharding.Mesh):
+    return np.asarray([d.id for d in mesh.devices.flat], dtype=np.int64)
+  return np.arange(mesh.size, dtype=np.int64)  # abstract mesh: partition ids
+
+
+def _partition_id(ctx):
+  pid = hlo.partition_id()
+  return hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), pid)
+
+
+_PID_AVAL = core.ShapedArray((), np.int32)
+_TICKET = core.ShapedArray((), np.int64)
+
+
+def _start_lowering(ctx, x, *, op, axes, key, key_hash, reduce, perm, site):
+  from jax_dfccl._src import backend
+  backend.load()  # registers the FFI targets before XLA compiles the call
+  mesh = _spmd_mesh(ctx, op)
+  groups = group_table(mesh, axes)
+  perm_arr = np.asarray(perm if perm else [(-1, -1)], dtype=np.int32).reshape(-1)
+  rule = jax.ffi.ffi_lowering("dfccl_start", operand_output_aliases={0: 1}, has_side_effect=True)
+  sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL])
+  return rule(sub, x, _partition_id(ctx),
+              kind=np.int32(KIND[OPS[op].kind]), reduce_op=np.int32(REDUCE[reduce]),
+              key=key, key_hash=np.int64(key_hash), site=np.int64(site),
+              group_size=np.int32(groups.shape[1]), groups=groups.reshape(-1),
+              device_ids=device_ids(mesh), perm=perm_arr)
+
+
+def _done_lowering(ctx, out, x_alias, ticket, *, key, site):
+  rule = jax.ffi.ffi_lowering("dfccl_done", operand_output_aliases={0: 0}, has_side_effect=True)
+  return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
+
+
+def _collective_lowering(ctx, x, **params):
+  site = next(_SITES)
+  (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
+  t_aval = _TICKET
+  out, xa, t = _start_lowering(ctx.replace(avals_out=[out_aval, x_aval, t_aval]), x,
+                               site=site, **params)
+  return _done_lowering(ctx.replace(avals_in=[out_aval, x_aval, t_aval], avals_out=[out_aval]),
+                        out, xa, t, key=params["key"], site=site)
+
+
+mlir.register_lowering(collective_p, _collective_lowering, cacheable=False)
+mlir.register_lowering(start_p, _start_lowering, cacheable=False)
+mlir.register_lowering(done_p, _done_lowering, cacheable=False)
+
+# --------------------------------------------------------------------------
+# Plans, blocking calls and handles
+
+
+@dataclasses.dataclass
+class Leaf:
+  """One array's part of a collective: canonical input, post-processing."""
+  x: Any
+  params: dict
+  post: Callable = lambda y: y
+
+
+def bind_blocking(x, params):
+  return collective_p.bind(x, **params)
+
+
+def run_blocking(leaves: Sequence[Leaf], treedef):
+  return jax.tree.unflatten(treedef, [lf.post(collective_p.bind(lf.x, **lf.params))
+                                      for lf in leaves])
+
+
+class _HandleState:
+  __slots__ = ("names", "posts", "treedef", "keys", "sites", "consumed")
+
+  def __init__(self, names, posts, treedef, keys, sites):
+    self.names, self.posts, self.treedef = names, posts, treedef
+    self.keys, self.sites, self.consumed = keys, sites, False
+
+
+@jax.tree_util.register_pytree_node_class
+class Handle:
+  """An in-flight collective returned by a ``*_start`` function.
+
+  Pass it to :func:`jax_dfccl.done` exactly once, in the same traced program.
+  """
+
+  def __init__(self, arrays, state: _HandleState):
+    self._arrays = tuple(arrays)
+    self._state = state
+
+  def tree_flatten(self):
+    return self._arrays, self._state
+
+  @classmethod
+  def tree_unflatten(cls, state, arrays):
+    return cls(arrays, state)
+
+  def __repr__(self):
+    return f"Handle({', '.join(self._state.keys)}{', done' if self._state.consumed else ''})"
+
+
+def run_start(name: str, leaves: Sequence[Leaf], treedef) -> Handle:
+  arrays, sites = [], []
+  for lf in leaves:
+    site = next(_SITES)
+    arrays.extend(start_p.bind(lf.x, site=site, **lf.params))
+    sites.append(site)
+  return Handle(arrays, _HandleState(name, [lf.post for lf in leaves], treedef,
+                                     [lf.params["key"] for lf in leaves], sites))
+
+
+def done(handle: Handle):
+  """Waits for a started collective; returns exactly what the blocking form returns."""
+  if not isinstance(handle, Handle):
+    raise TypeError(f"jax_dfccl.done expects a handle from a *_start function, got {type(handle)}")
+  st = handle._state
+  if st.consumed:
+    raise ValueError(f"jax_dfccl.done: handle of {st.names} ({', '.join(st.keys)}) is already done")
+  st.consumed = True
+  outs = []
+  for i, (post, key, site) in enumerate(zip(st.posts, st.keys, st.sites)):
+    out, xa, t = handle._arrays[3 * i: 3 * i + 3]
+    outs.append(post(done_p.bind(out, xa, t, key=key, site=site)))
+  return jax.tree.unflatten(st.treedef, outs)
+
+
+def api(name: str, plan: Callable):
+  """Builds the blocking and the start form of a public collective from its plan."""
+
+  def blocking(*args, **kwargs):
+    leaves, treedef = plan(*args, **kwargs)
+    return run_blocking(leaves, treedef)
+
+  def start(*args, **kwargs):
+    leaves, treedef = plan(*args, **kwargs)
+    return run_start(name, leaves, treedef)
+
+  blocking.__name__, start.__name__ = name, name + "_start"
+  blocking.__qualname__, start.__qualname__ = name, name + "_start"
+  start.__doc__ = (f"Starts :func:`jax_dfccl.{name}` and returns a handle; "
+                   f"``jax_dfccl.done(handle)`` returns its result.")
+  return blocking, start
+
+
+def leaves_of(x, opname, axis_name, key, api_name, extra_fn=None):
+  """Common front half of every plan: validate, flatten, make keys."""
+  axes = as_axes(axis_name)
+  n = group_size(axes, api_name)
+  xs, treedef = jax.tree.flatten(x)
+  out = []
+  for i, leaf in enumerate(xs):
+    check_dtype(leaf, api_name)
+    leaf = make_varying(jnp.asarray(leaf), axes)
+    extra = f"[{i}]" if len(xs) > 1 else ""
+    k, h = make_key(opname, key, jax.typeof(leaf), axes, extra)
+    out.append((leaf, k, h))
+  return axes, n, out, treedef

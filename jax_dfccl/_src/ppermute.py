@@ -1,0 +1,41 @@
+"""ppermute: drop-in for jax.lax.ppermute (ranks with no source receive zeros)."""
+from __future__ import annotations
+
+from jax_dfccl._src import compat
+from jax_dfccl._src import core as c
+
+
+def _abstract(aval, n, params):
+  from jax._src.lax.parallel import collective_vma_rule
+  vma = collective_vma_rule("ppermute", params["axes"], aval)
+  return compat.with_shape_vma(aval, aval.shape, vma)
+
+
+def _transpose(ct, params):
+  return c.bind_blocking(ct, {**params, "perm": tuple((d, s) for s, d in params["perm"])})
+
+
+def _batch(x, d):
+  return x, d
+
+
+OP = c.register_op(c.OpDef("ppermute", "ppermute", _abstract, _transpose, _batch))
+
+
+def _plan(x, axis_name, perm, *, key=None):
+  axes, n, items, treedef = c.leaves_of(x, "ppermute", axis_name, key, "ppermute")
+  pairs = tuple((int(s), int(d)) for s, d in perm)
+  srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
+  if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
+    raise ValueError(f"jax_dfccl.ppermute: perm sources and destinations must be unique, got {perm}")
+  if any(not 0 <= i < n for i in srcs + dsts):
+    raise ValueError(f"jax_dfccl.ppermute: perm {perm} has ranks outside [0, {n}) of axis {axis_name!r}")
+  leaves = [c.Leaf(leaf, dict(op="ppermute", axes=axes, key=k, key_hash=h, reduce="sum", perm=pairs))
+            for leaf, k, h in items]
+  return leaves, treedef
+
+
+ppermute, ppermute_start = c.api("ppermute", _plan)
+ppermute.__doc__ = """Sends ``x`` from rank ``src`` to rank ``dst`` for each ``(src, dst)`` in
+``perm`` over ``axis_name``; ranks that receive nothing get zeros.  Drop-in for
+``jax.lax.ppermute``."""

@@ -1,0 +1,42 @@
+"""The one configuration object of jax_dfccl.
+
+Every tunable lives here, documented; nothing is read from environment
+variables.  Change entries with :func:`jax_dfccl.configure` (which also pushes
+them to the loaded runtimes); read them from ``jax_dfccl.config``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Config:
+  #: A collective whose peers have not all started it after this many seconds
+  #: fails with an error naming the key, the sequence number and the missing
+  #: ranks (instead of hanging).
+  timeout_s: float = 300.0
+  #: How long a collective waiting for peers keeps its worker (daemon thread
+  #: on CPU, daemon block on GPU) before it is preempted and another runs.
+  spin_budget_us: float = 20.0
+  #: The larger budget used once a peer has been seen progressing on the same
+  #: collective ("stickiness"), so that ranks gang-schedule without a coordinator.
+  sticky_budget_us: float = 500.0
+  #: GPU: the daemon kernel exits after this much idle time, freeing its SMs; a
+  #: host proxy thread relaunches it when work arrives.
+  idle_quit_us: float = 1000.0
+  #: GPU: the daemon exits (and is relaunched) after this long without any
+  #: progress even with tasks pending, so that no stream operation can wait on
+  #: a spinning kernel forever.
+  stall_quit_us: float = 50000.0
+  #: GPU: thread blocks (SMs) of the daemon kernel.
+  max_blocks: int = 16
+  #: Record start/preempt/resume/finish events for :func:`jax_dfccl.export_trace`.
+  trace: bool = False
+  #: Trace ring-buffer capacity (events per runtime).
+  trace_capacity: int = 65536
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+config = Config()

@@ -1,0 +1,50 @@
+"""Export of the runtimes' per-collective events as a Perfetto / Chrome trace.
+
+Enable recording with ``jax_dfccl.configure(trace=True)``; run the program;
+then ``jax_dfccl.export_trace("trace.json")`` and open it in ui.perfetto.dev.
+Each device is a track; each collective instance a slice from its first
+``run`` to ``finish``, with instant events at ``preempt`` and ``resume``.
+"""
+from __future__ import annotations
+
+import json
+
+from jax_dfccl._src import backend
+
+
+def records() -> list[tuple]:
+  """All events: (platform, device, key, seq, event, t_ns), time-sorted."""
+  out = []
+  for plat, rt in backend.load().items():
+    out.extend((plat, *r) for r in rt.trace_records())
+  out.sort(key=lambda r: r[5])
+  return out
+
+
+def to_chrome_trace(recs) -> dict:
+  events, open_ = [], {}
+  t0 = recs[0][5] if recs else 0
+  for plat, dev, key, seq, ev, t in recs:
+    us = (t - t0) / 1e3
+    pid, tid, name = plat, int(dev), f"{key}#{seq}"
+    ident = (plat, dev, key, seq)
+    if ev in ("start",):
+      events.append(dict(name=name, ph="i", s="t", pid=pid, tid=tid, ts=us, args={"event": ev}))
+    elif ev in ("run", "resume"):
+      open_[ident] = us
+    elif ev in ("preempt", "finish", "error"):
+      b = open_.pop(ident, None)
+      if b is not None:
+        events.append(dict(name=name, ph="X", pid=pid, tid=tid, ts=b, dur=max(us - b, 0.001),
+                           args={"ended_by": ev, "seq": seq}))
+      if ev != "finish":
+        events.append(dict(name=f"{ev} {name}", ph="i", s="t", pid=pid, tid=tid, ts=us))
+  return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def export_trace(path: str) -> int:
+  """Writes the recorded events to ``path`` (Chrome trace JSON); returns the event count."""
+  tr = to_chrome_trace(records())
+  with open(path, "w") as f:
+    json.dump(tr, f)
+  return len(tr["traceEvents"])

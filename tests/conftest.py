@@ -1,0 +1,40 @@
+import os
+
+# Eight CPU devices for the CPU backend tests (must be set before jax starts).
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+
+def cpu_mesh(shape, names):
+  devs = jax.devices("cpu")[: int(np.prod(shape))]
+  return Mesh(np.array(devs).reshape(shape), names)
+
+
+@pytest.fixture(scope="session")
+def mesh8():
+  return cpu_mesh((8,), ("x",))
+
+
+@pytest.fixture(scope="session")
+def mesh24():
+  return cpu_mesh((2, 4), ("x", "y"))
+
+
+def put(x, mesh, spec):
+  return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+@pytest.fixture(autouse=True)
+def _reset_dfccl_config():
+  import jax_dfccl
+  saved = jax_dfccl.config.as_dict()
+  yield
+  changed = {k: v for k, v in saved.items() if getattr(jax_dfccl.config, k) != v}
+  if changed:
+    jax_dfccl.configure(**changed)

@@ -1,0 +1,387 @@
+// CPU backend runtime: see runtime.h for the roles and the instance lifecycle.
+//
+// Lock order: Globals::comms_mu -> Communicator::mu (never the reverse); no
+// lock is held while calling Task::Complete or Daemon::Wake/Submit.
+#include "cpu/runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+#include <utility>
+
+#include "cpu/daemon.h"
+#include "cpu/reduce.h"
+#include "dfccl/check.h"
+
+namespace dfccl::cpu {
+namespace {
+
+struct Globals {
+  Config config;
+  Counters counters;
+  std::mutex comms_mu;
+  std::unordered_map<std::string, std::shared_ptr<Communicator>> comms;
+  std::mutex tickets_mu;
+  std::unordered_map<int64_t, std::shared_ptr<Task>> tickets;
+  std::atomic<int64_t> next_ticket{1};
+  // Trace ring buffer: `ring` grows to `ring_cap`, then `ring_head` is the oldest.
+  std::mutex trace_mu;
+  std::vector<TraceRecord> ring;
+  size_t ring_cap = 0, ring_head = 0;
+};
+
+// Leaked on purpose: detached daemon threads may still run during process exit.
+Globals& G() {
+  static Globals* g = new Globals;
+  return *g;
+}
+
+// Detaches the posted ranks' tasks from a failing/finishing instance.
+// Caller holds the communicator mutex.
+std::vector<std::shared_ptr<Task>> TakeTasks(Instance& inst) {
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (Slot& s : inst.slots)
+    if (s.task) tasks.push_back(std::move(s.task));
+  return tasks;
+}
+
+// Marks an open instance failed.  Caller holds the communicator mutex and has
+// checked arrived < n (so no rank has read, or will ever read, a peer input).
+std::vector<std::shared_ptr<Task>> FailLocked(Instance& inst, ErrKind kind, std::string msg) {
+  inst.error = std::move(msg);
+  inst.error_kind = kind;
+  inst.failed.store(true, std::memory_order_release);
+  return TakeTasks(inst);
+}
+
+void EraseIfCurrent(Communicator& comm, const Instance& inst) {
+  auto it = comm.instances.find(InstKey{inst.key_hash, inst.seq});
+  if (it != comm.instances.end() && it->second.get() == &inst) comm.instances.erase(it);
+}
+
+}  // namespace
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Config& GetConfig() { return G().config; }
+Counters& GetCounters() { return G().counters; }
+
+// ---- trace -------------------------------------------------------------------
+void TraceEvent(int64_t device, const std::string& key, int64_t seq, const char* event) {
+  Globals& g = G();
+  if (!g.config.trace.load(std::memory_order_relaxed)) return;
+  const int64_t t = NowNs();
+  const size_t cap = static_cast<size_t>(std::max<int64_t>(1, g.config.trace_capacity.load()));
+  std::lock_guard<std::mutex> l(g.trace_mu);
+  if (cap != g.ring_cap) {  // capacity changed: start over
+    g.ring.clear();
+    g.ring.reserve(std::min<size_t>(cap, 4096));
+    g.ring_cap = cap;
+    g.ring_head = 0;
+  }
+  if (g.ring.size() < cap) {
+    g.ring.push_back(TraceRecord{device, key, seq, event, t});
+  } else {
+    g.ring[g.ring_head] = TraceRecord{device, key, seq, event, t};
+    g.ring_head = (g.ring_head + 1) % cap;
+  }
+}
+
+std::vector<TraceRecord> TraceSnapshot() {
+  Globals& g = G();
+  std::lock_guard<std::mutex> l(g.trace_mu);
+  std::vector<TraceRecord> out;
+  out.reserve(g.ring.size());
+  for (size_t i = 0; i < g.ring.size(); ++i) out.push_back(g.ring[(g.ring_head + i) % g.ring.size()]);
+  return out;
+}
+
+int64_t TraceSize() {
+  Globals& g = G();
+  std::lock_guard<std::mutex> l(g.trace_mu);
+  return static_cast<int64_t>(g.ring.size());
+}
+
+// ---- task completion -------------------------------------------------------------
+void Task::Complete(ErrKind kind, std::string message) {
+  {
+    std::lock_guard<std::mutex> l(mu);
+    if (done.load(std::memory_order_relaxed)) return;
+    err_kind = kind;
+    error = std::move(message);
+    done.store(true, std::memory_order_release);
+  }
+  // The waiter owns a shared_ptr to this task and so does our caller, so the
+  // task outlives this notify.
+  cv.notify_all();
+  Counters& c = G().counters;
+  (kind == ErrKind::kNone ? c.completed : c.failed).fetch_add(1, std::memory_order_relaxed);
+  c.live_tasks.fetch_sub(1, std::memory_order_relaxed);
+  TraceEvent(spec.self_device, spec.key, seq, kind == ErrKind::kNone ? "finish" : "error");
+  if (daemon) daemon->Wake();  // lets the daemon drop it now instead of at its next poll
+}
+
+// ---- start ---------------------------------------------------------------------
+int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
+  Globals& g = G();
+  const int n = spec.nranks;
+  DFCCL_CHECK(n >= 1 && spec.rank >= 0 && spec.rank < n && static_cast<int>(spec.group_devices.size()) == n,
+              "dfccl: collective '" << spec.key << "': bad group (rank " << spec.rank << " of " << n << ")");
+  std::shared_ptr<Communicator> comm;
+  {
+    std::lock_guard<std::mutex> l(g.comms_mu);
+    auto& c = g.comms[spec.GroupName()];
+    if (!c) {
+      c = std::make_shared<Communicator>();
+      c->name = spec.GroupName();
+      c->devices = spec.group_devices;
+    }
+    comm = c;
+  }
+  auto task = std::make_shared<Task>();
+  task->spec = spec;
+  task->in = in;
+  task->out = out;
+  task->comm = comm;
+  task->daemon = &DaemonFor(spec.self_device);
+  task->start_ns = NowNs();
+  task->ticket = g.next_ticket.fetch_add(1, std::memory_order_relaxed);
+  g.counters.started.fetch_add(1, std::memory_order_relaxed);
+  g.counters.live_tasks.fetch_add(1, std::memory_order_relaxed);
+
+  // Post under the communicator mutex; act (complete / wake) after releasing it.
+  std::vector<std::shared_ptr<Task>> fail_tasks;
+  ErrKind fail_kind = ErrKind::kInternal;
+  std::string fail_msg;
+  std::vector<Daemon*> wake;
+  {
+    std::lock_guard<std::mutex> l(comm->mu);
+    auto& cnt = comm->counters[spec.key_hash];
+    if (cnt.empty()) cnt.assign(n, 0);
+    task->seq = cnt[spec.rank]++;
+    auto& slot_inst = comm->instances[InstKey{spec.key_hash, task->seq}];
+    if (!slot_inst) {
+      slot_inst = std::make_shared<Instance>();
+      slot_inst->key_hash = spec.key_hash;
+      slot_inst->seq = task->seq;
+      slot_inst->key = spec.key;
+      slot_inst->n = n;
+      slot_inst->slots.resize(n);
+    }
+    std::shared_ptr<Instance> inst = slot_inst;
+    task->inst = inst;
+    ++inst->arrived;
+    if (comm->dead) {
+      fail_tasks = {task};
+      fail_msg = "dfccl: collective '" + spec.key + "': the runtime was reset while it started";
+    } else if (inst->failed.load(std::memory_order_relaxed)) {
+      // Late arrival at a failed instance: same error, nothing was read.
+      fail_tasks = {task};
+      fail_kind = inst->error_kind;
+      fail_msg = inst->error;
+      if (inst->arrived == n) EraseIfCurrent(*comm, *inst);
+    } else {
+      std::string sig = spec.Signature();
+      int other = -1;
+      for (int r = 0; r < n && other < 0; ++r)
+        if (inst->slots[r].posted && inst->slots[r].sig != sig) other = r;
+      if (other >= 0) {
+        const int lo = std::min(other, spec.rank), hi = std::max(other, spec.rank);
+        const std::string& lo_sig = lo == spec.rank ? sig : inst->slots[lo].sig;
+        const std::string& hi_sig = hi == spec.rank ? sig : inst->slots[hi].sig;
+        std::ostringstream os;
+        os << "dfccl: collective '" << spec.key << "' (seq " << task->seq << ") mismatch: rank " << lo << " "
+           << lo_sig << " vs rank " << hi << " " << hi_sig;
+        fail_kind = ErrKind::kPrecondition;
+        fail_msg = os.str();
+        fail_tasks = FailLocked(*inst, fail_kind, fail_msg);
+        fail_tasks.push_back(task);
+        if (inst->arrived == n) EraseIfCurrent(*comm, *inst);
+      } else {
+        Slot& s = inst->slots[spec.rank];
+        s.posted = true;
+        s.in = in;
+        s.out = out;
+        s.sig = std::move(sig);
+        s.task = task;
+        // Publishes the slot to daemons polling `posted` without the mutex.
+        inst->posted.store(inst->arrived, std::memory_order_release);
+        if (inst->arrived == n)
+          for (Slot& p : inst->slots) wake.push_back(p.task->daemon);
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> l(g.tickets_mu);
+    g.tickets.emplace(task->ticket, task);
+  }
+  TraceEvent(spec.self_device, spec.key, task->seq, "start");
+  const bool failing_now = !fail_tasks.empty();
+  if (!failing_now) task->daemon->Submit(task);
+  for (auto& t : fail_tasks) t->Complete(fail_kind, fail_msg);
+  for (Daemon* d : wake)
+    if (d != task->daemon) d->Wake();  // Submit already woke our own daemon
+  return task->ticket;
+}
+
+// ---- daemon-side transitions -----------------------------------------------------
+void ComputeAndRelease(Task& t) {
+  Instance& inst = *t.inst;
+  // The instance is ready (posted == n was loaded with acquire): slots are
+  // immutable and every peer input stays valid until all readers are done,
+  // because no rank's task completes before readers_done == n.
+  std::vector<const void*> ins(inst.n);
+  for (int r = 0; r < inst.n; ++r) ins[r] = inst.slots[r].in;
+  ErrKind kind = ErrKind::kNone;
+  std::string msg;
+  try {
+    ExecuteCollective(t.spec, ins, t.out);
+  } catch (const std::exception& e) {
+    kind = ErrKind::kInternal;
+    msg = e.what();
+  }
+  t.phase = Task::Phase::kWaitReaders;
+  if (kind != ErrKind::kNone) {
+    // A ready instance never carries a failure error, so `error` is free to
+    // hold the first compute error; recorded before our readers_done increment.
+    std::lock_guard<std::mutex> l(t.comm->mu);
+    if (inst.error.empty()) { inst.error = msg; inst.error_kind = kind; }
+  }
+  // The task may not complete yet: peers may still be reading our input.
+  // acq_rel: the last reader sees every rank's output writes.
+  if (inst.readers_done.fetch_add(1, std::memory_order_acq_rel) + 1 < inst.n) return;
+  // Last reader: nobody reads any input any more; complete every rank (an
+  // error of any rank fails them all) and forget the instance.
+  std::vector<std::shared_ptr<Task>> tasks;
+  std::string err;
+  ErrKind err_kind = ErrKind::kNone;
+  {
+    std::lock_guard<std::mutex> l(t.comm->mu);
+    if (!inst.error.empty()) { err = inst.error; err_kind = inst.error_kind; }
+    tasks = TakeTasks(inst);
+    EraseIfCurrent(*t.comm, inst);
+  }
+  for (auto& p : tasks) p->Complete(err_kind, err);
+}
+
+void FailOnTimeout(Task& t, double timeout_s) {
+  Instance& inst = *t.inst;
+  std::vector<std::shared_ptr<Task>> tasks;
+  std::string msg;
+  {
+    std::lock_guard<std::mutex> l(t.comm->mu);
+    if (inst.failed.load(std::memory_order_relaxed) || inst.arrived == inst.n) return;  // lost a race
+    std::ostringstream os;
+    os << "dfccl: collective '" << inst.key << "' (seq " << inst.seq << ") timed out after " << timeout_s
+       << " s on rank " << t.spec.rank << ": ranks [";
+    bool first = true;
+    for (int r = 0; r < inst.n; ++r) {
+      if (inst.slots[r].posted) continue;
+      os << (first ? "" : ", ") << r << " (device " << t.comm->devices[r] << ")";
+      first = false;
+    }
+    os << "] never started it";
+    msg = os.str();
+    tasks = FailLocked(inst, ErrKind::kInternal, msg);
+  }
+  for (auto& p : tasks) p->Complete(ErrKind::kInternal, msg);
+}
+
+// ---- done ----------------------------------------------------------------------
+DoneStatus WaitCollective(int64_t ticket, std::string_view key) {
+  Globals& g = G();
+  std::shared_ptr<Task> t;
+  {
+    std::lock_guard<std::mutex> l(g.tickets_mu);
+    auto it = g.tickets.find(ticket);
+    if (it == g.tickets.end())
+      return {ErrKind::kPrecondition, "dfccl: collective '" + std::string(key) +
+                                          "': handle done twice or never started (ticket " +
+                                          std::to_string(ticket) + ")"};
+    if (it->second->spec.key != key)
+      return {ErrKind::kPrecondition, "dfccl: done of collective '" + std::string(key) +
+                                          "' was given the handle of '" + it->second->spec.key + "'"};
+    t = std::move(it->second);
+    g.tickets.erase(it);
+  }
+  // The daemon (or a peer) completes the task; timeouts are enforced there.
+  std::unique_lock<std::mutex> l(t->mu);
+  t->cv.wait(l, [&] { return t->done.load(std::memory_order_relaxed); });
+  return {t->err_kind, t->error};
+}
+
+// ---- module functions ---------------------------------------------------------------
+StatsSnapshot GetStats() {
+  Globals& g = G();
+  StatsSnapshot s{};
+  s.started = g.counters.started.load();
+  s.completed = g.counters.completed.load();
+  s.failed = g.counters.failed.load();
+  s.preemptions = g.counters.preemptions.load();
+  s.resumes = g.counters.resumes.load();
+  s.pending = g.counters.live_tasks.load();
+  s.daemon_threads = NumDaemons();
+  std::vector<std::shared_ptr<Communicator>> comms;
+  {
+    std::lock_guard<std::mutex> l(g.comms_mu);
+    for (auto& [name, c] : g.comms) comms.push_back(c);
+  }
+  s.communicators = static_cast<int64_t>(comms.size());
+  for (auto& c : comms) {
+    std::lock_guard<std::mutex> l(c->mu);
+    s.instances_live += static_cast<int64_t>(c->instances.size());
+    s.key_counters += static_cast<int64_t>(c->counters.size());
+  }
+  s.trace_records = TraceSize();
+  {
+    std::lock_guard<std::mutex> l(g.tickets_mu);
+    s.tickets = static_cast<int64_t>(g.tickets.size());
+  }
+  return s;
+}
+
+void Reset() {
+  Globals& g = G();
+  std::vector<std::shared_ptr<Communicator>> comms;
+  {
+    std::lock_guard<std::mutex> l(g.comms_mu);
+    for (auto& [name, c] : g.comms) comms.push_back(c);
+    g.comms.clear();  // the next start creates fresh communicators and counters
+  }
+  std::vector<std::pair<std::shared_ptr<Task>, std::string>> to_fail;
+  for (auto& c : comms) {
+    std::lock_guard<std::mutex> l(c->mu);
+    c->dead = true;
+    for (auto& [k, inst] : c->instances) {
+      // Ready instances are being computed and complete on their own (their
+      // inputs are being read: never fail them).  Open ones fail now.
+      if (inst->failed.load(std::memory_order_relaxed) || inst->arrived == inst->n) continue;
+      std::string msg = "dfccl: collective '" + inst->key + "' (seq " + std::to_string(inst->seq) +
+                        ") aborted by reset()";
+      for (auto& t : FailLocked(*inst, ErrKind::kInternal, msg)) to_fail.emplace_back(std::move(t), msg);
+    }
+    c->instances.clear();
+    c->counters.clear();
+  }
+  for (auto& [t, msg] : to_fail) t->Complete(ErrKind::kInternal, msg);
+  {
+    // Handles whose done will never come (a test gave up after a fault).
+    std::lock_guard<std::mutex> l(g.tickets_mu);
+    for (auto it = g.tickets.begin(); it != g.tickets.end();)
+      it = it->second->done.load() ? g.tickets.erase(it) : std::next(it);
+  }
+  {
+    std::lock_guard<std::mutex> l(g.trace_mu);
+    g.ring.clear();
+    g.ring_head = 0;
+  }
+  for (auto* c : {&g.counters.started, &g.counters.completed, &g.counters.failed, &g.counters.preemptions,
+                  &g.counters.resumes})
+    c->store(0);
+}
+
+}  // namespace dfccl::cpu

@@ -1,0 +1,178 @@
+// CPU backend runtime: communicators, collective instances, tasks.
+//
+// Roles (one process, N CPU devices, XLA runs each device's program on its own
+// thread):
+//   * the dfccl_start handler (producer, XLA's device thread) resolves the
+//     instance (communicator, key_hash, seq), posts the rank's input pointer and
+//     signature to it, and submits a Task to the device's daemon; it never blocks.
+//   * the device's daemon thread (consumer, daemon.cc) waits until every rank
+//     posted, computes the rank's output by reading peers' inputs in place, and
+//     reports "finished reading"; it preempts tasks that wait on peers.
+//   * the dfccl_done handler blocks its thread until the Task completed.
+//
+// Instance lifecycle (all transitions of `arrived`/`failed` happen under the
+// communicator mutex, so "all ranks posted" and "failed" exclude each other):
+//   open --(rank r posts; sig mismatch)--> failed
+//   open --(timeout / reset, some rank missing)--> failed
+//   open --(last rank posts)--> ready: slots are immutable from now on; every
+//        rank's daemon reads peers' inputs, then readers_done += 1
+//   ready --(readers_done == n)--> the thread that finished last completes
+//        every rank's task (nobody reads any input any more, so XLA may free
+//        them) and erases the instance.
+//   failed: each posted task completes with the error at once (nobody ever
+//        read anything); a late rank that arrives gets the same error; the
+//        instance is erased once all n ranks arrived (or by reset()).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "dfccl/collective.h"
+
+namespace dfccl::cpu {
+
+class Daemon;
+struct Task;
+
+int64_t NowNs();  // steady_clock
+
+// ---- configuration (configure()) -------------------------------------------
+struct Config {
+  std::atomic<double> timeout_s{300.0};
+  std::atomic<double> spin_budget_us{20.0};
+  std::atomic<double> sticky_budget_us{500.0};
+  std::atomic<bool> trace{false};
+  std::atomic<int64_t> trace_capacity{65536};
+};
+Config& GetConfig();
+
+// ---- counters (stats()) ------------------------------------------------------
+struct Counters {
+  std::atomic<int64_t> started{0}, completed{0}, failed{0}, preemptions{0}, resumes{0};
+  std::atomic<int64_t> live_tasks{0};  // gauge: started and not yet completed
+};
+Counters& GetCounters();
+
+// ---- trace ring buffer -------------------------------------------------------
+struct TraceRecord {
+  int64_t device;
+  std::string key;
+  int64_t seq;
+  const char* event;  // start, run, preempt, resume, finish, error
+  int64_t t_ns;
+};
+void TraceEvent(int64_t device, const std::string& key, int64_t seq, const char* event);
+std::vector<TraceRecord> TraceSnapshot();
+int64_t TraceSize();
+
+// ---- rendezvous objects ------------------------------------------------------
+enum class ErrKind { kNone, kInternal, kPrecondition };
+
+struct Slot {
+  bool posted = false;
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::string sig;
+  std::shared_ptr<Task> task;  // cleared when the instance completes (breaks the cycle)
+};
+
+struct Instance {
+  uint64_t key_hash = 0;
+  int64_t seq = 0;
+  std::string key;
+  int n = 0;
+  std::vector<Slot> slots;  // guarded by Communicator::mu until ready, then read-only
+  int arrived = 0;          // guarded by Communicator::mu
+  std::string error;        // guarded by Communicator::mu; set before `failed`
+  ErrKind error_kind = ErrKind::kInternal;
+  // Lock-free mirrors the daemons poll.  `posted` is stored (release) after the
+  // slot was filled, so a daemon that loads n (acquire) sees every slot.
+  std::atomic<int> posted{0};
+  std::atomic<bool> failed{false};
+  std::atomic<int> readers_done{0};
+};
+
+struct InstKey {
+  uint64_t key_hash;
+  int64_t seq;
+  bool operator==(const InstKey& o) const { return key_hash == o.key_hash && seq == o.seq; }
+};
+struct InstKeyHash {
+  size_t operator()(const InstKey& k) const {
+    return std::hash<uint64_t>()(k.key_hash * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(k.seq));
+  }
+};
+
+// One per device group (keyed by CollectiveSpec::GroupName()).
+struct Communicator {
+  std::string name;
+  std::vector<int64_t> devices;
+  std::mutex mu;
+  bool dead = false;  // reset() retired it; posts fail
+  // key_hash -> per-rank count of starts (the next sequence number).
+  std::unordered_map<uint64_t, std::vector<int64_t>> counters;
+  std::unordered_map<InstKey, std::shared_ptr<Instance>, InstKeyHash> instances;
+};
+
+// One rank's part of one instance.
+struct Task {
+  CollectiveSpec spec;
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t seq = 0;
+  int64_t ticket = 0;
+  int64_t start_ns = 0;
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<Instance> inst;
+  Daemon* daemon = nullptr;
+
+  // Scheduling state, touched only by the owning daemon thread.
+  enum class Phase { kWaitPeers, kWaitReaders } phase = Phase::kWaitPeers;
+  bool ran = false, preempted = false, sticky = false;
+  int last_posted = -1;
+
+  // Completion: `done` flips once (under mu); done() waits on cv.
+  std::atomic<bool> done{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  ErrKind err_kind = ErrKind::kNone;
+  std::string error;
+
+  // First call wins; wakes the done() waiter; counts and traces.
+  void Complete(ErrKind kind, std::string message);
+};
+
+// ---- entry points --------------------------------------------------------------
+// dfccl_start: returns the ticket.  Throws dfccl::Error on malformed input.
+int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out);
+
+// dfccl_done: blocks until the ticket's task completed.
+struct DoneStatus {
+  ErrKind kind = ErrKind::kNone;
+  std::string message;
+};
+DoneStatus WaitCollective(int64_t ticket, std::string_view key);
+
+// Called by a daemon once inst->posted == n: computes this rank's output and
+// reports finished reading (completing the instance if it is the last reader).
+void ComputeAndRelease(Task& task);
+
+// Called by a daemon when the task waited on peers longer than timeout_s.
+void FailOnTimeout(Task& task, double timeout_s);
+
+// Module functions.
+struct StatsSnapshot {
+  int64_t started, completed, failed, preemptions, resumes, pending, daemon_threads,
+      communicators, instances_live, key_counters, trace_records, tickets;
+};
+StatsSnapshot GetStats();
+void Reset();
+
+}  // namespace dfccl::cpu

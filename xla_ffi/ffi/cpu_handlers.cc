@@ -1,0 +1,98 @@
+// The FFI boundary of the CPU backend: decode, call the runtime, convert every
+// exception to an ffi::Error.  The handlers carry no traits: they do host work
+// and must never be captured into a command buffer.
+#include <cstring>
+#include <exception>
+
+#include "cpu/handlers.h"
+#include "cpu/runtime.h"
+#include "ffi/attrs.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+ffi::Error ToFfi(dfccl::cpu::ErrKind kind, const std::string& msg) {
+  switch (kind) {
+    case dfccl::cpu::ErrKind::kNone: return ffi::Error::Success();
+    case dfccl::cpu::ErrKind::kPrecondition: return ffi::Error(ffi::ErrorCode::kFailedPrecondition, msg);
+    case dfccl::cpu::ErrKind::kInternal: break;
+  }
+  return ffi::Error(ffi::ErrorCode::kInternal, msg);
+}
+
+// dfccl_start(x, partition_id) -> (out, x_alias, ticket).  Never blocks.
+ffi::Error StartImpl(ffi::AnyBuffer x, ffi::AnyBuffer partition_id, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> x_alias, ffi::Result<ffi::AnyBuffer> ticket,
+                     dfccl::StartAttrs attrs) {
+  try {
+    DFCCL_CHECK(partition_id.element_type() == ffi::DataType::S32 && partition_id.element_count() == 1,
+                "dfccl: collective '" << attrs.key << "': partition_id must be s32[]");
+    DFCCL_CHECK(ticket->element_type() == ffi::DataType::S64 && ticket->element_count() == 1,
+                "dfccl: collective '" << attrs.key << "': ticket must be s64[]");
+    const int32_t pid = *static_cast<const int32_t*>(partition_id.untyped_data());
+    dfccl::CollectiveSpec spec =
+        dfccl::ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()));
+    DFCCL_CHECK(out->element_type() == x.element_type() &&
+                    static_cast<int64_t>(out->element_count()) == spec.out_elems,
+                "dfccl: collective '" << attrs.key << "': result has " << out->element_count()
+                                      << " elements, expected " << spec.out_elems);
+    DFCCL_CHECK(x_alias->size_bytes() == x.size_bytes(),
+                "dfccl: collective '" << attrs.key << "': x_alias does not match x");
+    // Peers read the input until done(); x_alias is what keeps it alive.  When
+    // XLA did not alias it to x, post x_alias (a copy) rather than x.
+    const void* in = x.untyped_data();
+    if (x_alias->untyped_data() != in && x.size_bytes() > 0) {
+      std::memcpy(x_alias->untyped_data(), in, x.size_bytes());
+      in = x_alias->untyped_data();
+    }
+    const int64_t t = dfccl::cpu::StartCollective(spec, in, out->untyped_data());
+    *static_cast<int64_t*>(ticket->untyped_data()) = t;
+    return ffi::Error::Success();
+  } catch (const dfccl::Error& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("dfccl: ") + e.what());
+  }
+}
+
+// dfccl_done(out, x_alias, ticket) -> out (aliased).  Blocks this device's
+// thread until every rank finished the instance (or it failed).
+ffi::Error DoneImpl(ffi::AnyBuffer out, ffi::AnyBuffer x_alias, ffi::AnyBuffer ticket,
+                    ffi::Result<ffi::AnyBuffer> result, dfccl::DoneAttrs attrs) {
+  (void)x_alias;
+  try {
+    DFCCL_CHECK(ticket.element_type() == ffi::DataType::S64 && ticket.element_count() == 1,
+                "dfccl: collective '" << attrs.key << "': ticket must be s64[]");
+    const int64_t t = *static_cast<const int64_t*>(ticket.untyped_data());
+    dfccl::cpu::DoneStatus st = dfccl::cpu::WaitCollective(t, attrs.key);
+    if (st.kind != dfccl::cpu::ErrKind::kNone) return ToFfi(st.kind, st.message);
+    if (result->untyped_data() != out.untyped_data() && out.size_bytes() > 0) {
+      DFCCL_CHECK(result->size_bytes() == out.size_bytes(), "dfccl: done result does not match out");
+      std::memcpy(result->untyped_data(), out.untyped_data(), out.size_bytes());
+    }
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(e.what());
+  }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCpuStart, StartImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()   // x
+                                  .Arg<ffi::AnyBuffer>()   // partition_id
+                                  .Ret<ffi::AnyBuffer>()   // out
+                                  .Ret<ffi::AnyBuffer>()   // x_alias
+                                  .Ret<ffi::AnyBuffer>()   // ticket
+                                  .Attrs<dfccl::StartAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCpuDone, DoneImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()   // out
+                                  .Arg<ffi::AnyBuffer>()   // x_alias
+                                  .Arg<ffi::AnyBuffer>()   // ticket
+                                  .Ret<ffi::AnyBuffer>()   // out (aliased)
+                                  .Attrs<dfccl::DoneAttrs>());
