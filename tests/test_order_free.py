@@ -55,11 +55,11 @@ def test_two_programs_in_flight(mesh8):
   f = jax.jit(jax.shard_map(lambda v: dc.psum(v, "x"), mesh=mesh8, in_specs=P("x"),
                             out_specs=P()))
   g = jax.jit(jax.shard_map(lambda v: dc.all_gather(v, "x", tiled=True), mesh=mesh8,
-                            in_specs=P("x"), out_specs=P()))
+                            in_specs=P("x"), out_specs=P("x")))
   outs = [(f(x + i), g(x * i)) for i in range(10)]
   for i, (a, b) in enumerate(outs):
     np.testing.assert_array_equal(a, np.full(1, 28.0 + 8 * i))
-    np.testing.assert_array_equal(b, np.arange(8.0) * i)
+    np.testing.assert_array_equal(b, np.tile(np.arange(8.0) * i, 8))
 
 
 def _lonely(mesh8):

@@ -54,10 +54,13 @@ def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, key=None):
         raise ValueError(f"jax_dfccl.all_to_all: split dimension {sa} has size "
                          f"{leaf.shape[sa]}, but tiled=False needs the group size {n}")
       # As jax.lax: a size-1 concat dimension, a tiled exchange, then drop the split dim.
-      leaf = jnp.expand_dims(leaf, ca)
-      sq = sa + (sa >= ca)
-      post = (lambda y, sq=sq: jnp.squeeze(y, sq)) if sq != ca else (lambda y: y)
-      sa = sq
+      if sa < ca:
+        ca += 1  # concat_axis is a position after split_axis is removed
+        leaf = jnp.expand_dims(leaf, ca)
+      elif sa > ca:
+        leaf = jnp.expand_dims(leaf, ca)
+        sa += 1
+      post = (lambda y, sa=sa: jnp.squeeze(y, sa)) if sa != ca else (lambda y: y)
     shape = leaf.shape
     xc = leaf.reshape(shape[:sa] + (n, shape[sa] // n) + shape[sa + 1:])
     xc = jnp.moveaxis(xc, sa, 0)

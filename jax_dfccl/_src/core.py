@@ -270,7 +270,7 @@ def _check_not_batched_axis(axis_data, params):
 def _collective_batch(axis_data, vals_in, dims_in, **params):
   _check_not_batched_axis(axis_data, params)
   (x,), (d,) = vals_in, dims_in
-  if d is batching.not_mapped:
+  if d is None:
     return collective_p.bind(x, **params), d
   x, out_d = OPS[params["op"]].batch(x, d)
   return collective_p.bind(x, **params), out_d
@@ -279,17 +279,17 @@ def _collective_batch(axis_data, vals_in, dims_in, **params):
 def _start_batch(axis_data, vals_in, dims_in, **params):
   _check_not_batched_axis(axis_data, params)
   (x,), (d,) = vals_in, dims_in
-  if d is batching.not_mapped:
+  if d is None:
     return start_p.bind(x, **params), [d, d, d]
   x, out_d = OPS[params["op"]].batch(x, d)
   out, xa, t = start_p.bind(x, **params)
   # The ticket is per device, not per batch element: broadcast it.
-  return [out, xa, t], [out_d, d, batching.not_mapped]
+  return [out, xa, t], [out_d, d, None]
 
 
 def _done_batch(axis_data, vals_in, dims_in, **params):
   (out, xa, t), (d_out, d_xa, d_t) = vals_in, dims_in
-  if d_t is not batching.not_mapped:
+  if d_t is not None:
     raise NotImplementedError("jax_dfccl: vmapping over a batch of handles is not supported")
   return done_p.bind(out, xa, t, **params), d_out
 

@@ -363,6 +363,9 @@ _LOWER = {
 }
 
 
+_EMPTY_MESH = jax.sharding.AbstractMesh((), ())
+
+
 def _make_partitioned(kind):
   @functools.partial(custom_partitioning, static_argnums=(2,))
   def op(x, w, axis):
@@ -371,7 +374,13 @@ def _make_partitioned(kind):
   def partition(axis, mesh, arg_shapes, result_shape):
     del arg_shapes, result_shape  # we impose the Megatron shardings; XLA reshards
     xs, ws, outs = _SPECS[kind](axis)
-    lower = lambda x, w: _LOWER[kind](_varying(x, axis), _varying(w, axis), axis)  # noqa: E731
+
+    def lower(x, w):
+      # Per-shard code: no context mesh (an ambient jax.set_mesh would leave
+      # sharding annotations in the partitioned module).
+      with jax.sharding.use_abstract_mesh(_EMPTY_MESH):
+        return _LOWER[kind](_varying(x, axis), _varying(w, axis), axis)
+
     return (mesh, lower, NamedSharding(mesh, outs),
             (NamedSharding(mesh, xs), NamedSharding(mesh, ws)))
 

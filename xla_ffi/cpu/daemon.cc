@@ -26,6 +26,8 @@ DaemonRegistry& Registry() {
 constexpr int kYieldRounds = 3;           // idle rounds before sleeping
 constexpr int64_t kMinBackoffUs = 50;     // first sleep
 constexpr int64_t kMaxBackoffUs = 1000;   // sleeps double up to this
+constexpr int64_t kIdlePollUs = 2000;     // poll period with no pending task ...
+constexpr int kIdlePolls = 25;            // ... for this many periods, then deep sleep
 
 }  // namespace
 
@@ -47,13 +49,15 @@ Daemon::Daemon(int64_t device) : device_(device) {
   std::thread([this] { Loop(); }).detach();
 }
 
-void Daemon::Submit(std::shared_ptr<Task> task) {
+void Daemon::Submit(std::shared_ptr<Task> task, bool urgent) {
+  bool notify;
   {
     std::lock_guard<std::mutex> l(mu_);
     inbox_.push_back(std::move(task));
     ++epoch_;
+    notify = urgent || deep_sleep_;
   }
-  cv_.notify_one();
+  if (notify) cv_.notify_one();
 }
 
 void Daemon::Wake() {
@@ -65,10 +69,11 @@ void Daemon::Wake() {
 }
 
 // Wake-up protocol: the daemon snapshots epoch_ (under mu_) before a round and
-// sleeps afterwards only if epoch_ is unchanged and the inbox is empty, both
-// re-checked under mu_.  Producers change epoch_ under mu_ before notifying, so
-// an event during the round is never lost; the timed sleep only bounds the
-// latency of timeouts.
+// sleeps afterwards only if epoch_ is unchanged, both re-checked under mu_.
+// Producers change epoch_ under mu_ before notifying, so an urgent event during
+// the round is never lost.  Non-urgent submissions are picked up by the timed
+// polls (they bound the latency of timeouts only); deep_sleep_ is set under mu_
+// before the untimed wait, so a submission then always notifies.
 void Daemon::Loop() {
   int idle_rounds = 0;
   int64_t backoff_us = kMinBackoffUs;
@@ -76,20 +81,31 @@ void Daemon::Loop() {
     uint64_t seen;
     {
       std::unique_lock<std::mutex> l(mu_);
-      // Nothing pending: no timeout to watch either, sleep until a submission.
-      cv_.wait(l, [&] { return !pending_.empty() || !inbox_.empty(); });
+      // Nothing pending: poll the inbox for a while, then sleep until notified.
+      for (int polls = 0; pending_.empty() && inbox_.empty(); ++polls) {
+        if (polls < kIdlePolls) {
+          cv_.wait_for(l, std::chrono::microseconds(kIdlePollUs));
+        } else {
+          deep_sleep_ = true;
+          cv_.wait(l, [&] { return !inbox_.empty(); });
+          deep_sleep_ = false;
+        }
+      }
       seen = epoch_;
       for (auto& t : inbox_) pending_.push_back(std::move(t));
       inbox_.clear();
     }
-    bool progressed = false;
-    const bool many = pending_.size() > 1;
-    for (auto& t : pending_) progressed |= Visit(*t, many);
     // A done task needs nothing more from us: it completed either after every
     // rank finished reading or failed before anyone started reading.
-    const size_t before = pending_.size();
-    std::erase_if(pending_, [](const std::shared_ptr<Task>& t) { return t->done.load(std::memory_order_acquire); });
-    progressed |= pending_.size() != before;
+    auto drop_done = [&] {
+      const size_t before = pending_.size();
+      std::erase_if(pending_, [](const std::shared_ptr<Task>& t) { return t->done.load(std::memory_order_acquire); });
+      return pending_.size() != before;
+    };
+    bool progressed = drop_done();
+    const bool many = pending_.size() > 1;
+    for (auto& t : pending_) progressed |= Visit(*t, many);
+    progressed |= drop_done();
     if (progressed) {
       idle_rounds = 0;
       backoff_us = kMinBackoffUs;
@@ -100,7 +116,7 @@ void Daemon::Loop() {
       continue;
     }
     std::unique_lock<std::mutex> l(mu_);
-    if (epoch_ == seen && inbox_.empty()) cv_.wait_for(l, std::chrono::microseconds(backoff_us));
+    if (epoch_ == seen) cv_.wait_for(l, std::chrono::microseconds(backoff_us));
     backoff_us = std::min(backoff_us * 2, kMaxBackoffUs);
   }
 }
@@ -109,24 +125,27 @@ void Daemon::Loop() {
 //   kWaitPeers: spin (yielding) until all ranks posted, the instance failed,
 //     the timeout passed, or the budget ran out (then preempt: state is kept in
 //     the task, the daemon moves on).  All posted -> compute + release.
-//   kWaitReaders: nothing to do; the last rank to finish reading completes
-//     every rank's task, and the daemon drops it once `done` is set.
+//   claimed (computed by us or by the done() thread): nothing to do; the last
+//     rank to finish reading completes every rank's task, and the daemon drops
+//     it once `done` is set.
 bool Daemon::Visit(Task& t, bool others_pending) {
   if (t.done.load(std::memory_order_acquire)) return true;
-  if (t.phase == Task::Phase::kWaitReaders) return false;
+  if (t.claimed.load(std::memory_order_acquire)) return false;  // computed / being computed
   Config& cfg = GetConfig();
   Counters& counters = GetCounters();
-  if (!t.ran) {
-    t.ran = true;
-    TraceEvent(device_, t.spec.key, t.seq, "run");
-  } else if (t.preempted) {
+  if (t.preempted) {
     t.preempted = false;
     counters.resumes.fetch_add(1, std::memory_order_relaxed);
     TraceEvent(device_, t.spec.key, t.seq, "resume");
   }
   Instance& inst = *t.inst;
   const int n = inst.n;
-  const double budget_us = t.sticky ? cfg.sticky_budget_us.load() : cfg.spin_budget_us.load();
+  // A task whose done() thread is already blocked on it is computed by that
+  // thread once ready (Task::NotifyReady wakes it): spinning here would only
+  // take the CPU from the ranks we wait for.  We only watch its timeout.
+  const bool waiter_backed = t.waiter.load(std::memory_order_relaxed);
+  const double budget_us =
+      waiter_backed ? 0.0 : (t.sticky ? cfg.sticky_budget_us.load() : cfg.spin_budget_us.load());
   const int64_t budget_ns = static_cast<int64_t>(budget_us * 1e3);
   const double timeout_s = cfg.timeout_s.load();
   const int64_t timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
@@ -136,7 +155,7 @@ bool Daemon::Visit(Task& t, bool others_pending) {
     // acquire pairs with the release store of the last poster: all slots visible.
     const int posted = inst.posted.load(std::memory_order_acquire);
     if (posted == n) {
-      ComputeAndRelease(t);
+      t.TryCompute();  // unless the done() thread claimed it first
       return true;
     }
     if (t.done.load(std::memory_order_acquire)) return true;  // failed (mismatch/timeout/reset)
@@ -151,7 +170,7 @@ bool Daemon::Visit(Task& t, bool others_pending) {
       const bool moved = posted != t.last_posted;
       t.sticky = moved;
       t.last_posted = posted;
-      if (others_pending) {
+      if (others_pending && !waiter_backed) {
         t.preempted = true;
         counters.preemptions.fetch_add(1, std::memory_order_relaxed);
         TraceEvent(device_, t.spec.key, t.seq, "preempt");

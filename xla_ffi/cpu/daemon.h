@@ -5,8 +5,11 @@
 // observed since the previous visit) and then preempted: the daemon moves on to
 // the next task, so no order of starts can make it wait on the wrong one.
 // When nothing progresses it yields a few rounds, then sleeps on its condition
-// variable with a growing timeout (50 us .. 1 ms); every event that can let a
-// task progress (a submission, "all ranks posted") bumps the epoch and wakes it.
+// variable with a growing timeout (50 us .. 1 ms); the event that lets a task
+// progress ("all ranks posted") bumps the epoch and wakes it.  A submission
+// alone does not wake it (the task cannot progress before its peers post) unless
+// the daemon is in deep sleep: with no task for a while it stops polling and
+// waits without a timeout.
 #pragma once
 
 #include <condition_variable>
@@ -28,7 +31,8 @@ class Daemon {
 
   int64_t device() const { return device_; }
   // Hands a task to the daemon (producer side; never blocks for long).
-  void Submit(std::shared_ptr<Task> task);
+  // urgent: the task can progress now (wake the daemon in any case).
+  void Submit(std::shared_ptr<Task> task, bool urgent);
   // Something the daemon may be waiting for happened.
   void Wake();
 
@@ -42,6 +46,7 @@ class Daemon {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Task>> inbox_;  // guarded by mu_
   uint64_t epoch_ = 0;                       // guarded by mu_
+  bool deep_sleep_ = false;                  // guarded by mu_: waiting without timeout
   std::vector<std::shared_ptr<Task>> pending_;  // daemon thread only
 };
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "cpu/daemon.h"
@@ -108,21 +109,42 @@ int64_t TraceSize() {
 
 // ---- task completion -------------------------------------------------------------
 void Task::Complete(ErrKind kind, std::string message) {
+  Counters& c = G().counters;
   {
     std::lock_guard<std::mutex> l(mu);
     if (done.load(std::memory_order_relaxed)) return;
     err_kind = kind;
     error = std::move(message);
+    // Counted before the waiter can see `done`: stats() read after done()
+    // returned include this task.
+    (kind == ErrKind::kNone ? c.completed : c.failed).fetch_add(1, std::memory_order_relaxed);
+    c.live_tasks.fetch_sub(1, std::memory_order_relaxed);
     done.store(true, std::memory_order_release);
   }
   // The waiter owns a shared_ptr to this task and so does our caller, so the
   // task outlives this notify.
   cv.notify_all();
-  Counters& c = G().counters;
-  (kind == ErrKind::kNone ? c.completed : c.failed).fetch_add(1, std::memory_order_relaxed);
-  c.live_tasks.fetch_sub(1, std::memory_order_relaxed);
   TraceEvent(spec.self_device, spec.key, seq, kind == ErrKind::kNone ? "finish" : "error");
-  if (daemon) daemon->Wake();  // lets the daemon drop it now instead of at its next poll
+  // The owning daemon is not woken: it drops the task at its next poll.
+}
+
+void Task::NotifyReady() {
+  bool has_waiter;
+  {
+    // Pairs with WaitCollective: it sets `waiter` and tests `posted` under mu,
+    // and we stored `posted` before taking mu, so either it sees the instance
+    // ready or we see it waiting.
+    std::lock_guard<std::mutex> l(mu);
+    has_waiter = waiter.load(std::memory_order_relaxed);
+  }
+  if (has_waiter) cv.notify_all();
+  else daemon->Wake();
+}
+
+bool Task::TryCompute() {
+  if (claimed.load(std::memory_order_relaxed) || claimed.exchange(true, std::memory_order_acq_rel)) return false;
+  ComputeAndRelease(*this);
+  return true;
 }
 
 // ---- start ---------------------------------------------------------------------
@@ -157,7 +179,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
   std::vector<std::shared_ptr<Task>> fail_tasks;
   ErrKind fail_kind = ErrKind::kInternal;
   std::string fail_msg;
-  std::vector<Daemon*> wake;
+  std::vector<std::shared_ptr<Task>> ready;  // every rank's task, when we posted last
   {
     std::lock_guard<std::mutex> l(comm->mu);
     auto& cnt = comm->counters[spec.key_hash];
@@ -211,7 +233,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
         // Publishes the slot to daemons polling `posted` without the mutex.
         inst->posted.store(inst->arrived, std::memory_order_release);
         if (inst->arrived == n)
-          for (Slot& p : inst->slots) wake.push_back(p.task->daemon);
+          for (Slot& p : inst->slots) ready.push_back(p.task);
       }
     }
   }
@@ -221,10 +243,13 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
   }
   TraceEvent(spec.self_device, spec.key, task->seq, "start");
   const bool failing_now = !fail_tasks.empty();
-  if (!failing_now) task->daemon->Submit(task);
+  // A task whose peers have not all posted needs its daemon only to watch the
+  // timeout: Submit wakes it then only from a deep sleep.  "All posted" wakes,
+  // for every rank, the thread that will compute it (done() waiter or daemon).
+  if (!failing_now) task->daemon->Submit(task, /*urgent=*/!ready.empty());
   for (auto& t : fail_tasks) t->Complete(fail_kind, fail_msg);
-  for (Daemon* d : wake)
-    if (d != task->daemon) d->Wake();  // Submit already woke our own daemon
+  for (auto& t : ready)
+    if (t != task) t->NotifyReady();
   return task->ticket;
 }
 
@@ -234,6 +259,7 @@ void ComputeAndRelease(Task& t) {
   // The instance is ready (posted == n was loaded with acquire): slots are
   // immutable and every peer input stays valid until all readers are done,
   // because no rank's task completes before readers_done == n.
+  TraceEvent(t.spec.self_device, t.spec.key, t.seq, "run");  // start [preempt resume]* run finish
   std::vector<const void*> ins(inst.n);
   for (int r = 0; r < inst.n; ++r) ins[r] = inst.slots[r].in;
   ErrKind kind = ErrKind::kNone;
@@ -244,7 +270,6 @@ void ComputeAndRelease(Task& t) {
     kind = ErrKind::kInternal;
     msg = e.what();
   }
-  t.phase = Task::Phase::kWaitReaders;
   if (kind != ErrKind::kNone) {
     // A ready instance never carries a failure error, so `error` is free to
     // hold the first compute error; recorded before our readers_done increment.
@@ -308,9 +333,25 @@ DoneStatus WaitCollective(int64_t ticket, std::string_view key) {
     t = std::move(it->second);
     g.tickets.erase(it);
   }
-  // The daemon (or a peer) completes the task; timeouts are enforced there.
+  // The last reader (or a failure) completes the task; timeouts are enforced
+  // by the daemon.  If the instance becomes ready while we wait and the daemon
+  // has not claimed the task, we compute it here (see Task::claimed).
+  Instance& inst = *t->inst;
   std::unique_lock<std::mutex> l(t->mu);
-  t->cv.wait(l, [&] { return t->done.load(std::memory_order_relaxed); });
+  t->waiter.store(true, std::memory_order_relaxed);
+  while (!t->done.load(std::memory_order_relaxed)) {
+    if (!t->claimed.load(std::memory_order_acquire) && inst.posted.load(std::memory_order_acquire) == inst.n) {
+      l.unlock();
+      if (t->TryCompute()) {
+        // Peers are computing right now: yield instead of sleeping, briefly.
+        const int64_t until = NowNs() + 10000;  // 10 us
+        while (!t->done.load(std::memory_order_acquire) && NowNs() < until) std::this_thread::yield();
+      }
+      l.lock();
+      continue;
+    }
+    t->cv.wait(l);
+  }
   return {t->err_kind, t->error};
 }
 

@@ -134,19 +134,31 @@ struct Task {
   Daemon* daemon = nullptr;
 
   // Scheduling state, touched only by the owning daemon thread.
-  enum class Phase { kWaitPeers, kWaitReaders } phase = Phase::kWaitPeers;
-  bool ran = false, preempted = false, sticky = false;
+  bool preempted = false, sticky = false;
   int last_posted = -1;
+
+  // Who computes this rank's output once the instance is ready: the daemon or,
+  // when done() is already blocked on this task, the done() thread itself (it
+  // has nothing else to do; saves a thread wake-up).  The first to flip
+  // `claimed` computes; the other only waits for completion.
+  std::atomic<bool> claimed{false};
 
   // Completion: `done` flips once (under mu); done() waits on cv.
   std::atomic<bool> done{false};
   std::mutex mu;
   std::condition_variable cv;
+  // A done() thread waits on cv (written under mu; daemons read it lock-free).
+  std::atomic<bool> waiter{false};
   ErrKind err_kind = ErrKind::kNone;
   std::string error;
 
   // First call wins; wakes the done() waiter; counts and traces.
   void Complete(ErrKind kind, std::string message);
+  // The instance became ready: wake the done() waiter if there is one (it
+  // computes), else the daemon.
+  void NotifyReady();
+  // Computes (and releases) if nobody claimed it yet; returns whether it did.
+  bool TryCompute();
 };
 
 // ---- entry points --------------------------------------------------------------
@@ -160,8 +172,8 @@ struct DoneStatus {
 };
 DoneStatus WaitCollective(int64_t ticket, std::string_view key);
 
-// Called by a daemon once inst->posted == n: computes this rank's output and
-// reports finished reading (completing the instance if it is the last reader).
+// Once inst->posted == n, by whoever claimed the task: computes this rank's
+// output and reports finished reading (completing the instance if last).
 void ComputeAndRelease(Task& task);
 
 // Called by a daemon when the task waited on peers longer than timeout_s.

@@ -30,6 +30,12 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define DFCCL_TASK_HD __host__ __device__ __forceinline__
+#else
+#define DFCCL_TASK_HD inline
+#endif
+
 namespace dfccl::gpu {
 
 inline constexpr int kTaskRing = 1024;      // tasks in flight per device
@@ -40,7 +46,7 @@ inline constexpr int kThreads = 512;        // threads per daemon block
 inline constexpr int kTracePerBlock = 2048; // trace ring entries per block
 inline constexpr int kNumPools = 2;         // 0: small messages, 1: large messages
 
-inline uint32_t Gen(uint64_t ticket) { return static_cast<uint32_t>(ticket / kTaskRing + 1); }
+DFCCL_TASK_HD uint32_t Gen(uint64_t ticket) { return static_cast<uint32_t>(ticket / kTaskRing + 1); }
 
 enum TraceEvent : uint16_t { kEvStart = 0, kEvRun = 1, kEvPreempt = 2, kEvResume = 3, kEvFinish = 4, kEvError = 5 };
 

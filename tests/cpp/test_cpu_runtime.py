@@ -1,0 +1,303 @@
+"""The CPU runtime (_dfccl_cpu) driven directly through jax.ffi.ffi_call.
+
+Independent of the JAX layer in jax_dfccl/_src: every op, dtype and reduction
+against a numpy reference, rank-dependent start orders, errors (mismatch,
+timeout, unknown ticket), reset(), memory (no instance left behind) and a
+throughput smoke test.  Targets are registered under private names.
+"""
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jax_dfccl import _dfccl_cpu as rt
+
+N = 8
+KIND = {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 2, "all_to_all": 3, "ppermute": 4}
+RED = {"sum": 0, "max": 1, "min": 2}
+_registered = False
+
+
+def _register():
+  global _registered
+  if not _registered:
+    regs = rt.registrations()
+    jax.ffi.register_ffi_target("dfccl_rt_test_start", regs["dfccl_start"], platform="cpu")
+    jax.ffi.register_ffi_target("dfccl_rt_test_done", regs["dfccl_done"], platform="cpu")
+    _registered = True
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  _register()
+  return Mesh(np.array(jax.devices("cpu")[:N]), ("x",))
+
+
+@pytest.fixture(autouse=True)
+def clean_runtime():
+  rt.reset()
+  rt.configure({"timeout_s": 300.0, "trace": False})
+  yield
+  try:  # drop the failed runtime tokens of programs that were expected to fail
+    jax.effects_barrier()
+  except Exception:
+    pass
+  rt.reset()
+  rt.configure({"timeout_s": 300.0, "trace": False})
+
+
+def _hash(key):
+  return int(np.frombuffer(key.encode().ljust(8, b"\0")[:8], np.int64)[0]) ^ len(key) * 7919
+
+
+def _start(x, pid, mesh, kind, key, reduce="sum", perm=((-1, -1),), out_len=None):
+  n = N
+  out_len = {"all_gather": n * x.shape[0], "reduce_scatter": x.shape[0] // n}.get(kind, x.shape[0])
+  sds = jax.ShapeDtypeStruct
+  call = jax.ffi.ffi_call("dfccl_rt_test_start",
+                          (sds((out_len,), x.dtype), sds(x.shape, x.dtype), sds((), jnp.int64)),
+                          has_side_effect=True, input_output_aliases={0: 1})
+  return call(x, pid, kind=np.int32(KIND[kind]), reduce_op=np.int32(RED[reduce]), key=key,
+              key_hash=np.int64(_hash(key)), site=np.int64(1), group_size=np.int32(n),
+              groups=np.arange(n, dtype=np.int32),
+              device_ids=np.array([d.id for d in mesh.devices.flat], np.int64),
+              perm=np.asarray(perm, np.int32).reshape(-1))
+
+
+def _done(h, key):
+  out, xa, t = h
+  call = jax.ffi.ffi_call("dfccl_rt_test_done", jax.ShapeDtypeStruct(out.shape, out.dtype),
+                          has_side_effect=True, input_output_aliases={0: 0})
+  return call(out, xa, t, key=key, site=np.int64(1))
+
+
+def _pid():
+  return jax.lax.axis_index("x").astype(jnp.int32)
+
+
+def _settled_stats(pred, timeout=2.0):
+  """stats() once pred holds: XLA may raise one device's error before the others returned."""
+  t0 = time.time()
+  while True:
+    s = rt.stats()
+    if pred(s) or time.time() - t0 > timeout:
+      return s
+    time.sleep(0.01)
+
+
+def _run(mesh, body, *xs):
+  f = jax.shard_map(body, mesh=mesh, in_specs=(P("x"),) * len(xs), out_specs=P("x"),
+                    check_vma=False)
+  return np.asarray(jax.jit(f)(*[jax.device_put(x, NamedSharding(mesh, P("x"))) for x in xs]))
+
+
+DTYPES = [np.float32, np.float64, np.int32, jnp.bfloat16, np.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduce", ["sum", "max", "min"])
+def test_all_reduce(mesh, dtype, reduce):
+  E = 37
+  rng = np.random.default_rng(0)
+  x = (rng.integers(-50, 50, size=(N, E)) * (1 if dtype == np.int32 else 0.37)).astype(dtype)
+  with jax.enable_x64(dtype == np.float64):
+    out = _run(mesh, lambda v: _done(_start(v, _pid(), mesh, "all_reduce", "ar", reduce), "ar"),
+               x.reshape(-1))
+  assert out.dtype == np.dtype(dtype)
+  acc = x.astype(np.float64 if dtype == np.float64 else (np.int64 if dtype == np.int32 else np.float32))
+  ref = {"sum": lambda a: functools_reduce(np.add, a), "max": lambda a: a.max(0), "min": lambda a: a.min(0)}
+  want = ref[reduce](acc).astype(dtype)
+  np.testing.assert_array_equal(out.reshape(N, E), np.broadcast_to(want, (N, E)))
+
+
+def functools_reduce(f, a):
+  acc = a[0]
+  for r in range(1, a.shape[0]):
+    acc = f(acc, a[r])  # rank order, in the accumulator type
+  return acc
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.int32])
+def test_data_movement_and_reduce_scatter(mesh, dtype):
+  E = 5
+  x = np.arange(N * N * E).astype(dtype).reshape(N, N * E)  # rank r: x[r]
+  ag = _run(mesh, lambda v: _done(_start(v, _pid(), mesh, "all_gather", "ag"), "ag"),
+            x[:, :E].reshape(-1))
+  np.testing.assert_array_equal(ag.reshape(N, N * E), np.broadcast_to(x[:, :E].reshape(-1), (N, N * E)))
+  a2a = _run(mesh, lambda v: _done(_start(v, _pid(), mesh, "all_to_all", "a2a"), "a2a"), x.reshape(-1))
+  blocks = x.reshape(N, N, E)  # [src, dst]
+  np.testing.assert_array_equal(a2a.reshape(N, N, E), blocks.transpose(1, 0, 2))
+  rs = _run(mesh, lambda v: _done(_start(v, _pid(), mesh, "reduce_scatter", "rs"), "rs"), x.reshape(-1))
+  want = blocks.astype(np.float32 if dtype != np.int32 else np.int64).sum(0).astype(dtype)
+  np.testing.assert_array_equal(rs.reshape(N, E), want)
+
+
+def test_ppermute_with_missing_source(mesh):
+  E = 3
+  x = np.arange(N * E, dtype=np.float32)
+  perm = [(i, i + 1) for i in range(N - 1)]  # rank 0 receives nothing -> zeros
+  out = _run(mesh, lambda v: _done(_start(v, _pid(), mesh, "ppermute", "pp", perm=perm), "pp"), x)
+  want = np.concatenate([np.zeros(E, np.float32), x[:-E]])
+  np.testing.assert_array_equal(out, want)
+
+
+def test_rank_dependent_order_and_reentry(mesh):
+  """Every rank starts 4 keys in its own order, inside a loop (seq > 0), done in reverse."""
+  keys = ["k0", "k1", "k2", "k3"]
+  x = np.arange(N * 4, dtype=np.float32)
+
+  def body(v):
+    def step(i, acc):
+      def branch(order):
+        def f(v):
+          hs = {k: _start(v * (j + 1), _pid(), mesh, "all_reduce", k) for k in order
+                for j in [keys.index(k)]}
+          return sum(_done(hs[k], k) for k in reversed(order))
+        return f
+      orders = [keys[r % 4:] + keys[:r % 4] if r % 2 else list(reversed(keys)) for r in range(N)]
+      return acc + jax.lax.switch(_pid(), [branch(o) for o in orders], v)
+    return jax.lax.fori_loop(0, 10, step, jnp.zeros_like(v))
+  rt.configure({"trace": True})
+  out = _run(mesh, body, x)
+  col = x.reshape(N, 4).sum(0)
+  np.testing.assert_allclose(out.reshape(N, 4), np.broadcast_to(10 * 10 * col, (N, 4)))
+  s = rt.stats()
+  assert s["started"] == s["completed"] == 10 * 4 * N and s["failed"] == 0, s
+  assert s["instances_live"] == 0 and s["pending"] == 0, s
+  assert s["key_counters"] == 4, s
+  ev = rt.trace_records()
+  assert {e[3] for e in ev} >= {"start", "run", "finish"}
+  assert all(isinstance(e[4], int) for e in ev) and len(ev) == s["trace_records"]
+
+
+def _two_shapes(mesh, v, key):
+  def small(v):
+    return jnp.concatenate([_done(_start(v[:4], _pid(), mesh, "all_reduce", key), key), v[4:]])
+  def big(v):
+    return _done(_start(v, _pid(), mesh, "all_reduce", key), key)
+  return jax.lax.cond(_pid() == 3, small, big, v)
+
+
+def test_mismatch_fails_all_ranks(mesh):
+  x = np.arange(N * 8, dtype=np.float32)
+  with pytest.raises(Exception, match=r"collective 'mm' \(seq 0\) mismatch: rank \d all_reduce\(sum\) "
+                                      r"dtype=11 elems=(8|4) vs rank \d"):
+    _run(mesh, lambda v: _two_shapes(mesh, v, "mm"), x)
+  s = _settled_stats(lambda s: s["failed"] == N)
+  assert s["failed"] == N and s["pending"] == 0 and s["instances_live"] == 0, s
+
+
+def test_timeout_names_missing_ranks_then_reset(mesh):
+  rt.configure({"timeout_s": 0.3})
+  x = np.arange(N, dtype=np.float32)
+  def body(v):
+    lonely = lambda v: _done(_start(v, _pid(), mesh, "all_reduce", "lonely"), "lonely")
+    return jax.lax.cond(_pid() < 2, lonely, lambda v: v, v)
+  t0 = time.time()
+  with pytest.raises(Exception, match=r"'lonely' \(seq 0\) timed out after 0.3 s on rank [01]: "
+                                      r"ranks \[2 \(device 2\), 3 \(device 3\).*7 \(device 7\)\] never started"):
+    _run(mesh, body, x)
+  assert time.time() - t0 < 5
+  s = _settled_stats(lambda s: s["failed"] == 2)
+  assert s["failed"] == 2 and s["pending"] == 0 and s["instances_live"] == 1, s
+  rt.reset()
+  s = rt.stats()
+  assert s["instances_live"] == 0 and s["key_counters"] == 0 and s["started"] == 0, s
+  rt.configure({"timeout_s": 300.0})
+  out = _run(mesh, lambda v: _done(_start(v, _pid(), mesh, "all_reduce", "lonely"), "lonely"), x)
+  np.testing.assert_array_equal(out, np.full(N, 28.0, np.float32))
+
+
+def test_late_rank_joins_failed_instance(mesh):
+  """Ranks 2.. start 'late' only after the timeout: they get the error, never hang."""
+  rt.configure({"timeout_s": 0.2})
+  x = np.arange(N, dtype=np.float32)
+  def body(v):
+    h = _start(v, _pid(), mesh, "all_reduce", "late")
+    return _done(h, "late")
+  # Ranks 0,1 first (alone) -> timeout; then a second program where all ranks start seq 0 of
+  # 'late' again?  No: ranks 0,1 are at seq 1 now.  Ranks 2.. join seq 0, which failed.
+  def first(v):
+    return jax.lax.cond(_pid() < 2, lambda v: body(v), lambda v: v, v)
+  with pytest.raises(Exception, match="timed out"):
+    _run(mesh, first, x)
+  def second(v):
+    return jax.lax.cond(_pid() < 2, lambda v: v, lambda v: body(v), v)
+  with pytest.raises(Exception, match=r"'late' \(seq 0\) timed out"):
+    _run(mesh, second, x)
+  s = rt.stats()
+  assert s["failed"] == N and s["instances_live"] == 0 and s["pending"] == 0, s
+
+
+def test_unknown_ticket():
+  _register()
+  z = jnp.zeros(4, jnp.float32)
+  call = jax.ffi.ffi_call("dfccl_rt_test_done", jax.ShapeDtypeStruct((4,), jnp.float32),
+                          has_side_effect=True, input_output_aliases={0: 0})
+  with jax.enable_x64(True), pytest.raises(Exception, match="handle done twice or never started"):
+    np.asarray(jax.jit(lambda z: call(z, z, jnp.int64(987654321), key="nope", site=np.int64(1)))(z))
+
+
+def test_configure_and_stats_shape():
+  rt.configure({"spin_budget_us": 10, "sticky_budget_us": 100.0, "trace": 1, "trace_capacity": 4,
+                "unknown_entry": object()})
+  s = rt.stats()
+  for k in ("started", "completed", "failed", "preemptions", "pending", "daemon_threads",
+            "instances_live", "key_counters", "trace_records"):
+    assert isinstance(s[k], int), k
+  assert s["spin_budget_us"] == 10 and s["sticky_budget_us"] == 100 and s["trace"]
+  with pytest.raises(ValueError):
+    rt.configure({"timeout_s": -1})
+  rt.configure({"spin_budget_us": 20.0, "sticky_budget_us": 500.0, "trace_capacity": 65536})
+
+
+def test_trace_ring_is_bounded(mesh):
+  rt.configure({"trace": True, "trace_capacity": 16})
+  x = np.arange(N, dtype=np.float32)
+  _run(mesh, lambda v: jax.lax.fori_loop(
+      0, 20, lambda i, a: a + _done(_start(v, _pid(), mesh, "all_reduce", "ring"), "ring"), v), x)
+  ev = rt.trace_records()
+  assert len(ev) == 16 and all(ev[i][4] <= ev[i + 1][4] for i in range(15))
+  rt.configure({"trace_capacity": 65536})
+
+
+def test_throughput(mesh):
+  """1000 small all-reduces in one program on 8 CPU devices."""
+  x = np.arange(N * 16, dtype=np.float32)
+  f = lambda v: jax.lax.fori_loop(
+      0, 1000, lambda i, a: _done(_start(a, _pid(), mesh, "all_reduce", "tp"), "tp") * 0.125, v)
+  _run(mesh, f, x)  # compile + warm
+  t0 = time.perf_counter()
+  out = _run(mesh, f, x)
+  dt = time.perf_counter() - t0
+  print(f"\n1000 all-reduces: {dt * 1e3:.1f} ms ({dt * 1e3:.1f} us per collective)")
+  np.testing.assert_allclose(out.reshape(N, 16), np.broadcast_to(x.reshape(N, 16).mean(0), (N, 16)),
+                             rtol=1e-5)
+  assert rt.stats()["instances_live"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sanitizer", ["thread", "address"])
+def test_runtime_stress_sanitized(tmp_path, sanitizer):
+  """tests/cpp/runtime_stress.cc: random orders, inputs freed right after done(), under TSan/ASan."""
+  import os
+  import shutil
+  import subprocess
+  cxx = shutil.which("g++") or shutil.which("c++")
+  if cxx is None:
+    pytest.skip("no C++ compiler")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  exe = tmp_path / "stress"
+  build = subprocess.run(
+      [cxx, "-std=c++20", "-O1", "-g", f"-fsanitize={sanitizer}", f"-I{root}/xla_ffi/include",
+       f"-I{root}/xla_ffi", f"{root}/tests/cpp/runtime_stress.cc", f"{root}/xla_ffi/cpu/runtime.cc",
+       f"{root}/xla_ffi/cpu/daemon.cc", "-o", str(exe), "-lpthread"], capture_output=True, text=True)
+  if build.returncode != 0 and "sanitize" in build.stderr:
+    pytest.skip(f"-fsanitize={sanitizer} unavailable: {build.stderr[-300:]}")
+  assert build.returncode == 0, build.stderr[-3000:]
+  run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0 and "OK" in run.stdout and "Sanitizer" not in run.stderr, \
+      run.stdout[-2000:] + run.stderr[-4000:]

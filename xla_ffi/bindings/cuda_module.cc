@@ -1,0 +1,57 @@
+// nanobind module _dfccl_cuda: the extension-module contract of
+// docs/architecture.md (registrations, configure, stats, trace_records, reset).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "ffi/cuda_handlers.h"
+#include "runtime/runtime.h"
+
+namespace nb = nanobind;
+using dfccl::gpu::Runtime;
+
+NB_MODULE(_dfccl_cuda, m) {
+  m.doc() = "jax_dfccl CUDA backend: daemon-kernel collectives as XLA FFI custom calls";
+
+  m.def("registrations", [] {
+    nb::dict d;  // the one table of FFI targets
+    d["dfccl_start"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
+    d["dfccl_done"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneCuda));
+    return d;
+  });
+
+  m.def("configure", [](nb::dict cfg) {
+    std::map<std::string, double> kv;
+    for (auto [k, v] : cfg) {
+      if (!nb::isinstance<nb::str>(k)) continue;
+      if (nb::isinstance<nb::bool_>(v) || nb::isinstance<nb::int_>(v) || nb::isinstance<nb::float_>(v))
+        kv[nb::cast<std::string>(k)] = nb::cast<double>(v);
+    }
+    Runtime::Get().Configure(kv);
+  });
+
+  m.def("stats", [] {
+    std::vector<std::string> errors;
+    auto s = Runtime::Get().Stats(&errors);
+    nb::dict d;
+    for (auto& [k, v] : s) {
+      if (k == "errors") continue;
+      d[k.c_str()] = static_cast<int64_t>(v);
+    }
+    nb::list errs;
+    for (auto& e : errors) errs.append(nb::str(e.c_str()));
+    d["errors"] = errs;
+    return d;
+  });
+
+  m.def("trace_records", [] {
+    nb::list out;
+    for (auto& r : Runtime::Get().Trace())
+      out.append(nb::make_tuple(r.device, r.key, r.seq, r.event, r.t_ns));
+    return out;
+  });
+
+  m.def("reset", [] { Runtime::Get().Reset(); });
+}

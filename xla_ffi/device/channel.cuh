@@ -1,0 +1,116 @@
+// The lane state machine shared by every collective (the "step").  A task's
+// per-peer message (TaskDesc::msg_bytes) is split into lanes (one block's
+// share each); a lane moves its range in chunks through the instance slot's
+// staging ring on each receiver:
+//
+//   send   chunk c to peer p: (c >= depth: wait credit >= c-depth+1 from p)
+//          store into p's staging[slot][me][lane][c % depth], then the flag
+//          p.flags[slot][me][lane] = E + c + 1  (E = epoch << 32)
+//   recv   chunk c: wait every source's flag >= E + c + 1 on my device, combine
+//          (Op::Combine: reduce or place the sources into the output), then
+//          credit each source: src.credits[slot][me][lane] = E + c + 1
+//
+// Every wait is a poll under a Spinner budget: when neither sending nor
+// receiving can move and the budget is spent, the lane returns kPreempted with
+// its (c_send, p_send, c_recv) saved in LaneState, and resumes from there.
+// Ops supply: SendsTo(d, p), SendOffset(d, p) (into the input), RecvsFrom(d, r),
+// SelfOffset(d) (own input as a source) and Combine<T, R>(d, src, off, len).
+#pragma once
+
+#include "device/wait.cuh"
+
+namespace dfccl::gpu {
+
+enum StepResult : int { kPreempted = 0, kDone = 1, kMoved = 2 };
+
+template <class Op, class T, class R>
+__device__ int RunLane(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
+  const CommDev* cm = d.comm;
+  const int pool = d.pool;
+  const PoolGeom g = cm->pool[pool];
+  const int n = d.nranks, me = d.rank;
+  const int64_t C = g.chunk_bytes;
+  const int64_t lane_off = lane * d.lane_bytes;
+  const int64_t lane_len = max(int64_t{0}, min(d.lane_bytes, d.msg_bytes - lane_off));
+  const int nchunks = lane_len == 0 ? 1 : static_cast<int>((lane_len + C - 1) / C);
+  const uint64_t E = static_cast<uint64_t>(d.epoch) << 32;
+  const size_t slot_base = static_cast<size_t>(d.slot) * n;
+  uint64_t* my_flags = cm->flags[pool][me];
+  char* my_stage = cm->stage[pool][me];
+  int result = 0;
+  Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
+
+  while (s.c_recv < nchunks) {
+    bool moved = false, peer_moved = false;
+    // Send every chunk the credits allow.
+    while (s.c_send < nchunks) {
+      int p = s.p_send;
+      while (p < n && (p == me || !Op::SendsTo(d, p))) ++p;
+      if (p == n) { s.c_send++; s.p_send = 0; continue; }
+      const int c = s.c_send;
+      if (c >= g.depth) {
+        const uint64_t* cr = cm->credits[pool][me] + (slot_base + p) * g.lanes + lane;
+        if (!BlockPoll([&] { return LdAcquireSys(cr) >= E + static_cast<uint64_t>(c - g.depth + 1); })) break;
+      }
+      const int64_t off = lane_off + c * C;
+      const int64_t len = min(C, lane_len - c * C);
+      char* dst = cm->stage[pool][p] + (((slot_base + me) * g.lanes + lane) * g.depth + c % g.depth) * C;
+      BlockCopy(dst, d.in + Op::SendOffset(d, p) + off, len, d.vec, d.elem_bytes);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence_system();
+        StReleaseSys(cm->flags[pool][p] + (slot_base + me) * g.lanes + lane, E + c + 1);
+      }
+      s.p_send = p + 1;
+      moved = true;
+    }
+    // Receive the next chunk once every source has delivered it.
+    {
+      const int c = s.c_recv;
+      const bool ok = BlockPoll([&] {
+        for (int r = 0; r < n; ++r)
+          if (r != me && Op::RecvsFrom(d, r) &&
+              LdAcquireSys(my_flags + (slot_base + r) * g.lanes + lane) < E + c + 1)
+            return false;
+        return true;
+      });
+      if (ok) {
+        const int64_t off = lane_off + c * C;
+        const int64_t len = min(C, lane_len - c * C);
+        const char* src[kMaxRanks];
+        for (int r = 0; r < n; ++r)
+          src[r] = r == me ? d.in + Op::SelfOffset(d) + off
+                           : my_stage + (((slot_base + r) * g.lanes + lane) * g.depth + c % g.depth) * C;
+        Op::template Combine<T, R>(d, src, off, len);
+        __syncthreads();
+        if (threadIdx.x == 0 && nchunks > g.depth) {
+          for (int r = 0; r < n; ++r)
+            if (r != me && Op::RecvsFrom(d, r))
+              StReleaseSys(cm->credits[pool][r] + (slot_base + me) * g.lanes + lane, E + c + 1);
+        }
+        s.c_recv++;
+        moved = peer_moved = true;
+      }
+    }
+    if (moved) {
+      result = kMoved;
+      spin.Progress();
+      if (peer_moved) s.sticky = min(s.sticky + 1, P.sticky_max);
+    } else if (!spin.KeepSpinning()) {
+      s.sticky >>= 1;
+      return result | kPreempted;
+    }
+  }
+  return result | kDone;
+}
+
+// Helpers for Combine.
+template <class T, class R>
+DFCCL_DEV void ReduceAll(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
+  BlockReduce<T, R>(d.out + off, src, d.nranks, len, d.vec);
+}
+DFCCL_DEV void PlaceAll(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
+  for (int r = 0; r < d.nranks; ++r) BlockCopy(d.out + r * d.msg_bytes + off, src[r], len, d.vec, d.elem_bytes);
+}
+
+}  // namespace dfccl::gpu

@@ -1,0 +1,17 @@
+// PPERMUTE: out = in_{recv_from}, or zeros when no rank sends to me.  A rank
+// pushes its input to send_to only; a self-pair copies locally.
+#pragma once
+#include "device/channel.cuh"
+namespace dfccl::gpu {
+struct PermuteOp {
+  static DFCCL_DEV bool SendsTo(const TaskDesc& d, int p) { return p == d.send_to; }
+  static DFCCL_DEV int64_t SendOffset(const TaskDesc&, int) { return 0; }
+  static DFCCL_DEV bool RecvsFrom(const TaskDesc& d, int r) { return r == d.recv_from; }
+  static DFCCL_DEV int64_t SelfOffset(const TaskDesc&) { return 0; }
+  template <class T, class R>
+  static DFCCL_DEV void Combine(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
+    if (d.recv_from < 0) BlockZero(d.out + off, len);
+    else BlockCopy(d.out + off, src[d.recv_from], len, d.vec, d.elem_bytes);
+  }
+};
+}  // namespace dfccl::gpu

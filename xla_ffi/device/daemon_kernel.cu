@@ -1,0 +1,269 @@
+// The persistent daemon kernel: `workers` worker blocks run collective lanes,
+// one control block (warp 0) ingests submissions from host memory, retires
+// completed tickets, applies aborts and decides to quit.
+//
+// Scheduling: worker block b owns lanes l == b (mod workers) of every task.
+// Each pass scans the window [lo, submitted) in parallel, collects tasks that
+// are ready (or aborted) and not done, and gives each of its lanes one step
+// (RunLane) under a spin budget; a lane that cannot move is preempted and the
+// block goes on to the next task.  The last lane to finish completes the task.
+#include <cstdio>
+
+#include "device/collectives/all_gather.cuh"
+#include "device/collectives/all_reduce.cuh"
+#include "device/collectives/all_to_all.cuh"
+#include "device/collectives/ppermute.cuh"
+#include "device/collectives/reduce_scatter.cuh"
+#include "device/daemon.h"
+#include "dfccl/dtype.h"
+
+namespace dfccl::gpu {
+namespace {
+
+using StepFn = int (*)(const TaskDesc&, LaneState&, int, const DaemonParams&);
+constexpr int kMaxCand = 64;
+
+struct Recorder {  // per-block trace ring and counters (host-mapped; this block is the only writer)
+  BlockStats* row;
+  uint64_t head;
+  DFCCL_DEV void Trace(const DaemonParams& P, const TaskDesc& d, uint16_t ev, uint16_t lane) {
+    if (!P.trace) return;
+    TraceRec r{GlobalTimer(), d.key_hash, d.ticket, static_cast<uint32_t>(d.seq), ev, lane};
+    TraceRec* dst = &P.host->trace[blockIdx.x][head % kTracePerBlock];
+    StVolVec(dst, *reinterpret_cast<uint4*>(&r));
+    StVolVec(reinterpret_cast<uint4*>(dst) + 1, *(reinterpret_cast<uint4*>(&r) + 1));
+    ++head;
+    StVol(&row->trace_head, head);
+  }
+  DFCCL_DEV void Bump(uint64_t BlockStats::*field) {
+    StVol(&(row->*field), LdVol(&(row->*field)) + 1);
+  }
+};
+
+__device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t e, bool aborted, Recorder& rec) {
+  const uint32_t g = Gen(d.ticket);
+  __threadfence_system();
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(&P.dev->done[e]), "r"(g) : "memory");
+  StVol(&P.host->status[e], aborted ? 1u : 0u);
+  __threadfence_system();
+  StVol(&P.host->done[e], g);
+  atomicAdd(&P.dev->progress, 1ull);
+  rec.Trace(P, d, aborted ? kEvError : kEvFinish, 0);
+  rec.Bump(&BlockStats::tasks_done);
+  if (aborted) rec.Bump(&BlockStats::aborted);
+}
+
+__device__ void WorkerLoop(const DaemonParams& P) {
+  __shared__ uint64_t cand[kMaxCand];
+  __shared__ int ncand, stop, aborted;
+  __shared__ TaskDesc sd;
+  __shared__ LaneState ss;
+  __shared__ Recorder rec;
+  DeviceShared* dev = P.dev;
+  const int b = blockIdx.x, tid = threadIdx.x;
+  if (tid == 0) { rec.row = &P.host->stats[b]; rec.head = LdVol(&rec.row->trace_head); }
+  while (true) {
+    if (tid == 0) { stop = LdVol(&dev->quit) == P.launch_id; ncand = 0; }
+    __syncthreads();
+    if (stop) break;
+    const uint64_t sub = LdAcquireGpu(&dev->submitted);
+    const uint64_t lo = LdVol(&dev->lo);
+    for (uint64_t base = lo; base < sub; base += kThreads) {
+      const uint64_t t = base + tid;
+      if (t < sub) {
+        const uint32_t e = t % kTaskRing, g = Gen(t);
+        if (LdVol(&dev->done[e]) != g) {
+          const bool ab = LdVol(&dev->run[e].aborted) != 0;
+          const bool rdy = static_cast<int32_t>(LdVol(&dev->ready[e]) - g) >= 0;
+          if ((rdy || ab) && LdVol(&dev->desc[e].lanes) > b) {
+            const int i = atomicAdd(&ncand, 1);
+            if (i < kMaxCand) cand[i] = t;
+          }
+        }
+      }
+      __syncthreads();
+      if (ncand >= kMaxCand) break;
+    }
+    const int nc = min(ncand, kMaxCand);
+    __syncthreads();
+    if (nc == 0) { __nanosleep(64); continue; }
+    for (int i = 0; i < nc; ++i) {
+      const uint64_t t = cand[i];
+      const uint32_t e = t % kTaskRing;
+      if (tid < static_cast<int>(sizeof(TaskDesc) / 16))
+        reinterpret_cast<uint4*>(&sd)[tid] = LdVolVec(reinterpret_cast<const uint4*>(&dev->desc[e]) + tid);
+      __syncthreads();
+      if (sd.slot < 0 && tid == 0) {  // the host assigns slots it had none of at submission
+        const int32_t slot = LdVol(&P.host->desc[e].slot);
+        if (slot >= 0) {
+          __threadfence_system();
+          sd.epoch = LdVol(&P.host->desc[e].epoch);
+          sd.slot = slot;
+          StVol(&dev->desc[e].epoch, sd.epoch);
+          StVol(&dev->desc[e].slot, slot);
+        }
+      }
+      for (int l = b; l < sd.lanes; l += P.workers) {
+        if (tid == 0) {
+          reinterpret_cast<uint4*>(&ss)[0] = LdVolVec(&dev->lane[e][l]);
+          reinterpret_cast<uint4*>(&ss)[1] = LdVolVec(reinterpret_cast<const uint4*>(&dev->lane[e][l]) + 1);
+          aborted = LdVol(&dev->run[e].aborted);
+        }
+        __syncthreads();
+        if (ss.finished || (!aborted && sd.slot < 0)) { __syncthreads(); continue; }
+        int r = kDone;
+        if (!aborted) {
+          if (tid == 0 && !ss.started) { ss.started = 1; rec.Trace(P, sd, kEvRun, l); }
+          __syncthreads();
+          r = reinterpret_cast<StepFn>(const_cast<void*>(sd.step))(sd, ss, l, P);
+        }
+        __syncthreads();
+        if (tid == 0) {
+          rec.Bump(&BlockStats::steps);
+          if ((r & kMoved) && ss.preempted) { ss.preempted = 0; rec.Trace(P, sd, kEvResume, l); rec.Bump(&BlockStats::resumes); }
+          if (!(r & kDone) && !ss.preempted) { ss.preempted = 1; rec.Trace(P, sd, kEvPreempt, l); rec.Bump(&BlockStats::preempts); }
+          if (r & kMoved) atomicAdd(&dev->progress, 1ull);
+          if (r & kDone) ss.finished = 1;
+          LaneState* dst = &dev->lane[e][l];
+          StVolVec(dst, reinterpret_cast<uint4*>(&ss)[0]);
+          StVolVec(reinterpret_cast<uint4*>(dst) + 1, reinterpret_cast<uint4*>(&ss)[1]);
+          if (r & kDone) {
+            rec.Bump(&BlockStats::lanes_done);
+            __threadfence();
+            const int old = atomicAdd(&dev->run[e].lanes_done, 1);
+            if (old + 1 == sd.lanes) { __threadfence(); CompleteTask(P, sd, e, aborted != 0, rec); }
+          }
+        }
+        __syncthreads();
+      }
+    }
+  }
+}
+
+__device__ void ControlLoop(const DaemonParams& P) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  DeviceShared* dev = P.dev;
+  HostShared* host = P.host;
+  Recorder rec{&host->stats[blockIdx.x], 0};
+  rec.head = LdVol(&rec.row->trace_head);
+  uint64_t sub = LdVol(&dev->submitted), lo = LdVol(&dev->lo);
+  uint64_t seen_abort = ~0ull;
+  unsigned long long last_prog = LdVol(&dev->progress);
+  uint64_t t_prog = GlobalTimer(), t_busy = t_prog;
+  while (true) {
+    const uint64_t hs = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->submitted) : 0ull, 0);
+    if (hs > sub) {  // ingest: 8 x 16 bytes per descriptor, 4 descriptors per warp pass
+      const uint64_t count = hs - sub;
+      for (uint64_t i = lane; i < count * 8; i += 32) {
+        const uint32_t e = (sub + i / 8) % kTaskRing;
+        const uint4 v = LdVolVec(reinterpret_cast<const uint4*>(&host->desc[e]) + i % 8);
+        reinterpret_cast<uint4*>(&dev->desc[e])[i % 8] = v;
+      }
+      for (uint64_t t = sub; t < hs; ++t) {
+        const uint32_t e = t % kTaskRing;
+        for (int l = lane; l < kMaxLanes * 2; l += 32) reinterpret_cast<uint4*>(&dev->lane[e][0])[l] = make_uint4(0, 0, 0, 0);
+        if (lane == 0) dev->run[e] = TaskRun{0, 0, {0, 0}};
+      }
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) {
+        StReleaseGpu(&dev->submitted, hs);
+        for (uint64_t t = sub; t < hs; ++t) rec.Trace(P, dev->desc[t % kTaskRing], kEvStart, 0);
+      }
+      sub = hs;
+    }
+    const uint64_t ag = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->abort_gen) : 0ull, 0);
+    if (ag != seen_abort) {
+      seen_abort = ag;
+      for (uint64_t t = lo + lane; t < sub; t += 32) {
+        const uint32_t e = t % kTaskRing;
+        if (LdVol(&host->desc[e].abort)) StVol(&dev->run[e].aborted, 1);
+      }
+      __threadfence();
+      __syncwarp();
+    }
+    if (lane == 0) {
+      while (lo < sub && LdVol(&dev->done[lo % kTaskRing]) == Gen(lo)) ++lo;
+      StVol(&dev->lo, lo);
+    }
+    lo = __shfl_sync(0xffffffffu, lo, 0);
+    const uint64_t now = GlobalTimer();
+    const unsigned long long prog = LdVol(&dev->progress);
+    if (prog != last_prog) { last_prog = prog; t_prog = now; }
+    if (lo < sub) t_busy = now;
+    const bool quit = (lo == sub && now - t_busy > static_cast<uint64_t>(P.idle_ns)) ||
+                      (lo < sub && now - t_prog > static_cast<uint64_t>(P.stall_ns));
+    if (quit) {
+      // Dekker with the host: it stores `submitted` then loads `exiting`; we
+      // store `exiting` then load `submitted`.  One of us sees the other.
+      int stay = 0;
+      if (lane == 0) {
+        StVol(&host->exiting, P.launch_id);
+        __threadfence_system();
+        if (LdVol(&host->submitted) > sub) { stay = 1; StVol(&host->exiting, 0u); }
+        else StVol(&dev->quit, P.launch_id);
+      }
+      stay = __shfl_sync(0xffffffffu, stay, 0);
+      if (!stay) break;
+      t_prog = t_busy = now;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) DaemonKernel(DaemonParams P) {
+  if (static_cast<int>(blockIdx.x) == P.workers) ControlLoop(P);
+  else WorkerLoop(P);
+}
+
+template <class Op, class T, class R>
+__global__ void StepAddressKernel(const void** out) { *out = reinterpret_cast<const void*>(&RunLane<Op, T, R>); }
+
+struct CudaTypes {
+  using f16 = __half;
+  using bf16 = __nv_bfloat16;
+};
+
+template <class Op, class T, class R>
+const void* FetchStep(cudaStream_t stream) {
+  static thread_local const void** slot = nullptr;
+  if (!slot) DFCCL_CHECK(cudaMallocHost(&slot, sizeof(void*)) == cudaSuccess, "dfccl: cudaMallocHost failed");
+  *slot = nullptr;
+  StepAddressKernel<Op, T, R><<<1, 1, 0, stream>>>(slot);
+  cudaError_t err = cudaStreamSynchronize(stream);
+  DFCCL_CHECK(err == cudaSuccess, "dfccl: step lookup failed: " << cudaGetErrorString(err));
+  return *slot;
+}
+
+template <class T>
+const void* StepFor(OpKind kind, ReduceOp reduce, cudaStream_t s) {
+  auto reduced = [&]<class Op>() -> const void* {
+    switch (reduce) {
+      case ReduceOp::kSum: return FetchStep<Op, T, SumOp>(s);
+      case ReduceOp::kMax: return FetchStep<Op, T, MaxOp>(s);
+      case ReduceOp::kMin: return FetchStep<Op, T, MinOp>(s);
+    }
+    return nullptr;
+  };
+  switch (kind) {
+    case OpKind::kAllReduce: return reduced.template operator()<AllReduceOp>();
+    case OpKind::kReduceScatter: return reduced.template operator()<ReduceScatterOp>();
+    case OpKind::kAllGather: return FetchStep<AllGatherOp, T, SumOp>(s);
+    case OpKind::kAllToAll: return FetchStep<AllToAllOp, T, SumOp>(s);
+    case OpKind::kPermute: return FetchStep<PermuteOp, T, SumOp>(s);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream) {
+  DaemonKernel<<<params.workers + 1, kThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+const void* StepAddress(OpKind kind, DType dtype, ReduceOp reduce, cudaStream_t stream) {
+  return DispatchDType<CudaTypes>(dtype, [&]<class T>() { return StepFor<T>(kind, reduce, stream); });
+}
+
+}  // namespace dfccl::gpu

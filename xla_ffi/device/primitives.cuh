@@ -1,0 +1,138 @@
+// Device building blocks of every collective: memory-ordering helpers, the
+// block-wide copy and reduction over 16-byte vectors, the accumulator types.
+// Data loads go through ld.global.cg (L2, never L1): the daemon is persistent,
+// so an L1 line could outlive a buffer's reuse by XLA or a peer's next write.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "device/task.h"
+
+#define DFCCL_DEV __device__ __forceinline__
+
+namespace dfccl::gpu {
+
+DFCCL_DEV uint64_t LdAcquireSys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+DFCCL_DEV void StReleaseSys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+DFCCL_DEV uint64_t LdAcquireGpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+DFCCL_DEV void StReleaseGpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+template <class T>
+DFCCL_DEV T LdVol(const volatile T* p) { return *p; }
+template <class T, class V>
+DFCCL_DEV void StVol(volatile T* p, V v) { *p = static_cast<T>(v); }
+DFCCL_DEV void StVolVec(void* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+DFCCL_DEV uint4 LdVolVec(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+DFCCL_DEV uint64_t GlobalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Accumulate 16-bit floats in float; everything else in its own type.
+template <class T> struct Acc {
+  using type = T;
+  static DFCCL_DEV type Load(T v) { return v; }
+  static DFCCL_DEV T Store(type a) { return a; }
+};
+template <> struct Acc<__half> {
+  using type = float;
+  static DFCCL_DEV float Load(__half v) { return __half2float(v); }
+  static DFCCL_DEV __half Store(float a) { return __float2half_rn(a); }
+};
+template <> struct Acc<__nv_bfloat16> {
+  using type = float;
+  static DFCCL_DEV float Load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static DFCCL_DEV __nv_bfloat16 Store(float a) { return __float2bfloat16_rn(a); }
+};
+
+struct SumOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { return a + b; } };
+struct MaxOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { return a > b ? a : b; } };
+struct MinOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { return a < b ? a : b; } };
+
+// dst[0:n) = src[0:n), by the whole block.  vec: both 16-byte aligned and n % 16 == 0.
+DFCCL_DEV void BlockCopy(char* dst, const char* src, int64_t n, bool vec, int elem_bytes) {
+  if (vec) {
+    const int64_t n16 = n >> 4;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    int64_t i = threadIdx.x;
+    for (; i + 3 * kThreads < n16; i += 4 * kThreads) {
+      uint4 a = __ldcg(s + i), b = __ldcg(s + i + kThreads), c = __ldcg(s + i + 2 * kThreads),
+            e = __ldcg(s + i + 3 * kThreads);
+      d[i] = a; d[i + kThreads] = b; d[i + 2 * kThreads] = c; d[i + 3 * kThreads] = e;
+    }
+    for (; i < n16; i += kThreads) d[i] = __ldcg(s + i);
+    return;
+  }
+  switch (elem_bytes) {
+    case 8: for (int64_t i = threadIdx.x; i < n / 8; i += kThreads)
+              reinterpret_cast<uint64_t*>(dst)[i] = __ldcg(reinterpret_cast<const unsigned long long*>(src) + i);
+            break;
+    case 4: for (int64_t i = threadIdx.x; i < n / 4; i += kThreads)
+              reinterpret_cast<uint32_t*>(dst)[i] = __ldcg(reinterpret_cast<const unsigned int*>(src) + i);
+            break;
+    default: for (int64_t i = threadIdx.x; i < n / 2; i += kThreads)
+              reinterpret_cast<uint16_t*>(dst)[i] = __ldcg(reinterpret_cast<const unsigned short*>(src) + i);
+            break;
+  }
+}
+
+DFCCL_DEV void BlockZero(char* dst, int64_t n) {
+  for (int64_t i = threadIdx.x; i < n / 2; i += kThreads) reinterpret_cast<uint16_t*>(dst)[i] = 0;
+}
+
+// dst = R-reduction of srcs[0..nsrc) (each n bytes), by the whole block.
+template <class T, class R>
+DFCCL_DEV void BlockReduce(char* dst, const char* const* srcs, int nsrc, int64_t n, bool vec) {
+  using A = typename Acc<T>::type;
+  const R op;
+  if (vec) {
+    constexpr int K = 16 / sizeof(T);
+    const int64_t n16 = n >> 4;
+    for (int64_t i = threadIdx.x; i < n16; i += kThreads) {
+      uint4 v = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + i);
+      A acc[K];
+#pragma unroll
+      for (int k = 0; k < K; ++k) acc[k] = Acc<T>::Load(reinterpret_cast<const T*>(&v)[k]);
+      for (int s = 1; s < nsrc; ++s) {
+        uint4 w = __ldcg(reinterpret_cast<const uint4*>(srcs[s]) + i);
+#pragma unroll
+        for (int k = 0; k < K; ++k) acc[k] = op(acc[k], Acc<T>::Load(reinterpret_cast<const T*>(&w)[k]));
+      }
+#pragma unroll
+      for (int k = 0; k < K; ++k) reinterpret_cast<T*>(&v)[k] = Acc<T>::Store(acc[k]);
+      reinterpret_cast<uint4*>(dst)[i] = v;
+    }
+    return;
+  }
+  for (int64_t i = threadIdx.x; i < n / static_cast<int64_t>(sizeof(T)); i += kThreads) {
+    A acc = Acc<T>::Load(LdVol(reinterpret_cast<const T*>(srcs[0]) + i));
+    for (int s = 1; s < nsrc; ++s) acc = op(acc, Acc<T>::Load(LdVol(reinterpret_cast<const T*>(srcs[s]) + i)));
+    reinterpret_cast<T*>(dst)[i] = Acc<T>::Store(acc);
+  }
+}
+
+}  // namespace dfccl::gpu

@@ -1,0 +1,79 @@
+// The CUDA FFI handlers: dfccl_start builds a task and submits it to the
+// device's daemon, enqueuing on XLA's stream a stream-ordered ready write;
+// dfccl_done enqueues a stream wait on the task's completion word.  The host
+// never blocks here.  Not command-buffer compatible (they do host work).
+#include "ffi/cuda_handlers.h"
+
+#include <cuda_runtime.h>
+
+#include "ffi/attrs.h"
+#include "runtime/runtime.h"
+
+namespace ffi = xla::ffi;
+
+namespace dfccl::gpu {
+namespace {
+
+// The rank's partition id, from the device XLA runs this call on (the
+// partition-id operand lives in device memory and cannot be read at enqueue time).
+int32_t PartitionOf(const StartAttrs& a, int32_t ordinal) {
+  for (size_t p = 0; p < a.device_ids.size(); ++p)
+    if (a.device_ids[p] == ordinal) return static_cast<int32_t>(p);
+  return -1;
+}
+
+ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
+                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*x_alias*/,
+                     ffi::Result<ffi::AnyBuffer> ticket, StartAttrs attrs) {
+  CollectiveSpec spec;
+  try {
+    const int32_t pid = PartitionOf(attrs, ordinal);
+    if (pid < 0)
+      return ffi::Error::InvalidArgument("dfccl: GPU " + std::to_string(ordinal) + " is not in collective '" +
+                                         std::string(attrs.key) + "'");
+    spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()));
+  } catch (const std::exception& e) {
+    return ffi::Error::InvalidArgument(e.what());
+  }
+  void* ticket_ptr = ticket->size_bytes() >= 8 ? ticket->untyped_data() : nullptr;
+  std::string err = Runtime::Get().Start(ordinal, stream, spec, x.untyped_data(), out->untyped_data(), ticket_ptr);
+  if (!err.empty()) return ffi::Error::Internal(err);
+  return ffi::Error::Success();
+}
+
+ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer /*x_alias*/,
+                    ffi::AnyBuffer /*ticket*/, ffi::Result<ffi::AnyBuffer> out, DoneAttrs attrs) {
+  std::string err = Runtime::Get().Done(ordinal, stream, attrs.site);
+  if (!err.empty()) return ffi::Error::Internal(err);
+  if (out->untyped_data() != out_in.untyped_data()) {  // not aliased: copy after the wait
+    cudaError_t e = cudaMemcpyAsync(out->untyped_data(), out_in.untyped_data(), out_in.size_bytes(),
+                                    cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) return ffi::Error::Internal(std::string("dfccl: copy of done result: ") + cudaGetErrorString(e));
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()    // x
+                                  .Arg<ffi::AnyBuffer>()    // partition_id (s32[], unused on GPU)
+                                  .Ret<ffi::AnyBuffer>()    // out
+                                  .Ret<ffi::AnyBuffer>()    // x_alias (aliases x)
+                                  .Ret<ffi::AnyBuffer>()    // ticket (s64[])
+                                  .Attrs<StartAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneCuda, DoneImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()    // out (from start)
+                                  .Arg<ffi::AnyBuffer>()    // x_alias
+                                  .Arg<ffi::AnyBuffer>()    // ticket
+                                  .Ret<ffi::AnyBuffer>()    // out (aliased)
+                                  .Attrs<DoneAttrs>());
+
+}  // namespace dfccl::gpu

@@ -1,0 +1,9 @@
+// The CUDA FFI handler symbols (the target table lives in bindings/cuda_module.cc).
+#pragma once
+
+#include "xla/ffi/api/api.h"
+
+namespace dfccl::gpu {
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclStartCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclDoneCuda);
+}  // namespace dfccl::gpu

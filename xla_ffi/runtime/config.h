@@ -1,0 +1,52 @@
+// GPU runtime configuration: every entry, its meaning and default, in one place.
+// Applied by `_dfccl_cuda.configure(dict)` (unknown entries are ignored).  Pool
+// geometry applies to communicators created after the change.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <type_traits>
+
+namespace dfccl::gpu {
+
+struct Config {
+  int blocks = 16;            // worker blocks of a daemon (SMs held while running: blocks + 1)
+  int64_t spin_cycles = 4000; // base spin budget of a waiting lane before preemption (~2 us)
+  int sticky_max = 4;         // a lane whose peer keeps delivering spins up to spin_cycles << sticky_max
+  int64_t idle_us = 200;      // the daemon quits after this long with nothing pending (<= 1 ms)
+  int64_t stall_us = 2000;    // ... or this long without progress while tasks are pending
+  int64_t relaunch_max_us = 2000;  // proxy backoff cap for relaunching a stalled daemon
+  double timeout_s = 60.0;    // watchdog: a collective pending this long fails with an error
+  bool trace = true;          // record start/run/preempt/resume/finish events
+  // Staging pools (per communicator, per rank, per source rank):
+  int small_slots = 128;      // instances in flight with messages <= small_lanes * small_chunk
+  int small_lanes = 16;
+  int64_t small_chunk = 4096;
+  int large_slots = 8;        // instances in flight with larger messages
+  int large_lanes = 16;
+  int large_depth = 4;
+  int64_t large_chunk = 65536;
+
+  void Apply(const std::map<std::string, double>& kv) {
+    auto set = [&](const char* name, auto& field) {
+      auto it = kv.find(name);
+      if (it != kv.end()) field = static_cast<std::remove_reference_t<decltype(field)>>(it->second);
+    };
+    set("blocks", blocks); set("gpu_blocks", blocks);
+    set("spin_cycles", spin_cycles); set("sticky_max", sticky_max);
+    set("idle_us", idle_us); set("stall_us", stall_us); set("relaunch_max_us", relaunch_max_us);
+    set("timeout_s", timeout_s); set("trace", trace);
+    set("small_slots", small_slots); set("small_lanes", small_lanes); set("small_chunk", small_chunk);
+    set("large_slots", large_slots); set("large_lanes", large_lanes); set("large_depth", large_depth);
+    set("large_chunk", large_chunk);
+    if (blocks < 1) blocks = 1;
+    if (blocks > 63) blocks = 63;
+    if (small_lanes > 64) small_lanes = 64;
+    if (large_lanes > 64) large_lanes = 64;
+    small_chunk = (small_chunk + 15) / 16 * 16;
+    large_chunk = (large_chunk + 15) / 16 * 16;
+  }
+};
+
+}  // namespace dfccl::gpu

@@ -1,0 +1,55 @@
+#include "runtime/driver.h"
+
+#include <cuda.h>
+
+#include "dfccl/check.h"
+
+namespace dfccl::gpu {
+namespace {
+
+using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WriteValue64Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+template <class Fn>
+Fn Lookup(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  // Version 12000 selects the _v2 implementation of the stream memory operations.
+  cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status);
+  DFCCL_CHECK(err == cudaSuccess && fn != nullptr && status == cudaDriverEntryPointSuccess,
+              "dfccl: driver entry point " << name << " unavailable (" << cudaGetErrorString(err) << ")");
+  return reinterpret_cast<Fn>(fn);
+}
+
+struct Table {
+  WriteValue32Fn write32 = Lookup<WriteValue32Fn>("cuStreamWriteValue32");
+  WriteValue64Fn write64 = Lookup<WriteValue64Fn>("cuStreamWriteValue64");
+  WaitValue32Fn wait32 = Lookup<WaitValue32Fn>("cuStreamWaitValue32");
+};
+
+const Table& T() {
+  static const Table table;
+  return table;
+}
+
+void Check(CUresult r, const char* what) {
+  DFCCL_CHECK(r == CUDA_SUCCESS, "dfccl: " << what << " failed with CUresult " << static_cast<int>(r));
+}
+
+}  // namespace
+
+void StreamOps::Write32(cudaStream_t s, void* addr, uint32_t v) {
+  Check(T().write32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
+                    CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32_v2");
+}
+void StreamOps::Write64(cudaStream_t s, void* addr, uint64_t v) {
+  Check(T().write64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
+                    CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue64_v2");
+}
+void StreamOps::WaitGeq32(cudaStream_t s, const void* addr, uint32_t v) {
+  Check(T().wait32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(const_cast<void*>(addr)), v,
+                   CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32_v2");
+}
+
+}  // namespace dfccl::gpu

@@ -1,0 +1,341 @@
+// Start/done on XLA's stream, the daemon's launch/relaunch, the proxy thread
+// (completions, slot recycling, relaunch with backoff, watchdog), and the
+// module's stats/trace/reset.
+#include "runtime/runtime.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "device/daemon.h"
+#include "dfccl/check.h"
+#include "runtime/driver.h"
+
+namespace dfccl::gpu {
+
+Runtime& Runtime::Get() {
+  static Runtime* rt = [] {
+    auto* r = new Runtime();  // leaked: CUDA's own teardown must come after ours
+    std::atexit([] {
+      Runtime& g = Get();
+      { std::lock_guard<std::mutex> lk(g.mu_); g.stop_ = true; }
+      if (g.proxy_.joinable()) g.proxy_.join();
+    });
+    return r;
+  }();
+  return *rt;
+}
+
+Runtime::~Runtime() = default;
+
+void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, const Comm& c, const Instance& inst,
+                       const void* in, void* out, int64_t msg_bytes) {
+  TaskDesc& t = d.host->desc[ticket % kTaskRing];
+  const PoolGeom& g = c.view.pool[inst.pool];
+  int lanes = static_cast<int>(std::max<int64_t>(1, (msg_bytes + g.chunk_bytes - 1) / g.chunk_bytes));
+  lanes = std::min(lanes, g.lanes);
+  int64_t lane_bytes = (msg_bytes + lanes - 1) / lanes;
+  lane_bytes = (lane_bytes + 15) / 16 * 16;
+  const bool aligned = (reinterpret_cast<uintptr_t>(in) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  t.ticket = ticket;
+  t.key_hash = spec.key_hash;
+  t.seq = inst.seq;
+  t.in = static_cast<const char*>(in);
+  t.out = static_cast<char*>(out);
+  t.comm = c.dev_copy[spec.rank];
+  t.step = d.steps.at({static_cast<int>(spec.kind), static_cast<int>(spec.dtype), static_cast<int>(spec.reduce)});
+  t.msg_bytes = msg_bytes;
+  t.lane_bytes = lane_bytes;
+  t.kind = static_cast<int32_t>(spec.kind);
+  t.reduce = static_cast<int32_t>(spec.reduce);
+  t.elem_bytes = static_cast<int32_t>(spec.elem_bytes);
+  t.nranks = spec.nranks;
+  t.rank = spec.rank;
+  t.send_to = spec.send_to;
+  t.recv_from = spec.recv_from;
+  t.pool = inst.pool;
+  t.lanes = lanes;
+  t.vec = aligned && msg_bytes % 16 == 0;
+  t.epoch = inst.epoch;
+  t.slot = inst.slot;
+  t.abort = 0;
+}
+
+std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const void* in, void* out,
+                           void* ticket_buf) {
+  try {
+    std::lock_guard<std::mutex> lk(mu_);
+    Device& d = GetDevice(ordinal);
+    if (!d.error.empty()) return d.error;
+    DFCCL_CHECK(spec.self_device == ordinal,
+                "dfccl: device id " << spec.self_device << " is not local GPU " << ordinal
+                                    << " (the CUDA backend runs in one process)");
+    Comm& c = GetComm(spec.group_devices);
+    const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
+    const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
+    std::string err;
+    Instance* inst = Join(c, spec, seq, msg_bytes, &err);
+    if (!inst) return err;
+    const uint64_t ticket = d.next_ticket;
+    const uint32_t e = ticket % kTaskRing;
+    if (!d.info[e].done)
+      return "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(ordinal);
+    key_names_.emplace(spec.key_hash, spec.key);
+    FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
+    inst->tasks.emplace_back(&d, ticket);
+    inst->started |= 1u << spec.rank;
+    d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false};
+    d.next_ticket = ticket + 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    d.host->submitted = ticket + 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    d.fifo[spec.site].push_back(ticket);
+    StreamOps::Write32(stream, &d.dev->ready[e], Gen(ticket));
+    if (ticket_buf) StreamOps::Write64(stream, ticket_buf, ticket);
+    EnsureRunning(d);
+    return "";
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+}
+
+std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
+  try {
+    uint64_t ticket = 0;
+    Device* d = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      d = &GetDevice(ordinal);
+      if (!d->error.empty()) return d->error;
+      auto& q = d->fifo[site];
+      if (q.empty()) return "dfccl: dfccl_done at site " + std::to_string(site) + " has no pending start";
+      ticket = q.front();
+      q.pop_front();
+    }
+    StreamOps::WaitGeq32(stream, &d->dev->done[ticket % kTaskRing], Gen(ticket));
+    return "";
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+}
+
+bool Runtime::Running(Device& d) {
+  if (!d.launched) return false;
+  if (d.host->exiting == d.launch_id) return false;
+  return cudaEventQuery(d.ev) == cudaErrorNotReady;
+}
+
+void Runtime::Launch(Device& d) {
+  int saved = 0;
+  cudaGetDevice(&saved);
+  if (saved != d.ordinal) cudaSetDevice(d.ordinal);
+  d.launch_id++;
+  d.workers = cfg_.blocks;
+  DaemonParams p{};
+  p.dev = d.dev;
+  p.host = d.host_dev;
+  p.launch_id = d.launch_id;
+  p.workers = d.workers;
+  p.spin_cycles = cfg_.spin_cycles;
+  p.sticky_max = cfg_.sticky_max;
+  p.trace = cfg_.trace ? 1 : 0;
+  p.idle_ns = cfg_.idle_us * 1000;
+  p.stall_ns = cfg_.stall_us * 1000;
+  cudaError_t err = LaunchDaemon(p, d.stream);
+  if (err == cudaSuccess) err = cudaEventRecord(d.ev, d.stream);
+  if (saved != d.ordinal) cudaSetDevice(saved);
+  DFCCL_CHECK(err == cudaSuccess, "dfccl: daemon launch on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
+  d.launched = true;
+  d.launches++;
+}
+
+void Runtime::EnsureRunning(Device& d) {
+  if (!Running(d)) Launch(d);
+}
+
+void Runtime::ProxyLoop() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stop_) return;
+      const auto now = Clock::now();
+      for (auto& [ord, d] : devices_) {
+        try {
+          PollDevice(*d, now);
+        } catch (const std::exception& ex) {
+          if (d->error.empty()) d->error = ex.what();
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void Runtime::PollDevice(Device& d, Clock::time_point now) {
+  for (uint64_t t = d.oldest; t < d.next_ticket; ++t) {
+    TaskInfo& ti = d.info[t % kTaskRing];
+    if (!ti.done && d.host->done[t % kTaskRing] == Gen(t)) {
+      ti.done = true;
+      OnTaskDone(d, ti);
+    }
+  }
+  while (d.oldest < d.next_ticket && d.info[d.oldest % kTaskRing].done) d.oldest++;
+  const bool pending = d.oldest < d.next_ticket;
+  if (!pending) { d.backoff_us = 20; return; }
+  if (!Running(d) && now >= d.next_relaunch) {
+    Launch(d);
+    d.backoff_us = std::min<int64_t>(d.backoff_us * 2, cfg_.relaunch_max_us);
+    d.next_relaunch = now + std::chrono::microseconds(d.backoff_us);
+  }
+  const auto limit = std::chrono::duration<double>(cfg_.timeout_s);
+  for (uint64_t t = d.oldest; t < d.next_ticket; ++t) {
+    TaskInfo& ti = d.info[t % kTaskRing];
+    if (!ti.done && ti.inst && !ti.inst->failed && now - ti.t > limit) {
+      std::ostringstream why;
+      why << "timed out after " << cfg_.timeout_s << " s: ";
+      std::vector<int> missing;
+      for (int r = 0; r < ti.inst->nranks; ++r)
+        if (!(ti.inst->started & (1u << r))) missing.push_back(r);
+      if (missing.empty()) {
+        why << "every rank started it but it did not complete";
+      } else {
+        why << "rank(s) [";
+        for (size_t i = 0; i < missing.size(); ++i)
+          why << (i ? ", " : "") << missing[i] << " (GPU " << ti.comm->ordinals[missing[i]] << ")";
+        why << "] never started it";
+      }
+      Abort(*ti.comm, *ti.inst, why.str());
+    }
+  }
+}
+
+void Runtime::OnTaskDone(Device& d, TaskInfo& ti) {
+  Instance* inst = ti.inst;
+  Comm* c = ti.comm;
+  ti.inst = nullptr;
+  if (!inst) return;
+  inst->done++;
+  const bool all = inst->done == inst->nranks || (inst->failed && inst->done == static_cast<int>(inst->tasks.size()));
+  if (!all) return;
+  ReleaseSlot(*c, *inst);
+  const auto id = std::make_pair(inst->key_hash, inst->seq);
+  if (inst->failed) {
+    // Keep failed instances (a late rank gets the error); no task refers to it any more.
+    auto it = c->live.find(id);
+    if (it != c->live.end()) { c->failed[id] = std::move(it->second); c->live.erase(it); }
+  } else {
+    c->live.erase(id);
+  }
+  (void)d;
+}
+
+void Runtime::Abort(Comm& c, Instance& inst, const std::string& why) {
+  inst.failed = true;
+  std::ostringstream msg;
+  msg << "dfccl: collective '" << inst.key << "' (sequence " << inst.seq << ", group of GPUs [";
+  for (int i = 0; i < c.n; ++i) msg << (i ? "," : "") << c.ordinals[i];
+  msg << "]) " << why;
+  errors_.push_back(msg.str());
+  for (int ord : c.ordinals) {
+    Device& d = *devices_[ord];
+    if (d.error.empty()) d.error = msg.str();
+  }
+  for (auto& [d, ticket] : inst.tasks) {
+    reinterpret_cast<volatile int32_t&>(d->host->desc[ticket % kTaskRing].abort) = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    d->host->abort_gen = d->host->abort_gen + 1;
+    EnsureRunning(*d);
+  }
+  if (inst.slot < 0) ReleaseSlot(c, inst);  // leave the waiting queue
+}
+
+void Runtime::Configure(const std::map<std::string, double>& kv) {
+  std::lock_guard<std::mutex> lk(mu_);
+  cfg_.Apply(kv);
+}
+
+std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::map<std::string, double> s;
+  double started = 0, completed = 0, preempts = 0, resumes = 0, steps = 0, aborted = 0, launches = 0, relaunches = 0;
+  double dev_bytes = 0, host_bytes = 0, running = 0, live = 0, slots_used = 0, waiting = 0;
+  for (auto& [ord, d] : devices_) {
+    started += d->next_ticket;
+    for (int b = 0; b < kMaxBlocks; ++b) {
+      const BlockStats& bs = d->host->stats[b];
+      completed += bs.tasks_done;
+      preempts += bs.preempts;
+      resumes += bs.resumes;
+      steps += bs.steps;
+      aborted += bs.aborted;
+    }
+    launches += d->launches;
+    relaunches += d->launches > 0 ? d->launches - 1 : 0;
+    dev_bytes += sizeof(DeviceShared);
+    host_bytes += sizeof(HostShared);
+    running += Running(*d) ? 1 : 0;
+  }
+  for (auto& [name, c] : comms_) {
+    dev_bytes += c->bytes;
+    live += c->live.size();
+    for (int p = 0; p < kNumPools; ++p) {
+      slots_used += c->view.pool[p].nslots - static_cast<double>(c->free_slots[p].size());
+      waiting += c->waiting[p].size();
+    }
+  }
+  s["collectives_started"] = started;
+  s["collectives_completed"] = completed;
+  s["preemptions"] = preempts;
+  s["resumes"] = resumes;
+  s["steps"] = steps;
+  s["aborted"] = aborted;
+  s["launches"] = launches;
+  s["relaunches"] = relaunches;
+  s["bytes_held"] = dev_bytes;
+  s["host_bytes_held"] = host_bytes;
+  s["sms_used"] = cfg_.blocks + 1;
+  s["daemons_running"] = running;
+  s["devices"] = static_cast<double>(devices_.size());
+  s["communicators"] = static_cast<double>(comms_.size());
+  s["instances_live"] = live;
+  s["slots_in_use"] = slots_used;
+  s["instances_waiting_for_slot"] = waiting;
+  s["errors"] = static_cast<double>(errors_.size());
+  if (errors) *errors = errors_;
+  return s;
+}
+
+std::vector<TraceOut> Runtime::Trace() {
+  static const char* kNames[] = {"start", "run", "preempt", "resume", "finish", "error"};
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<TraceOut> out;
+  for (auto& [ord, d] : devices_) {
+    for (int b = 0; b < kMaxBlocks; ++b) {
+      const uint64_t head = d->host->stats[b].trace_head;
+      const uint64_t first = head > kTracePerBlock ? head - kTracePerBlock : 0;
+      for (uint64_t i = first; i < head; ++i) {
+        const TraceRec& r = d->host->trace[b][i % kTracePerBlock];
+        auto k = key_names_.find(r.key_hash);
+        out.push_back(TraceOut{ord, k != key_names_.end() ? k->second : std::to_string(r.key_hash), r.seq,
+                               r.event <= kEvError ? kNames[r.event] : "?", r.t_ns});
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const TraceOut& a, const TraceOut& b) { return a.t_ns < b.t_ns; });
+  return out;
+}
+
+void Runtime::Reset() {
+  std::lock_guard<std::mutex> lk(mu_);
+  errors_.clear();
+  for (auto& [ord, d] : devices_) {
+    d->error.clear();
+    d->seq.clear();
+    d->fifo.clear();
+  }
+  for (auto& [name, c] : comms_) c->failed.clear();
+}
+
+}  // namespace dfccl::gpu

@@ -1,0 +1,138 @@
+// The GPU host runtime: devices (daemon, queues), communicators (staging
+// pools, instance matching), the proxy thread (completions, relaunch, watchdog).
+//
+// Matching: an instance is (communicator, key_hash, seq); seq counts this
+// rank's starts of the key.  The first rank to start an instance gives it an
+// instance slot of its pool (or queues it until one is free); later ranks find
+// it by (key_hash, seq), so the order of starts on each rank does not matter.
+// This host-side rendezvous is the single-process part: with CUDA IPC across
+// processes, slot assignment must become a function of (key_hash, seq) agreed
+// without a shared host table (e.g. through the distributed KV store).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "dfccl/collective.h"
+#include "device/task.h"
+#include "runtime/config.h"
+
+namespace dfccl::gpu {
+
+using Clock = std::chrono::steady_clock;
+
+struct Device;
+
+struct Instance {
+  uint64_t key_hash = 0, seq = 0;
+  std::string key, signature;
+  int pool = 0, slot = -1, nranks = 0, done = 0;
+  uint32_t epoch = 0, started = 0;
+  bool failed = false;
+  std::vector<std::pair<Device*, uint64_t>> tasks;  // (device, ticket)
+};
+
+struct Comm {
+  std::vector<int> ordinals;
+  int n = 0;
+  CommDev view{};
+  std::vector<CommDev*> dev_copy;           // per rank, on its device
+  std::vector<std::pair<int, void*>> allocs;
+  int64_t bytes = 0;
+  std::vector<int> free_slots[kNumPools];
+  std::vector<uint32_t> epochs[kNumPools];
+  std::deque<Instance*> waiting[kNumPools];
+  std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Instance>> live;
+  std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Instance>> failed;
+};
+
+struct TaskInfo {
+  Instance* inst = nullptr;
+  Comm* comm = nullptr;
+  uint64_t ticket = 0;
+  Clock::time_point t;
+  bool done = true;
+};
+
+struct Device {
+  int ordinal = 0;
+  cudaStream_t stream = nullptr, aux = nullptr;
+  cudaEvent_t ev = nullptr;
+  HostShared* host = nullptr;
+  HostShared* host_dev = nullptr;
+  DeviceShared* dev = nullptr;
+  uint64_t next_ticket = 0, oldest = 0, launches = 0;
+  uint32_t launch_id = 0;
+  int workers = 0;
+  bool launched = false;
+  Clock::time_point next_relaunch;
+  int64_t backoff_us = 20;
+  std::array<TaskInfo, kTaskRing> info;
+  std::map<std::pair<Comm*, uint64_t>, uint64_t> seq;
+  std::unordered_map<int64_t, std::deque<uint64_t>> fifo;  // start/done pairing per site
+  std::string error;                                       // surfaced at the next handler call
+  std::map<std::tuple<int, int, int>, const void*> steps;
+};
+
+struct TraceOut {
+  int device;
+  std::string key;
+  uint64_t seq;
+  std::string event;
+  uint64_t t_ns;
+};
+
+class Runtime {
+ public:
+  static Runtime& Get();
+  ~Runtime();
+
+  // Handlers.  Return "" on success, else the error message for ffi::Error.
+  std::string Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const void* in, void* out,
+                    void* ticket_buf);
+  std::string Done(int ordinal, cudaStream_t stream, int64_t site);
+
+  void Configure(const std::map<std::string, double>& kv);
+  std::map<std::string, double> Stats(std::vector<std::string>* errors);
+  std::vector<TraceOut> Trace();
+  void Reset();
+
+ private:
+  Runtime() = default;
+  Device& GetDevice(int ordinal);
+  Comm& GetComm(const std::vector<int64_t>& group);
+  Instance* Join(Comm& c, const CollectiveSpec& spec, uint64_t seq, int64_t msg_bytes, std::string* err);
+  void FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, const Comm& c, const Instance& inst,
+                const void* in, void* out, int64_t msg_bytes);
+  bool Running(Device& d);
+  void Launch(Device& d);
+  void EnsureRunning(Device& d);
+  void ProxyLoop();
+  void PollDevice(Device& d, Clock::time_point now);
+  void OnTaskDone(Device& d, TaskInfo& ti);
+  void ReleaseSlot(Comm& c, Instance& inst);
+  void Abort(Comm& c, Instance& inst, const std::string& why);
+
+  std::mutex mu_;
+  Config cfg_;
+  std::map<int, std::unique_ptr<Device>> devices_;
+  std::map<std::string, std::unique_ptr<Comm>> comms_;
+  std::unordered_map<uint64_t, std::string> key_names_;
+  std::vector<std::string> errors_;
+  std::thread proxy_;
+  bool stop_ = false;
+};
+
+}  // namespace dfccl::gpu

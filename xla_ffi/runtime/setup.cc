@@ -1,0 +1,189 @@
+// Device and communicator setup: host-mapped queues, device state, step
+// addresses, peer access, staging pools; instance matching and slot recycling.
+#include <atomic>
+#include <cstring>
+#include <sstream>
+
+#include "device/daemon.h"
+#include "dfccl/check.h"
+#include "dfccl/dtype.h"
+#include "runtime/runtime.h"
+
+#define DFCCL_CUDA(call)                                                                  \
+  do {                                                                                    \
+    cudaError_t dfccl_err_ = (call);                                                      \
+    DFCCL_CHECK(dfccl_err_ == cudaSuccess, "dfccl: " #call ": " << cudaGetErrorString(dfccl_err_)); \
+  } while (0)
+
+namespace dfccl::gpu {
+namespace {
+
+struct DeviceGuard {  // restores the caller's current device
+  int saved = 0;
+  DeviceGuard() { cudaGetDevice(&saved); }
+  ~DeviceGuard() { cudaSetDevice(saved); }
+};
+
+}  // namespace
+
+Device& Runtime::GetDevice(int ordinal) {
+  auto it = devices_.find(ordinal);
+  if (it != devices_.end()) return *it->second;
+  DeviceGuard guard;
+  DFCCL_CUDA(cudaSetDevice(ordinal));
+  auto d = std::make_unique<Device>();
+  d->ordinal = ordinal;
+  DFCCL_CUDA(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+  DFCCL_CUDA(cudaStreamCreateWithFlags(&d->aux, cudaStreamNonBlocking));
+  DFCCL_CUDA(cudaEventCreateWithFlags(&d->ev, cudaEventDisableTiming));
+  DFCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&d->host), sizeof(HostShared),
+                           cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(static_cast<void*>(d->host), 0, sizeof(HostShared));
+  DFCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d->host_dev), d->host, 0));
+  DFCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&d->dev), sizeof(DeviceShared)));
+  DFCCL_CUDA(cudaMemsetAsync(d->dev, 0, sizeof(DeviceShared), d->aux));
+  // Every step address, before any daemon runs (no lazy loading under a persistent kernel).
+  for (int raw = 0; raw < 64; ++raw) {
+    if (!IsSupportedDType(raw)) continue;
+    for (int k = 0; k <= 4; ++k)
+      for (int r = 0; r <= 2; ++r)
+        d->steps[{k, raw, r}] = StepAddress(static_cast<OpKind>(k), static_cast<DType>(raw),
+                                            static_cast<ReduceOp>(r), d->aux);
+  }
+  DFCCL_CUDA(cudaStreamSynchronize(d->aux));
+  auto& ref = *d;
+  devices_[ordinal] = std::move(d);
+  if (!proxy_.joinable()) proxy_ = std::thread([this] { ProxyLoop(); });
+  return ref;
+}
+
+Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
+  std::ostringstream name;
+  for (auto g : group) name << g << ",";
+  auto it = comms_.find(name.str());
+  if (it != comms_.end()) return *it->second;
+  const int n = static_cast<int>(group.size());
+  DFCCL_CHECK(n >= 1 && n <= kMaxRanks, "dfccl: groups of " << n << " GPUs are not supported (max " << kMaxRanks << ")");
+  DeviceGuard guard;
+  auto c = std::make_unique<Comm>();
+  c->n = n;
+  for (auto g : group) c->ordinals.push_back(static_cast<int>(g));
+  for (int a : c->ordinals) GetDevice(a);
+  for (int a : c->ordinals) {
+    DFCCL_CUDA(cudaSetDevice(a));
+    for (int b : c->ordinals) {
+      if (a == b) continue;
+      int ok = 0;
+      DFCCL_CUDA(cudaDeviceCanAccessPeer(&ok, a, b));
+      DFCCL_CHECK(ok, "dfccl: GPU " << a << " cannot access GPU " << b << " (peer access required)");
+      cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+      else DFCCL_CHECK(e == cudaSuccess, "dfccl: enabling peer access " << a << "->" << b << ": " << cudaGetErrorString(e));
+    }
+  }
+  c->view.nranks = n;
+  const PoolGeom geoms[kNumPools] = {
+      PoolGeom{cfg_.small_lanes, 1, cfg_.small_slots, 0, cfg_.small_chunk},
+      PoolGeom{cfg_.large_lanes, cfg_.large_depth, cfg_.large_slots, 0, cfg_.large_chunk}};
+  for (int p = 0; p < kNumPools; ++p) {
+    const PoolGeom g = geoms[p];
+    c->view.pool[p] = g;
+    c->free_slots[p].clear();
+    for (int s = g.nslots - 1; s >= 0; --s) c->free_slots[p].push_back(s);
+    c->epochs[p].assign(g.nslots, 0);
+    const size_t cells = static_cast<size_t>(g.nslots) * n * g.lanes;
+    const size_t stage = cells * g.depth * g.chunk_bytes, flags = cells * sizeof(uint64_t);
+    for (int r = 0; r < n; ++r) {
+      const int ord = c->ordinals[r];
+      DFCCL_CUDA(cudaSetDevice(ord));
+      void *s = nullptr, *f = nullptr, *cr = nullptr;
+      DFCCL_CUDA(cudaMalloc(&s, stage));
+      DFCCL_CUDA(cudaMalloc(&f, flags));
+      DFCCL_CUDA(cudaMalloc(&cr, flags));
+      DFCCL_CUDA(cudaMemsetAsync(f, 0, flags, devices_[ord]->aux));
+      DFCCL_CUDA(cudaMemsetAsync(cr, 0, flags, devices_[ord]->aux));
+      c->allocs.insert(c->allocs.end(), {{ord, s}, {ord, f}, {ord, cr}});
+      c->bytes += stage + 2 * flags;
+      c->view.stage[p][r] = static_cast<char*>(s);
+      c->view.flags[p][r] = static_cast<uint64_t*>(f);
+      c->view.credits[p][r] = static_cast<uint64_t*>(cr);
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    const int ord = c->ordinals[r];
+    DFCCL_CUDA(cudaSetDevice(ord));
+    CommDev* p = nullptr;
+    DFCCL_CUDA(cudaMalloc(&p, sizeof(CommDev)));
+    DFCCL_CUDA(cudaMemcpyAsync(p, &c->view, sizeof(CommDev), cudaMemcpyHostToDevice, devices_[ord]->aux));
+    DFCCL_CUDA(cudaStreamSynchronize(devices_[ord]->aux));
+    c->dev_copy.push_back(p);
+    c->allocs.push_back({ord, p});
+    c->bytes += sizeof(CommDev);
+  }
+  auto& ref = *c;
+  comms_[name.str()] = std::move(c);
+  return ref;
+}
+
+Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, uint64_t seq, int64_t msg_bytes, std::string* err) {
+  const auto id = std::make_pair(spec.key_hash, seq);
+  const std::string sig = spec.Signature();
+  if (auto f = c.failed.find(id); f != c.failed.end()) {
+    *err = "dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + ") already failed on another rank";
+    return nullptr;
+  }
+  auto it = c.live.find(id);
+  if (it == c.live.end()) {
+    auto inst = std::make_unique<Instance>();
+    inst->key_hash = spec.key_hash;
+    inst->seq = seq;
+    inst->key = spec.key;
+    inst->signature = sig;
+    inst->nranks = c.n;
+    const PoolGeom& small = c.view.pool[0];
+    inst->pool = msg_bytes <= small.lanes * small.chunk_bytes ? 0 : 1;
+    if (!c.free_slots[inst->pool].empty()) {
+      inst->slot = c.free_slots[inst->pool].back();
+      c.free_slots[inst->pool].pop_back();
+      inst->epoch = ++c.epochs[inst->pool][inst->slot];
+    } else {
+      c.waiting[inst->pool].push_back(inst.get());
+    }
+    it = c.live.emplace(id, std::move(inst)).first;
+  }
+  Instance* inst = it->second.get();
+  if (inst->signature != sig) {
+    *err = "dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + "): rank " +
+           std::to_string(spec.rank) + " started it as " + sig + " but another rank as " + inst->signature;
+    return nullptr;
+  }
+  if (inst->started & (1u << spec.rank)) {
+    *err = "dfccl: collective '" + spec.key + "' started twice by rank " + std::to_string(spec.rank);
+    return nullptr;
+  }
+  return inst;
+}
+
+void Runtime::ReleaseSlot(Comm& c, Instance& inst) {
+  if (inst.slot < 0) {
+    auto& w = c.waiting[inst.pool];
+    for (auto i = w.begin(); i != w.end(); ++i)
+      if (*i == &inst) { w.erase(i); break; }
+    return;
+  }
+  const int slot = inst.slot;
+  auto& w = c.waiting[inst.pool];
+  if (w.empty()) { c.free_slots[inst.pool].push_back(slot); return; }
+  Instance* next = w.front();
+  w.pop_front();
+  next->epoch = ++c.epochs[next->pool][slot];
+  next->slot = slot;
+  for (auto& [d, ticket] : next->tasks) {  // publish to tasks already submitted: epoch first, slot last
+    TaskDesc& td = d->host->desc[ticket % kTaskRing];
+    reinterpret_cast<volatile uint32_t&>(td.epoch) = next->epoch;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    reinterpret_cast<volatile int32_t&>(td.slot) = slot;
+  }
+}
+
+}  // namespace dfccl::gpu
