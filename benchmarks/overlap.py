@@ -195,6 +195,10 @@ def main():
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--cpu", action="store_true", help="2 forced CPU devices")
   p.add_argument("--no-windowed", action="store_true")
+  p.add_argument("--windowed-iters", type=int, default=1,
+                 help="ops per program for xla_windowed: with the windowed-einsum flags XLA "
+                      "(jax 0.11.2, H200) segfaulted compiling the 3-op barrier chain, so by "
+                      "default each program holds one op (its time includes the launch)")
   p.add_argument("--tag", default="local")
   p.add_argument("--outdir", default=None, help="default benchmarks/results")
   p.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
@@ -207,7 +211,8 @@ def main():
     # touches the GPUs (XLA preallocates most of their memory).
     wfile = os.path.join(args.outdir or "/tmp", f"overlap_windowed_{os.getpid()}.json")
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + WINDOWED_FLAGS))
-    cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker-out", wfile]
+    cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker-out", wfile,
+           "--iters", str(args.windowed_iters)]
     child = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3000)
     if os.path.exists(wfile):
       windowed = json.load(open(wfile))
@@ -218,6 +223,7 @@ def main():
   from common import header  # noqa: PLC0415
   hdr = header()
   hdr["xla_windowed_flags"] = WINDOWED_FLAGS
+  hdr["xla_windowed_iters"] = args.windowed_iters
   results = {}
   names = [v for v in VARIANTS if v not in ("xla_windowed", "bound")]
   for s in shapes(args):

@@ -296,13 +296,13 @@ def test_tail_free_order(kind, n, backend):
   eqns = list(_all_eqns(jaxpr.jaxpr))
   names = [e.primitive.name for e in eqns]
   dots = [i for i, p in enumerate(names) if p == "dot_general"]
-  ends = [i for i, p in enumerate(names) if p in ("ppermute", "dfccl_done")]
-  assert len(dots) == n and len(ends) == n - 1
-  assert max(ends) < max(dots)                        # the last GEMM has nothing after it
-  if backend == "dfccl":
-    starts = [i for i, p in enumerate(names) if p == "dfccl_start"]
-    gemm_of = dots[1:] if kind == "ag" else dots[1:]  # the GEMM overlapping transfer i
-    assert all(s < d < e for s, d, e in zip(starts, gemm_of if kind == "rs" else dots, ends))
+  sends = [i for i, p in enumerate(names) if p in ("ppermute", "dfccl_start")]
+  assert len(dots) == n and len(sends) == n - 1
+  assert max(sends) < max(dots)                       # nothing is sent after the last GEMM
+  if backend == "dfccl":  # transfer i is in flight during one GEMM: start < GEMM < done
+    ends = [i for i, p in enumerate(names) if p == "dfccl_done"]
+    overlapped = dots if kind == "ag" else dots[1:]
+    assert all(s < d < e for s, d, e in zip(sends, overlapped, ends))
   if kind == "ag":  # local shard first: the first GEMM does not wait for a transfer
     received = {v for e in eqns if e.primitive.name in ("ppermute", "dfccl_done")
                 for v in e.outvars}

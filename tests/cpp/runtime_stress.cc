@@ -104,6 +104,39 @@ int main() {
   std::printf("timeout: %s\n", st.message.c_str());
   failures += st.kind == ErrKind::kNone;
   Reset();
+  // Abort: device 100 fails 'mm' (mismatch with device 101); its started but
+  // never-waited 'orphan' (peer never starts it) must fail at once, not time out.
+  GetConfig().timeout_s = 60;
+  {
+    auto two = [](int rank, const char* key, int64_t elems) {
+      CollectiveSpec c = MakeSpec(rank, 0, OpKind::kAllReduce);
+      c.nranks = 2;
+      c.group_devices = {100, 101};
+      c.self_device = 100 + rank;
+      c.key = key;
+      c.key_hash = std::hash<std::string>()(key);
+      c.in_elems = c.out_elems = c.elems_per_block = elems;
+      return c;
+    };
+    std::vector<float> a(E, 1.f), b(E, 1.f), o1(E), o2(E), o3(E), o4(E);
+    int64_t orphan = StartCollective(two(0, "orphan", E), a.data(), o1.data());
+    int64_t ok0 = StartCollective(two(0, "ok", E), a.data(), o3.data());
+    int64_t ok1 = StartCollective(two(1, "ok", E), b.data(), o4.data());
+    int64_t mm0 = StartCollective(two(0, "mm", E), a.data(), o2.data());
+    int64_t mm1 = StartCollective(two(1, "mm", E - 1), b.data(), o2.data());
+    const int64_t t0 = NowNs();
+    DoneStatus e0 = WaitCollective(mm0, "mm");  // aborts device 100
+    DoneStatus e1 = WaitCollective(mm1, "mm");
+    DoneStatus eo = WaitCollective(orphan, "orphan");
+    DoneStatus k1 = WaitCollective(ok1, "ok");
+    const double secs = (NowNs() - t0) * 1e-9;
+    std::printf("abort: %s | %s (%.3f s)\n", e0.message.c_str(), eo.message.c_str(), secs);
+    failures += e0.kind == ErrKind::kNone || e1.kind == ErrKind::kNone || secs > 5 ||
+                eo.message.find("stopped after an error in collective 'mm'") == std::string::npos ||
+                k1.kind != ErrKind::kNone || o3[0] != 2.f || o4[0] != 2.f;
+    (void)ok0;  // device 100's program "aborted": its done never comes
+  }
+  Reset();
   s = GetStats();
   failures += s.instances_live != 0 || s.key_counters != 0;
   std::printf(failures ? "FAIL\n" : "OK\n");

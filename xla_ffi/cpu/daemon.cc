@@ -122,7 +122,7 @@ void Daemon::Loop() {
 }
 
 // One visit = one time slice of a task's state machine:
-//   kWaitPeers: spin (yielding) until all ranks posted, the instance failed,
+//   waiting for peers: spin (yielding) until all ranks posted, the instance failed,
 //     the timeout passed, or the budget ran out (then preempt: state is kept in
 //     the task, the daemon moves on).  All posted -> compute + release.
 //   claimed (computed by us or by the done() thread): nothing to do; the last
@@ -148,7 +148,7 @@ bool Daemon::Visit(Task& t, bool others_pending) {
       waiter_backed ? 0.0 : (t.sticky ? cfg.sticky_budget_us.load() : cfg.spin_budget_us.load());
   const int64_t budget_ns = static_cast<int64_t>(budget_us * 1e3);
   const double timeout_s = cfg.timeout_s.load();
-  const int64_t timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
+  const int64_t timeout_ns = static_cast<int64_t>(std::min(timeout_s * 1e9, 9e18));
   const int64_t t0 = NowNs();
   if (t.last_posted < 0) t.last_posted = inst.posted.load(std::memory_order_relaxed);
   for (;;) {

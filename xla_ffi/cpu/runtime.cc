@@ -155,11 +155,12 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
               "dfccl: collective '" << spec.key << "': bad group (rank " << spec.rank << " of " << n << ")");
   std::shared_ptr<Communicator> comm;
   {
+    std::string name = spec.GroupName();
     std::lock_guard<std::mutex> l(g.comms_mu);
-    auto& c = g.comms[spec.GroupName()];
+    auto& c = g.comms[name];
     if (!c) {
       c = std::make_shared<Communicator>();
-      c->name = spec.GroupName();
+      c->name = std::move(name);
       c->devices = spec.group_devices;
     }
     comm = c;
@@ -185,6 +186,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
     auto& cnt = comm->counters[spec.key_hash];
     if (cnt.empty()) cnt.assign(n, 0);
     task->seq = cnt[spec.rank]++;
+    TraceEvent(spec.self_device, spec.key, task->seq, "start");  // before any peer can run it
     auto& slot_inst = comm->instances[InstKey{spec.key_hash, task->seq}];
     if (!slot_inst) {
       slot_inst = std::make_shared<Instance>();
@@ -241,7 +243,6 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
     std::lock_guard<std::mutex> l(g.tickets_mu);
     g.tickets.emplace(task->ticket, task);
   }
-  TraceEvent(spec.self_device, spec.key, task->seq, "start");
   const bool failing_now = !fail_tasks.empty();
   // A task whose peers have not all posted needs its daemon only to watch the
   // timeout: Submit wakes it then only from a deep sleep.  "All posted" wakes,
@@ -316,6 +317,43 @@ void FailOnTimeout(Task& t, double timeout_s) {
   for (auto& p : tasks) p->Complete(ErrKind::kInternal, msg);
 }
 
+// ---- device abort ----------------------------------------------------------------
+// A handler error ends the device's program: XLA skips its remaining thunks and
+// frees its buffers, so the device's other started collectives will never see
+// their done().  Their inputs/outputs must not be touched after that:
+//   * an open instance fails now on every rank (peers get an error at once
+//     instead of a timeout, and nobody will ever read or write those buffers);
+//   * a ready instance is being computed: wait until it completed (finite: all
+//     ranks posted and no compute blocks) before the error is returned to XLA.
+namespace {
+void AbortDevice(int64_t device, const std::string& failed_key) {
+  Globals& g = G();
+  std::vector<std::shared_ptr<Task>> victims;
+  {
+    std::lock_guard<std::mutex> l(g.tickets_mu);
+    for (auto& [ticket, t] : g.tickets)
+      if (t->spec.self_device == device && !t->done.load(std::memory_order_acquire)) victims.push_back(t);
+  }
+  for (auto& v : victims) {
+    Instance& inst = *v->inst;
+    std::vector<std::shared_ptr<Task>> tasks;
+    std::string msg;
+    {
+      std::lock_guard<std::mutex> l(v->comm->mu);
+      if (!inst.failed.load(std::memory_order_relaxed) && inst.arrived < inst.n) {
+        msg = "dfccl: collective '" + inst.key + "' (seq " + std::to_string(inst.seq) + ") failed: rank " +
+              std::to_string(v->spec.rank) + " (device " + std::to_string(device) +
+              ") stopped after an error in collective '" + failed_key + "'";
+        tasks = FailLocked(inst, ErrKind::kInternal, msg);
+      }
+    }
+    for (auto& p : tasks) p->Complete(ErrKind::kInternal, msg);
+    std::unique_lock<std::mutex> l(v->mu);
+    v->cv.wait(l, [&] { return v->done.load(std::memory_order_relaxed); });
+  }
+}
+}  // namespace
+
 // ---- done ----------------------------------------------------------------------
 DoneStatus WaitCollective(int64_t ticket, std::string_view key) {
   Globals& g = G();
@@ -352,7 +390,10 @@ DoneStatus WaitCollective(int64_t ticket, std::string_view key) {
     }
     t->cv.wait(l);
   }
-  return {t->err_kind, t->error};
+  DoneStatus st{t->err_kind, t->error};
+  l.unlock();
+  if (st.kind != ErrKind::kNone) AbortDevice(t->spec.self_device, t->spec.key);
+  return st;
 }
 
 // ---- module functions ---------------------------------------------------------------
