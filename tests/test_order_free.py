@@ -40,13 +40,16 @@ def test_reentrant_key_in_loop(mesh8):
     def step(c, _):
       return c + dc.psum(v, "x", key="loop/psum"), None
     a, _ = jax.lax.scan(step, jnp.zeros_like(v), None, length=5)
+    # The same key again, after the scan (a key used at several program points
+    # must be reached in the same order on every rank: here a data dependency).
     b = jax.lax.fori_loop(0, 3, lambda i, c: c + dc.psum(v * i, "x", key="loop/psum"),
-                          jnp.zeros_like(v))
+                          jnp.zeros_like(v) + 0 * a)
     return a, b
   a, b = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"),
                                check_vma=False))(x)
   np.testing.assert_array_equal(a, np.full(8, 5 * 28.0))
   np.testing.assert_array_equal(b, np.full(8, 3 * 28.0))
+  assert dc.stats()["cpu"]["instances_live"] == 0
 
 
 def test_two_programs_in_flight(mesh8):
@@ -60,6 +63,14 @@ def test_two_programs_in_flight(mesh8):
   for i, (a, b) in enumerate(outs):
     np.testing.assert_array_equal(a, np.full(1, 28.0 + 8 * i))
     np.testing.assert_array_equal(b, np.tile(np.arange(8.0) * i, 8))
+
+
+def _drain():
+  """Collects the failed program's error on every device (else JAX re-raises it at exit)."""
+  try:
+    jax.effects_barrier()
+  except Exception:
+    pass
 
 
 def _lonely(mesh8):
@@ -76,6 +87,7 @@ def test_timeout_names_key_and_missing_ranks(mesh8):
   x = put(jnp.arange(8.0), mesh8, P("x"))
   with pytest.raises(Exception) as e:
     jax.block_until_ready(_lonely(mesh8)(x))
+  _drain()
   msg = str(e.value)
   assert "lonely/psum" in msg and "seq 0" in msg, msg
   assert "never" in msg and "2" in msg and "7" in msg, msg
@@ -100,6 +112,7 @@ def test_mismatch_names_key_and_ranks(mesh8):
                             check_vma=False))
   with pytest.raises(Exception) as e:
     jax.block_until_ready(f(x))
+  _drain()
   msg = str(e.value)
   assert "mm/psum" in msg and "mismatch" in msg and "rank 3" in msg, msg
   dc.reset()

@@ -52,6 +52,77 @@ quickstart = [
          "print(dc.stats())"),
 ]
 
-nb = nbf.v4.new_notebook(cells=quickstart, metadata={"kernelspec": {
-    "name": "python3", "display_name": "Python 3", "language": "python"}})
-nbf.write(nb, "notebooks/01_quickstart.ipynb")
+profiling = [
+    md("# Profiling jax_dfccl\n\n1. Bandwidth and latency per collective, jax_dfccl vs jax.lax, "
+       "from the benchmark results committed under `benchmarks/results/` "
+       "(`benchmarks/collectives.py`).\n2. A timeline of the chaos-order workload from the "
+       "runtime's trace: every slice is one collective instance running on a device's daemon; "
+       "it ends when the instance finishes or is **preempted** (waiting for peers beyond its "
+       "spin budget) so another can run."),
+    code("import glob, json, os\n"
+         "os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')\n"
+         "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+         "import numpy as np\n"
+         "files = sorted(glob.glob('../benchmarks/results/collectives_*.json'))\n"
+         "print(files or 'no collectives benchmark results committed yet')"),
+    code("def curves(path):\n"
+         "    data = json.load(open(path))\n"
+         "    rows = data.get('rows', [])\n"
+         "    ops = sorted({r['op'] for r in rows})\n"
+         "    if not ops:\n"
+         "        print('no rows in', path); return\n"
+         "    fig, axes = plt.subplots(2, len(ops), figsize=(4 * len(ops), 6), squeeze=False)\n"
+         "    for j, op in enumerate(ops):\n"
+         "        for impl in sorted({r['impl'] for r in rows if r['op'] == op}):\n"
+         "            for mode in sorted({r.get('mode', '') for r in rows if r['op'] == op}):\n"
+         "                sel = sorted((r for r in rows if r['op'] == op and r['impl'] == impl\n"
+         "                              and r.get('mode', '') == mode), key=lambda r: r['bytes'])\n"
+         "                if not sel: continue\n"
+         "                b = [r['bytes'] for r in sel]\n"
+         "                axes[0, j].loglog(b, [r['us_per_op'] for r in sel], 'o-', label=f'{impl} {mode}')\n"
+         "                axes[1, j].semilogx(b, [r['busbw_gbs'] for r in sel], 'o-', label=f'{impl} {mode}')\n"
+         "        axes[0, j].set_title(op); axes[0, j].set_ylabel('us / op')\n"
+         "        axes[1, j].set_ylabel('busbw GB/s'); axes[1, j].set_xlabel('bytes per device')\n"
+         "    axes[0, 0].legend(fontsize=7)\n"
+         "    fig.suptitle(f\"{data.get('header', {}).get('machine', '')}  {data.get('header', {}).get('date', '')}\")\n"
+         "    fig.tight_layout(); plt.show()\n"
+         "for f in files:\n"
+         "    curves(f)"),
+    md("## Chaos-order timeline (recorded live, on this machine's devices)"),
+    code("import jax\nfrom jax.sharding import Mesh\nimport jax_dfccl as dc\n"
+         "from jax_dfccl import testing as T, trace\n"
+         "devs = jax.devices('gpu') if jax.default_backend() == 'gpu' else jax.devices('cpu')[:8]\n"
+         "mesh = Mesh(np.array(devs), ('x',))\n"
+         "dc.configure(trace=True)\n"
+         "xs = T.chaos_inputs(mesh, 'x')\n"
+         "prog = T.chaos_program(mesh, 'x', 3)\n"
+         "jax.block_until_ready(prog(*xs))          # compile + warm up\n"
+         "n0 = len(trace.records())\n"
+         "jax.block_until_ready(prog(*xs))\n"
+         "recs = trace.records()[n0:]\n"
+         "dc.configure(trace=False)\n"
+         "print(len(recs), 'events;', dc.stats())"),
+    code("names = sorted({r[2] for r in recs}); color = {k: plt.cm.tab10(i % 10) for i, k in enumerate(names)}\n"
+         "t0 = min(r[5] for r in recs)\n"
+         "fig, ax = plt.subplots(figsize=(12, 4))\n"
+         "open_ = {}; npre = 0\n"
+         "for plat, dev, key, seq, ev, t in recs:\n"
+         "    ident = (dev, key, seq); us = (t - t0) / 1e3\n"
+         "    if ev in ('run', 'resume'):\n"
+         "        open_[ident] = us\n"
+         "    elif ev in ('preempt', 'finish', 'error') and ident in open_:\n"
+         "        b = open_.pop(ident)\n"
+         "        ax.broken_barh([(b, max(us - b, 0.5))], (dev - 0.4, 0.8), color=color[key])\n"
+         "        if ev == 'preempt':\n"
+         "            npre += 1; ax.plot(us, dev, 'k|', ms=10)\n"
+         "ax.set_xlabel('us'); ax.set_ylabel('device'); ax.set_title(f'chaos order: {npre} preemptions (|)')\n"
+         "ax.legend(handles=[matplotlib.patches.Patch(color=color[k], label=k) for k in names],\n"
+         "          fontsize=7, ncol=4, loc='upper right')\n"
+         "plt.show()\n"
+         "print('Perfetto/Chrome trace:', dc.export_trace('chaos_trace.json'), 'events -> chaos_trace.json')"),
+]
+
+for name, cells in (("01_quickstart", quickstart), ("02_profiling", profiling)):
+  nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {
+      "name": "python3", "display_name": "Python 3", "language": "python"}})
+  nbf.write(nb, f"notebooks/{name}.ipynb")

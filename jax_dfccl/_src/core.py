@@ -96,8 +96,7 @@ def _hash64(s: str) -> int:
   return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little", signed=True)
 
 
-_PKG_DIRS = tuple(os.path.dirname(os.path.dirname(m.__file__)) + os.sep
-                  for m in (sys.modules["jax_dfccl"], jax))
+_PKG_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules["jax_dfccl"], jax))
 _SKIP = ("contextlib.py", "functools.py", "<frozen")
 
 
@@ -112,6 +111,9 @@ def call_site(depth: int = 3) -> str:
   return "<".join(frames) or "?"
 
 
+_OCCURRENCES: dict[str, itertools.count] = {}
+
+
 def make_key(opname: str, user_key, aval, axes, extra: str = "") -> tuple[str, int]:
   """(readable key, 64-bit identity).  A user key is the identity itself, so
   ranks that disagree on shapes under one key get a mismatch error."""
@@ -120,9 +122,13 @@ def make_key(opname: str, user_key, aval, axes, extra: str = "") -> tuple[str, i
       raise TypeError(f"jax_dfccl: key must be a non-empty string, got {user_key!r}")
     return user_key + extra, _hash64("user:" + user_key + extra)
   site = call_site()
-  readable = f"{opname}@{site}{extra}"
   ident = f"{opname}|{site}|{tuple(aval.shape)}|{aval.dtype}|{tuple(axes)}{extra}"
-  return readable, _hash64(ident)
+  # The k-th collective traced from one call site gets occurrence k: ops issued
+  # from one line (a Python loop, a helper called twice) stay distinct, since
+  # XLA may run independent custom calls in a different order on each device.
+  k = next(_OCCURRENCES.setdefault(ident, itertools.count()))
+  readable = f"{opname}@{site}{extra}" + (f"#{k}" if k else "")
+  return readable, _hash64(f"{ident}#{k}")
 
 
 def derive(params: dict, tag: str) -> dict:

@@ -24,7 +24,7 @@ namespace dfccl::gpu {
 enum StepResult : int { kPreempted = 0, kDone = 1, kMoved = 2 };
 
 template <class Op, class T, class R>
-__device__ int RunLane(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
+__device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
   const CommDev* cm = d.comm;
   const int pool = d.pool;
   const PoolGeom g = cm->pool[pool];

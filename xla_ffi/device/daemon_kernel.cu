@@ -20,8 +20,33 @@
 namespace dfccl::gpu {
 namespace {
 
-using StepFn = int (*)(const TaskDesc&, LaneState&, int, const DaemonParams&);
 constexpr int kMaxCand = 64;
+
+struct CudaTypes {
+  using f16 = __half;
+  using bf16 = __nv_bfloat16;
+};
+
+// The one step dispatch: (op kind, reduce op) here, the element type through DispatchDType.
+__device__ int Step(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
+  return DispatchDType<CudaTypes>(static_cast<DType>(d.dtype), [&]<class T>() -> int {
+    auto reduced = [&]<class Op>() -> int {
+      switch (static_cast<ReduceOp>(d.reduce)) {
+        case ReduceOp::kMax: return RunLane<Op, T, MaxOp>(d, s, lane, P);
+        case ReduceOp::kMin: return RunLane<Op, T, MinOp>(d, s, lane, P);
+        default: return RunLane<Op, T, SumOp>(d, s, lane, P);
+      }
+    };
+    switch (static_cast<OpKind>(d.kind)) {
+      case OpKind::kAllReduce: return reduced.template operator()<AllReduceOp>();
+      case OpKind::kReduceScatter: return reduced.template operator()<ReduceScatterOp>();
+      case OpKind::kAllGather: return RunLane<AllGatherOp, T, SumOp>(d, s, lane, P);
+      case OpKind::kAllToAll: return RunLane<AllToAllOp, T, SumOp>(d, s, lane, P);
+      case OpKind::kPermute: return RunLane<PermuteOp, T, SumOp>(d, s, lane, P);
+    }
+    return kDone;
+  });
+}
 
 struct Recorder {  // per-block trace ring and counters (host-mapped; this block is the only writer)
   BlockStats* row;
@@ -115,7 +140,7 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         if (!aborted) {
           if (tid == 0 && !ss.started) { ss.started = 1; rec.Trace(P, sd, kEvRun, l); }
           __syncthreads();
-          r = reinterpret_cast<StepFn>(const_cast<void*>(sd.step))(sd, ss, l, P);
+          r = Step(sd, ss, l, P);
         }
         __syncthreads();
         if (tid == 0) {
@@ -216,54 +241,11 @@ __global__ void __launch_bounds__(kThreads, 1) DaemonKernel(DaemonParams P) {
   else WorkerLoop(P);
 }
 
-template <class Op, class T, class R>
-__global__ void StepAddressKernel(const void** out) { *out = reinterpret_cast<const void*>(&RunLane<Op, T, R>); }
-
-struct CudaTypes {
-  using f16 = __half;
-  using bf16 = __nv_bfloat16;
-};
-
-template <class Op, class T, class R>
-const void* FetchStep(cudaStream_t stream) {
-  static thread_local const void** slot = nullptr;
-  if (!slot) DFCCL_CHECK(cudaMallocHost(&slot, sizeof(void*)) == cudaSuccess, "dfccl: cudaMallocHost failed");
-  *slot = nullptr;
-  StepAddressKernel<Op, T, R><<<1, 1, 0, stream>>>(slot);
-  cudaError_t err = cudaStreamSynchronize(stream);
-  DFCCL_CHECK(err == cudaSuccess, "dfccl: step lookup failed: " << cudaGetErrorString(err));
-  return *slot;
-}
-
-template <class T>
-const void* StepFor(OpKind kind, ReduceOp reduce, cudaStream_t s) {
-  auto reduced = [&]<class Op>() -> const void* {
-    switch (reduce) {
-      case ReduceOp::kSum: return FetchStep<Op, T, SumOp>(s);
-      case ReduceOp::kMax: return FetchStep<Op, T, MaxOp>(s);
-      case ReduceOp::kMin: return FetchStep<Op, T, MinOp>(s);
-    }
-    return nullptr;
-  };
-  switch (kind) {
-    case OpKind::kAllReduce: return reduced.template operator()<AllReduceOp>();
-    case OpKind::kReduceScatter: return reduced.template operator()<ReduceScatterOp>();
-    case OpKind::kAllGather: return FetchStep<AllGatherOp, T, SumOp>(s);
-    case OpKind::kAllToAll: return FetchStep<AllToAllOp, T, SumOp>(s);
-    case OpKind::kPermute: return FetchStep<PermuteOp, T, SumOp>(s);
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream) {
   DaemonKernel<<<params.workers + 1, kThreads, 0, stream>>>(params);
   return cudaGetLastError();
-}
-
-const void* StepAddress(OpKind kind, DType dtype, ReduceOp reduce, cudaStream_t stream) {
-  return DispatchDType<CudaTypes>(dtype, [&]<class T>() { return StepFor<T>(kind, reduce, stream); });
 }
 
 }  // namespace dfccl::gpu

@@ -75,16 +75,17 @@ struct alignas(16) TaskDesc {
   const char* in;
   char* out;
   const CommDev* comm;   // this device's copy
-  const void* step;      // device function: the templated step for (op, dtype, reduce)
+  const void* unused;
   int64_t msg_bytes;     // bytes exchanged with each peer (E * elem_bytes)
   int64_t lane_bytes;    // bytes of the message each lane moves
   int32_t kind, reduce, elem_bytes, nranks;
   int32_t rank, send_to, recv_from, pool;
   int32_t lanes, vec;    // lanes used; vec: 16-byte vector path allowed
+  int32_t dtype;         // dfccl::DType
   int32_t slot;          // instance slot in the pool; -1 until the host assigns one
   uint32_t epoch;        // generation of the slot's use (flag/credit high word)
   int32_t abort;         // set by the host watchdog
-  int32_t pad[3];
+  int32_t pad[2];
 };
 static_assert(sizeof(TaskDesc) % 16 == 0, "TaskDesc must be a whole number of 16-byte words");
 

@@ -1,6 +1,8 @@
 // GPU runtime configuration: every entry, its meaning and default, in one place.
-// Applied by `_dfccl_cuda.configure(dict)` (unknown entries are ignored).  Pool
-// geometry applies to communicators created after the change.
+// Applied by `_dfccl_cuda.configure(dict)` (unknown entries are ignored).  The
+// user-facing names are jax_dfccl.config's (max_blocks, spin_budget_us,
+// sticky_budget_us, idle_quit_us, stall_quit_us, timeout_s, trace); the rest are
+// GPU-only tuning entries.  Pool geometry applies to communicators created later.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +12,10 @@
 
 namespace dfccl::gpu {
 
+inline constexpr double kCyclesPerUs = 1980.0;  // H200 SM clock under load (spin budgets are in cycles)
+
 struct Config {
-  int blocks = 16;            // worker blocks of a daemon (SMs held while running: blocks + 1)
+  int blocks = 15;            // worker blocks of a daemon (SMs held while running: blocks + 1 control)
   int64_t spin_cycles = 4000; // base spin budget of a waiting lane before preemption (~2 us)
   int sticky_max = 4;         // a lane whose peer keeps delivering spins up to spin_cycles << sticky_max
   int64_t idle_us = 200;      // the daemon quits after this long with nothing pending (<= 1 ms)
@@ -22,7 +26,8 @@ struct Config {
   // Staging pools (per communicator, per rank, per source rank):
   int small_slots = 128;      // instances in flight with messages <= small_lanes * small_chunk
   int small_lanes = 16;
-  int64_t small_chunk = 4096;
+  int64_t small_chunk = 8192;
+  int64_t lane_min_bytes = 4096;  // a task uses ceil(bytes / lane_min_bytes) lanes at most
   int large_slots = 8;        // instances in flight with larger messages
   int large_lanes = 16;
   int large_depth = 4;
@@ -33,7 +38,17 @@ struct Config {
       auto it = kv.find(name);
       if (it != kv.end()) field = static_cast<std::remove_reference_t<decltype(field)>>(it->second);
     };
-    set("blocks", blocks); set("gpu_blocks", blocks);
+    // jax_dfccl.config names
+    if (auto it = kv.find("max_blocks"); it != kv.end()) blocks = static_cast<int>(it->second) - 1;
+    if (auto it = kv.find("spin_budget_us"); it != kv.end()) spin_cycles = static_cast<int64_t>(it->second * kCyclesPerUs);
+    if (auto it = kv.find("sticky_budget_us"); it != kv.end()) {
+      const double ratio = it->second * kCyclesPerUs / static_cast<double>(spin_cycles > 0 ? spin_cycles : 1);
+      sticky_max = 0;
+      while (sticky_max < 16 && static_cast<double>(int64_t{1} << (sticky_max + 1)) <= ratio) ++sticky_max;
+    }
+    set("idle_quit_us", idle_us); set("stall_quit_us", stall_us);
+    // GPU-only names
+    set("blocks", blocks); set("lane_min_bytes", lane_min_bytes);
     set("spin_cycles", spin_cycles); set("sticky_max", sticky_max);
     set("idle_us", idle_us); set("stall_us", stall_us); set("relaunch_max_us", relaunch_max_us);
     set("timeout_s", timeout_s); set("trace", trace);

@@ -34,8 +34,9 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
                        const void* in, void* out, int64_t msg_bytes) {
   TaskDesc& t = d.host->desc[ticket % kTaskRing];
   const PoolGeom& g = c.view.pool[inst.pool];
-  int lanes = static_cast<int>(std::max<int64_t>(1, (msg_bytes + g.chunk_bytes - 1) / g.chunk_bytes));
-  lanes = std::min(lanes, g.lanes);
+  const int64_t per_lane = std::max<int64_t>(cfg_.lane_min_bytes, 16);
+  int lanes = static_cast<int>(std::max<int64_t>(1, (msg_bytes + per_lane - 1) / per_lane));
+  lanes = std::min({lanes, g.lanes, std::max(cfg_.blocks, 1)});
   int64_t lane_bytes = (msg_bytes + lanes - 1) / lanes;
   lane_bytes = (lane_bytes + 15) / 16 * 16;
   const bool aligned = (reinterpret_cast<uintptr_t>(in) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
@@ -45,7 +46,7 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
   t.in = static_cast<const char*>(in);
   t.out = static_cast<char*>(out);
   t.comm = c.dev_copy[spec.rank];
-  t.step = d.steps.at({static_cast<int>(spec.kind), static_cast<int>(spec.dtype), static_cast<int>(spec.reduce)});
+  t.dtype = static_cast<int32_t>(spec.dtype);
   t.msg_bytes = msg_bytes;
   t.lane_bytes = lane_bytes;
   t.kind = static_cast<int32_t>(spec.kind);

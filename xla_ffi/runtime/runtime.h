@@ -83,7 +83,6 @@ struct Device {
   std::map<std::pair<Comm*, uint64_t>, uint64_t> seq;
   std::unordered_map<int64_t, std::deque<uint64_t>> fifo;  // start/done pairing per site
   std::string error;                                       // surfaced at the next handler call
-  std::map<std::tuple<int, int, int>, const void*> steps;
 };
 
 struct TraceOut {

@@ -42,14 +42,6 @@ Device& Runtime::GetDevice(int ordinal) {
   DFCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d->host_dev), d->host, 0));
   DFCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&d->dev), sizeof(DeviceShared)));
   DFCCL_CUDA(cudaMemsetAsync(d->dev, 0, sizeof(DeviceShared), d->aux));
-  // Every step address, before any daemon runs (no lazy loading under a persistent kernel).
-  for (int raw = 0; raw < 64; ++raw) {
-    if (!IsSupportedDType(raw)) continue;
-    for (int k = 0; k <= 4; ++k)
-      for (int r = 0; r <= 2; ++r)
-        d->steps[{k, raw, r}] = StepAddress(static_cast<OpKind>(k), static_cast<DType>(raw),
-                                            static_cast<ReduceOp>(r), d->aux);
-  }
   DFCCL_CUDA(cudaStreamSynchronize(d->aux));
   auto& ref = *d;
   devices_[ordinal] = std::move(d);

@@ -107,8 +107,10 @@ struct HostTypes {
   using bf16 = bfloat16_t;
 };
 
+// Host and device (the CUDA daemon dispatches with it too; on the device an
+// unsupported type traps instead of throwing).
 template <typename Types = HostTypes, typename F>
-decltype(auto) DispatchDType(DType t, F&& f) {
+DFCCL_HD decltype(auto) DispatchDType(DType t, F&& f) {
   switch (t) {
     case DType::kS32: return f.template operator()<int32_t>();
     case DType::kF32: return f.template operator()<float>();
@@ -116,7 +118,12 @@ decltype(auto) DispatchDType(DType t, F&& f) {
     case DType::kF16: return f.template operator()<typename Types::f16>();
     case DType::kBF16: return f.template operator()<typename Types::bf16>();
   }
+#if defined(__CUDA_ARCH__)
+  __trap();
+  return f.template operator()<int32_t>();
+#else
   DFCCL_FAIL("dfccl: unsupported element type " << static_cast<int>(t));
+#endif
 }
 
 }  // namespace dfccl
