@@ -147,3 +147,15 @@ def test_trace_time_errors(mesh8):
     sm(twice)
   with pytest.raises(TypeError, match="non-empty string"):
     sm(lambda v: dc.psum(v, "x", key=3))
+
+
+def test_handle_never_done_is_an_error(mesh8):
+  """Refused when the program is lowered: the runtime would write into freed buffers."""
+  x = put(jnp.arange(8.0), mesh8, P("x"))
+
+  def body(v):
+    dc.psum_start(v, "x", key="forgotten")  # never passed to done
+    return v * 2
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  with pytest.raises(ValueError, match="forgotten.*never passed to jax_dfccl.done"):
+    f(x)

@@ -350,6 +350,20 @@ _PID_AVAL = core.ShapedArray((), np.int32)
 _TICKET = core.ShapedArray((), np.int64)
 
 
+# Sites of *_start binds whose handle was passed to done.  A start whose handle
+# never was would leave the runtime writing into (and peers reading from)
+# buffers XLA has already freed, so it is refused when the program is lowered.
+_DONE_SITES: set[int] = set()
+
+
+def _async_start_lowering(ctx, x, *, site, **params):
+  if site not in _DONE_SITES:
+    raise ValueError(f"jax_dfccl: the handle of {params['op']} start {params['key']!r} is never "
+                     "passed to jax_dfccl.done in this program; every *_start needs exactly one "
+                     "done in the same jitted program")
+  return _start_lowering(ctx, x, site=site, **params)
+
+
 def _start_lowering(ctx, x, *, op, axes, key, key_hash, reduce, perm, site):
   from jax_dfccl._src import backend
   backend.load()  # registers the FFI targets before XLA compiles the call
@@ -381,7 +395,7 @@ def _collective_lowering(ctx, x, **params):
 
 
 mlir.register_lowering(collective_p, _collective_lowering, cacheable=False)
-mlir.register_lowering(start_p, _start_lowering, cacheable=False)
+mlir.register_lowering(start_p, _async_start_lowering, cacheable=False)
 mlir.register_lowering(done_p, _done_lowering, cacheable=False)
 
 # --------------------------------------------------------------------------
@@ -453,6 +467,7 @@ def done(handle: Handle):
   if st.consumed:
     raise ValueError(f"jax_dfccl.done: handle of {st.names} ({', '.join(st.keys)}) is already done")
   st.consumed = True
+  _DONE_SITES.update(st.sites)
   outs = []
   for i, (post, key, site) in enumerate(zip(st.posts, st.keys, st.sites)):
     out, xa, t = handle._arrays[3 * i: 3 * i + 3]

@@ -31,6 +31,7 @@ static CollectiveSpec MakeSpec(int rank, int key, OpKind kind) {
   for (int r = 0; r < N; ++r) s.group_devices.push_back(r);
   s.key = "k" + std::to_string(key);
   s.key_hash = 1000 + key;
+  s.site = 1000 + key;  // one start op per key
   s.in_elems = E;
   s.elems_per_block = E;
   s.out_elems = kind == OpKind::kAllGather ? N * E : E;
@@ -115,6 +116,7 @@ int main() {
       c.self_device = 100 + rank;
       c.key = key;
       c.key_hash = std::hash<std::string>()(key);
+      c.site = static_cast<int64_t>(c.key_hash & 0x7fffffff);
       c.in_elems = c.out_elems = c.elems_per_block = elems;
       return c;
     };

@@ -53,6 +53,11 @@ def _hash(key):
   return int(np.frombuffer(key.encode().ljust(8, b"\0")[:8], np.int64)[0]) ^ len(key) * 7919
 
 
+def _site(key):
+  # The start op's id in the program (start/done pairing); one start per key here.
+  return _hash(key) & 0x7FFFFFFF
+
+
 def _start(x, pid, mesh, kind, key, reduce="sum", perm=((-1, -1),), out_len=None):
   n = N
   out_len = {"all_gather": n * x.shape[0], "reduce_scatter": x.shape[0] // n}.get(kind, x.shape[0])
@@ -61,7 +66,7 @@ def _start(x, pid, mesh, kind, key, reduce="sum", perm=((-1, -1),), out_len=None
                           (sds((out_len,), x.dtype), sds(x.shape, x.dtype), sds((), jnp.int64)),
                           has_side_effect=True, input_output_aliases={0: 1})
   return call(x, pid, kind=np.int32(KIND[kind]), reduce_op=np.int32(RED[reduce]), key=key,
-              key_hash=np.int64(_hash(key)), site=np.int64(1), group_size=np.int32(n),
+              key_hash=np.int64(_hash(key)), site=np.int64(_site(key)), group_size=np.int32(n),
               groups=np.arange(n, dtype=np.int32),
               device_ids=np.array([d.id for d in mesh.devices.flat], np.int64),
               perm=np.asarray(perm, np.int32).reshape(-1))
@@ -71,7 +76,7 @@ def _done(h, key):
   out, xa, t = h
   call = jax.ffi.ffi_call("dfccl_rt_test_done", jax.ShapeDtypeStruct(out.shape, out.dtype),
                           has_side_effect=True, input_output_aliases={0: 0})
-  return call(out, xa, t, key=key, site=np.int64(1))
+  return call(out, xa, t, key=key, site=np.int64(_site(key)))
 
 
 def _pid():

@@ -24,7 +24,7 @@ namespace dfccl::gpu {
 enum StepResult : int { kPreempted = 0, kDone = 1, kMoved = 2 };
 
 template <class Op, class T, class R>
-__device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
+__device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
   const CommDev* cm = d.comm;
   const int pool = d.pool;
   const PoolGeom g = cm->pool[pool];
@@ -102,6 +102,18 @@ __device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& s, int lane, c
     }
   }
   return result | kDone;
+}
+
+// Every thread works on a register copy of the lane state (block-uniform);
+// thread 0 writes it back.
+template <class Op, class T, class R>
+__device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& shared_state, int lane, const DaemonParams& P) {
+  LaneState s = shared_state;
+  const int r = LaneBody<Op, T, R>(d, s, lane, P);
+  __syncthreads();
+  if (threadIdx.x == 0) shared_state = s;
+  __syncthreads();
+  return r;
 }
 
 // Helpers for Combine.

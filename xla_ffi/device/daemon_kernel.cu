@@ -48,20 +48,25 @@ __device__ int Step(const TaskDesc& d, LaneState& s, int lane, const DaemonParam
   });
 }
 
-struct Recorder {  // per-block trace ring and counters (host-mapped; this block is the only writer)
-  BlockStats* row;
-  uint64_t head;
+struct Recorder {  // per-block trace ring and counters: a local copy, written through to host memory
+  BlockStats* row;   // host-mapped; this block is its only writer
+  BlockStats local;
+  DFCCL_DEV void Load(BlockStats* r) {
+    row = r;
+    for (int i = 0; i < 8; ++i) reinterpret_cast<uint64_t*>(&local)[i] = LdVol(reinterpret_cast<uint64_t*>(r) + i);
+  }
   DFCCL_DEV void Trace(const DaemonParams& P, const TaskDesc& d, uint16_t ev, uint16_t lane) {
     if (!P.trace) return;
     TraceRec r{GlobalTimer(), d.key_hash, d.ticket, static_cast<uint32_t>(d.seq), ev, lane};
-    TraceRec* dst = &P.host->trace[blockIdx.x][head % kTracePerBlock];
+    TraceRec* dst = &P.host->trace[blockIdx.x][local.trace_head % kTracePerBlock];
     StVolVec(dst, *reinterpret_cast<uint4*>(&r));
     StVolVec(reinterpret_cast<uint4*>(dst) + 1, *(reinterpret_cast<uint4*>(&r) + 1));
-    ++head;
-    StVol(&row->trace_head, head);
+    ++local.trace_head;
+    StVol(&row->trace_head, local.trace_head);
   }
   DFCCL_DEV void Bump(uint64_t BlockStats::*field) {
-    StVol(&(row->*field), LdVol(&(row->*field)) + 1);
+    local.*field += 1;
+    StVol(&(row->*field), local.*field);
   }
 };
 
@@ -86,7 +91,7 @@ __device__ void WorkerLoop(const DaemonParams& P) {
   __shared__ Recorder rec;
   DeviceShared* dev = P.dev;
   const int b = blockIdx.x, tid = threadIdx.x;
-  if (tid == 0) { rec.row = &P.host->stats[b]; rec.head = LdVol(&rec.row->trace_head); }
+  if (tid == 0) rec.Load(&P.host->stats[b]);
   while (true) {
     if (tid == 0) { stop = LdVol(&dev->quit) == P.launch_id; ncand = 0; }
     __syncthreads();
@@ -115,9 +120,10 @@ __device__ void WorkerLoop(const DaemonParams& P) {
     for (int i = 0; i < nc; ++i) {
       const uint64_t t = cand[i];
       const uint32_t e = t % kTaskRing;
-      if (tid < static_cast<int>(sizeof(TaskDesc) / 16))
+      if (tid < kDescWords)
         reinterpret_cast<uint4*>(&sd)[tid] = LdVolVec(reinterpret_cast<const uint4*>(&dev->desc[e]) + tid);
       __syncthreads();
+      if (sd.ticket != t) { __syncthreads(); continue; }  // entry reused since the scan
       if (sd.slot < 0 && tid == 0) {  // the host assigns slots it had none of at submission
         const int32_t slot = LdVol(&P.host->desc[e].slot);
         if (slot >= 0) {
@@ -170,8 +176,8 @@ __device__ void ControlLoop(const DaemonParams& P) {
   const int lane = threadIdx.x;
   DeviceShared* dev = P.dev;
   HostShared* host = P.host;
-  Recorder rec{&host->stats[blockIdx.x], 0};
-  rec.head = LdVol(&rec.row->trace_head);
+  Recorder rec;
+  if (lane == 0) rec.Load(&host->stats[blockIdx.x]);
   uint64_t sub = LdVol(&dev->submitted), lo = LdVol(&dev->lo);
   uint64_t seen_abort = ~0ull;
   unsigned long long last_prog = LdVol(&dev->progress);
@@ -180,10 +186,10 @@ __device__ void ControlLoop(const DaemonParams& P) {
     const uint64_t hs = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->submitted) : 0ull, 0);
     if (hs > sub) {  // ingest: 8 x 16 bytes per descriptor, 4 descriptors per warp pass
       const uint64_t count = hs - sub;
-      for (uint64_t i = lane; i < count * 8; i += 32) {
-        const uint32_t e = (sub + i / 8) % kTaskRing;
-        const uint4 v = LdVolVec(reinterpret_cast<const uint4*>(&host->desc[e]) + i % 8);
-        reinterpret_cast<uint4*>(&dev->desc[e])[i % 8] = v;
+      for (uint64_t i = lane; i < count * kDescWords; i += 32) {
+        const uint32_t e = (sub + i / kDescWords) % kTaskRing;
+        const uint4 v = LdVolVec(reinterpret_cast<const uint4*>(&host->desc[e]) + i % kDescWords);
+        reinterpret_cast<uint4*>(&dev->desc[e])[i % kDescWords] = v;
       }
       for (uint64_t t = sub; t < hs; ++t) {
         const uint32_t e = t % kTaskRing;

@@ -75,7 +75,6 @@ struct alignas(16) TaskDesc {
   const char* in;
   char* out;
   const CommDev* comm;   // this device's copy
-  const void* unused;
   int64_t msg_bytes;     // bytes exchanged with each peer (E * elem_bytes)
   int64_t lane_bytes;    // bytes of the message each lane moves
   int32_t kind, reduce, elem_bytes, nranks;
@@ -87,7 +86,8 @@ struct alignas(16) TaskDesc {
   int32_t abort;         // set by the host watchdog
   int32_t pad[2];
 };
-static_assert(sizeof(TaskDesc) % 16 == 0, "TaskDesc must be a whole number of 16-byte words");
+static_assert(sizeof(TaskDesc) == 128, "TaskDesc is 8 x 16 bytes (copied as uint4 words)");
+inline constexpr int kDescWords = sizeof(TaskDesc) / 16;
 
 // Per-lane progress, kept in global memory so a preempted lane resumes where it stopped.
 struct LaneState {

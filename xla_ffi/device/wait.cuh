@@ -23,7 +23,7 @@ DFCCL_DEV bool BlockPoll(P pred) {
 // Budget of spinning without progress, in SM clock cycles (thread 0's clock).
 class Spinner {
  public:
-  DFCCL_DEV explicit Spinner(int64_t budget) : budget_(budget), start_(clock64()) {}
+  DFCCL_DEV explicit Spinner(int64_t budget) : budget_(budget) { start_ = clock64(); }
   DFCCL_DEV void Progress() { start_ = clock64(); }
   // True while budget is left; block-uniform.
   DFCCL_DEV bool KeepSpinning() {

@@ -67,35 +67,41 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
 std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const void* in, void* out,
                            void* ticket_buf) {
   try {
-    std::lock_guard<std::mutex> lk(mu_);
-    Device& d = GetDevice(ordinal);
-    if (!d.error.empty()) return d.error;
-    DFCCL_CHECK(spec.self_device == ordinal,
-                "dfccl: device id " << spec.self_device << " is not local GPU " << ordinal
-                                    << " (the CUDA backend runs in one process)");
-    Comm& c = GetComm(spec.group_devices);
-    const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
-    const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
-    std::string err;
-    Instance* inst = Join(c, spec, seq, msg_bytes, &err);
-    if (!inst) return err;
-    const uint64_t ticket = d.next_ticket;
-    const uint32_t e = ticket % kTaskRing;
-    if (!d.info[e].done)
-      return "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(ordinal);
-    key_names_.emplace(spec.key_hash, spec.key);
-    FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
-    inst->tasks.emplace_back(&d, ticket);
-    inst->started |= 1u << spec.rank;
-    d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false};
-    d.next_ticket = ticket + 1;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    d.host->submitted = ticket + 1;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    d.fifo[spec.site].push_back(ticket);
-    StreamOps::Write32(stream, &d.dev->ready[e], Gen(ticket));
+    uint64_t ticket = 0;
+    Device* dp = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      Device& d = GetDevice(ordinal);
+      dp = &d;
+      if (!d.error.empty()) return d.error;
+      DFCCL_CHECK(spec.self_device == ordinal,
+                  "dfccl: device id " << spec.self_device << " is not local GPU " << ordinal
+                                      << " (the CUDA backend runs in one process)");
+      Comm& c = GetComm(spec.group_devices);
+      const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
+      const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
+      std::string err;
+      Instance* inst = Join(c, spec, seq, msg_bytes, &err);
+      if (!inst) return err;
+      ticket = d.next_ticket;
+      const uint32_t e = ticket % kTaskRing;
+      if (!d.info[e].done)
+        return "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(ordinal);
+      key_names_.emplace(spec.key_hash, spec.key);
+      FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
+      inst->tasks.emplace_back(&d, ticket);
+      inst->started |= 1u << spec.rank;
+      d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false};
+      d.next_ticket = ticket + 1;
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      d.host->submitted = ticket + 1;
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      d.fifo[spec.site].push_back(ticket);
+      EnsureRunning(d);
+    }
+    // Outside the lock: an enqueue on XLA's stream may block while its queue is full.
+    StreamOps::Write32(stream, &dp->dev->ready[ticket % kTaskRing], Gen(ticket));
     if (ticket_buf) StreamOps::Write64(stream, ticket_buf, ticket);
-    EnsureRunning(d);
     return "";
   } catch (const std::exception& ex) {
     return ex.what();
