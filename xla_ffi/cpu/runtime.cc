@@ -12,6 +12,9 @@
 
 #include "cpu/daemon.h"
 #include "cpu/reduce.h"
+#include <deque>
+#include <future>
+#include <functional>
 #include "dfccl/check.h"
 
 namespace dfccl::cpu {
@@ -107,6 +110,57 @@ int64_t TraceSize() {
   return static_cast<int64_t>(g.ring.size());
 }
 
+// ---- completion threads -------------------------------------------------------------
+// Run the callbacks of asynchronous dones, off the daemons: a callback
+// completes XLA's future, and XLA may continue the device's program inline.
+class Completer {
+ public:
+  void Post(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back(std::move(f));
+      if (!started_) {
+        started_ = true;
+        std::thread([this] { Loop(); }).detach();
+      }
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return !queue_.empty(); });
+      std::function<void()> f = std::move(queue_.front());
+      queue_.pop_front();
+      l.unlock();
+      f();
+      l.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool started_ = false;
+};
+
+// One completion thread per device: XLA may run the device's program on from
+// the completing thread, up to a blocking point of its own (e.g. one of XLA's
+// CPU collectives); a shared thread would then stall every other device.
+void PostCompletion(int64_t device, std::function<void()> f) {
+  static std::mutex mu;
+  static auto* completers = new std::unordered_map<int64_t, Completer*>();  // leaked
+  Completer* c;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    Completer*& slot = (*completers)[device];
+    if (!slot) slot = new Completer();
+    c = slot;
+  }
+  c->Post(std::move(f));
+}
+
 // ---- task completion -------------------------------------------------------------
 void Task::Complete(ErrKind kind, std::string message) {
   Counters& c = G().counters;
@@ -124,6 +178,12 @@ void Task::Complete(ErrKind kind, std::string message) {
   // The waiter owns a shared_ptr to this task and so does our caller, so the
   // task outlives this notify.
   cv.notify_all();
+  std::function<void()> cb;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    cb = std::move(on_complete);
+  }
+  if (cb) PostCompletion(spec.self_device, std::move(cb));
   TraceEvent(spec.self_device, spec.key, seq, kind == ErrKind::kNone ? "finish" : "error");
   // The owning daemon is not woken: it drops the task at its next poll.
 }
@@ -355,45 +415,45 @@ void AbortDevice(int64_t device, const std::string& failed_key) {
 }  // namespace
 
 // ---- done ----------------------------------------------------------------------
-DoneStatus WaitCollective(int64_t ticket, std::string_view key) {
+void WaitCollectiveAsync(int64_t ticket, std::string_view key,
+                         std::function<void(const DoneStatus&)> callback) {
   Globals& g = G();
   std::shared_ptr<Task> t;
   {
     std::lock_guard<std::mutex> l(g.tickets_mu);
     auto it = g.tickets.find(ticket);
     if (it == g.tickets.end())
-      return {ErrKind::kPrecondition, "dfccl: collective '" + std::string(key) +
-                                          "': handle done twice or never started (ticket " +
-                                          std::to_string(ticket) + ")"};
+      return callback({ErrKind::kPrecondition, "dfccl: collective '" + std::string(key) +
+                                                   "': handle done twice or never started (ticket " +
+                                                   std::to_string(ticket) + ")"});
     if (it->second->spec.key != key)
-      return {ErrKind::kPrecondition, "dfccl: done of collective '" + std::string(key) +
-                                          "' was given the handle of '" + it->second->spec.key + "'"};
+      return callback({ErrKind::kPrecondition, "dfccl: done of collective '" + std::string(key) +
+                                                   "' was given the handle of '" + it->second->spec.key + "'"});
     t = std::move(it->second);
     g.tickets.erase(it);
   }
-  // The last reader (or a failure) completes the task; timeouts are enforced
-  // by the daemon.  If the instance becomes ready while we wait and the daemon
-  // has not claimed the task, we compute it here (see Task::claimed).
-  Instance& inst = *t->inst;
-  std::unique_lock<std::mutex> l(t->mu);
-  t->waiter.store(true, std::memory_order_relaxed);
-  while (!t->done.load(std::memory_order_relaxed)) {
-    if (!t->claimed.load(std::memory_order_acquire) && inst.posted.load(std::memory_order_acquire) == inst.n) {
-      l.unlock();
-      if (t->TryCompute()) {
-        // Peers are computing right now: yield instead of sleeping, briefly.
-        const int64_t until = NowNs() + 10000;  // 10 us
-        while (!t->done.load(std::memory_order_acquire) && NowNs() < until) std::this_thread::yield();
-      }
-      l.lock();
-      continue;
+  // The last reader (or a failure) completes the task; the daemon computes this
+  // rank's output and enforces the timeout.
+  auto finish = [t, callback = std::move(callback)] {
+    DoneStatus st{t->err_kind, t->error};
+    if (st.kind != ErrKind::kNone) AbortDevice(t->spec.self_device, t->spec.key);
+    callback(st);
+  };
+  {
+    std::lock_guard<std::mutex> l(t->mu);
+    if (!t->done.load(std::memory_order_relaxed)) {
+      t->on_complete = std::move(finish);
+      return;
     }
-    t->cv.wait(l);
   }
-  DoneStatus st{t->err_kind, t->error};
-  l.unlock();
-  if (st.kind != ErrKind::kNone) AbortDevice(t->spec.self_device, t->spec.key);
-  return st;
+  finish();
+}
+
+DoneStatus WaitCollective(int64_t ticket, std::string_view key) {
+  std::promise<DoneStatus> p;
+  std::future<DoneStatus> f = p.get_future();
+  WaitCollectiveAsync(ticket, key, [&p](const DoneStatus& st) { p.set_value(st); });
+  return f.get();
 }
 
 // ---- module functions ---------------------------------------------------------------

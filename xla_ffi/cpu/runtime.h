@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -151,6 +152,9 @@ struct Task {
   std::atomic<bool> waiter{false};
   ErrKind err_kind = ErrKind::kNone;
   std::string error;
+  // Set by WaitCollectiveAsync while the task is pending (under mu); run once,
+  // on the completion thread, after the task completed.
+  std::function<void()> on_complete;
 
   // First call wins; wakes the done() waiter; counts and traces.
   void Complete(ErrKind kind, std::string message);
@@ -170,6 +174,14 @@ struct DoneStatus {
   ErrKind kind = ErrKind::kNone;
   std::string message;
 };
+// dfccl_done, asynchronously: `callback` runs once the ticket's task completed
+// (at once, on the caller's thread, if it already has; else on the device's
+// completion thread, never on a daemon).  XLA's device thread is never blocked, so a
+// device whose executor reaches done(A) before start(B) still starts B.
+// After an error the device's other pending collectives are failed first.
+void WaitCollectiveAsync(int64_t ticket, std::string_view key,
+                         std::function<void(const DoneStatus&)> callback);
+// The same, blocking (C++ tests).
 DoneStatus WaitCollective(int64_t ticket, std::string_view key);
 
 // Once inst->posted == n, by whoever claimed the task: computes this rank's

@@ -4,7 +4,9 @@
 // staging ring on each receiver:
 //
 //   send   chunk c to peer p: (c >= depth: wait credit >= c-depth+1 from p)
-//          store into p's staging[slot][me][lane][c % depth], then the flag
+//          store into p's staging[slot][me][lane][c % depth]; every thread
+//          fence.sc.sys (a barrier does not make other warps' remote stores
+//          visible system-wide), __syncthreads, then thread 0 stores the flag
 //          p.flags[slot][me][lane] = E + c + 1  (E = epoch << 32)
 //   recv   chunk c: wait every source's flag >= E + c + 1 on my device, combine
 //          (Op::Combine: reduce or place the sources into the output), then
@@ -40,7 +42,7 @@ __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonP
   int result = 0;
   Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
 
-  while (s.c_recv < nchunks) {
+  while (s.c_recv < nchunks || s.c_send < nchunks) {  // done when all is received AND sent
     bool moved = false, peer_moved = false;
     // Send every chunk the credits allow.
     while (s.c_send < nchunks) {
@@ -56,16 +58,16 @@ __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonP
       const int64_t len = min(C, lane_len - c * C);
       char* dst = cm->stage[pool][p] + (((slot_base + me) * g.lanes + lane) * g.depth + c % g.depth) * C;
       BlockCopy(dst, d.in + Op::SendOffset(d, p) + off, len, d.vec, d.elem_bytes);
+      __threadfence_system();  // every thread: its remote stores complete before the flag
       __syncthreads();
       if (threadIdx.x == 0) {
-        __threadfence_system();
         StReleaseSys(cm->flags[pool][p] + (slot_base + me) * g.lanes + lane, E + c + 1);
       }
       s.p_send = p + 1;
       moved = true;
     }
     // Receive the next chunk once every source has delivered it.
-    {
+    if (s.c_recv < nchunks) {
       const int c = s.c_recv;
       const bool ok = BlockPoll([&] {
         for (int r = 0; r < n; ++r)
@@ -104,12 +106,97 @@ __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonP
   return result | kDone;
 }
 
+// Reduce ops combine 8-byte units of every rank (LL path).
+template <class T, class R>
+DFCCL_DEV uint2 ReduceUnit(const uint2* v, int n) {
+  using A = typename Acc<T>::type;
+  constexpr int K = 8 / sizeof(T);
+  const R op;
+  A acc[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) acc[k] = Acc<T>::Load(reinterpret_cast<const T*>(&v[0])[k]);
+  for (int r = 1; r < n; ++r)
+#pragma unroll
+    for (int k = 0; k < K; ++k) acc[k] = op(acc[k], Acc<T>::Load(reinterpret_cast<const T*>(&v[r])[k]));
+  uint2 out;
+#pragma unroll
+  for (int k = 0; k < K; ++k) reinterpret_cast<T*>(&out)[k] = Acc<T>::Store(acc[k]);
+  return out;
+}
+
+// The small-message path (pool 0, one chunk per lane): the LL protocol.  Each
+// 16-byte line {d0, F, d1, F} carries 8 data bytes and the flag F = epoch twice,
+// so every 8-byte half validates itself: no fence, no separate flag, and no
+// ordering between data and flag to get wrong.  The sender pushes its lines;
+// the receiver polls its lines until every flag matches, then combines.
+template <class Op, class T, class R>
+__device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
+  const CommDev* cm = d.comm;
+  const int lanes = cm->pool[0].lanes;
+  const int64_t C = cm->pool[0].chunk_bytes;
+  const int n = d.nranks, me = d.rank;
+  const int64_t lane_off = lane * d.lane_bytes;
+  const int64_t len = max(int64_t{0}, min(d.lane_bytes, d.msg_bytes - lane_off));
+  const int nu = static_cast<int>(len / 8);
+  const uint32_t F = d.epoch;
+  const size_t slot_base = static_cast<size_t>(d.slot) * n;
+  auto lines = [&](int at, int src) {
+    return reinterpret_cast<uint4*>(cm->stage[0][at] + ((slot_base + src) * lanes + lane) * C);
+  };
+  int result = 0;
+  if (s.c_send == 0) {
+    for (int p = 0; p < n; ++p) {
+      if (p == me || !Op::SendsTo(d, p)) continue;
+      const uint2* src = reinterpret_cast<const uint2*>(d.in + Op::SendOffset(d, p) + lane_off);
+      uint4* dst = lines(p, me);
+      for (int u = threadIdx.x; u < nu; u += kThreads) {
+        const uint2 v = __ldcg(src + u);
+        StVolVec(dst + u, make_uint4(v.x, F, v.y, F));
+      }
+    }
+    s.c_send = 1;
+    result = kMoved;
+  }
+  Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
+  while (true) {
+    bool ok = true;
+    for (int r = 0; r < n && ok; ++r) {
+      if (r == me || !Op::RecvsFrom(d, r)) continue;
+      const uint4* L = lines(me, r);
+      for (int u = threadIdx.x; u < nu; u += kThreads) {
+        const uint4 v = LdVolVec(L + u);
+        if (v.y != F || v.w != F) { ok = false; break; }
+      }
+    }
+    if (__syncthreads_and(ok)) break;
+    if (!spin.KeepSpinning()) { s.sticky >>= 1; return result | kPreempted; }
+  }
+  for (int u = threadIdx.x; u < nu; u += kThreads) {
+    uint2 v[kMaxRanks];
+    for (int r = 0; r < n; ++r) {
+      if (r == me) {
+        v[r] = __ldcg(reinterpret_cast<const uint2*>(d.in + Op::SelfOffset(d) + lane_off) + u);
+      } else if (Op::RecvsFrom(d, r)) {
+        const uint4 l = LdVolVec(lines(me, r) + u);
+        v[r] = make_uint2(l.x, l.z);
+      } else {
+        v[r] = make_uint2(0, 0);
+      }
+    }
+    Op::template CombineUnit<T, R>(d, v, lane_off + 8 * static_cast<int64_t>(u));
+  }
+  s.c_recv = 1;
+  s.sticky = min(s.sticky + 1, P.sticky_max);
+  return kDone | kMoved;
+}
+
 // Every thread works on a register copy of the lane state (block-uniform);
 // thread 0 writes it back.
 template <class Op, class T, class R>
 __device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& shared_state, int lane, const DaemonParams& P) {
   LaneState s = shared_state;
-  const int r = LaneBody<Op, T, R>(d, s, lane, P);
+  const int r = d.pool == 0 ? LaneBodyLL<Op, T, R>(d, s, lane, P) : LaneBody<Op, T, R>(d, s, lane, P);
+  if (r & kDone) __threadfence();  // every thread's output stores, before the task can complete
   __syncthreads();
   if (threadIdx.x == 0) shared_state = s;
   __syncthreads();
@@ -123,6 +210,13 @@ DFCCL_DEV void ReduceAll(const TaskDesc& d, const char* const* src, int64_t off,
 }
 DFCCL_DEV void PlaceAll(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
   for (int r = 0; r < d.nranks; ++r) BlockCopy(d.out + r * d.msg_bytes + off, src[r], len, d.vec, d.elem_bytes);
+}
+template <class T, class R>
+DFCCL_DEV void ReduceAllUnit(const TaskDesc& d, const uint2* v, int64_t off) {
+  *reinterpret_cast<uint2*>(d.out + off) = ReduceUnit<T, R>(v, d.nranks);
+}
+DFCCL_DEV void PlaceAllUnit(const TaskDesc& d, const uint2* v, int64_t off) {
+  for (int r = 0; r < d.nranks; ++r) *reinterpret_cast<uint2*>(d.out + r * d.msg_bytes + off) = v[r];
 }
 
 }  // namespace dfccl::gpu

@@ -48,34 +48,27 @@ __device__ int Step(const TaskDesc& d, LaneState& s, int lane, const DaemonParam
   });
 }
 
-struct Recorder {  // per-block trace ring and counters: a local copy, written through to host memory
-  BlockStats* row;   // host-mapped; this block is its only writer
-  BlockStats local;
-  DFCCL_DEV void Load(BlockStats* r) {
-    row = r;
-    for (int i = 0; i < 8; ++i) reinterpret_cast<uint64_t*>(&local)[i] = LdVol(reinterpret_cast<uint64_t*>(r) + i);
+struct Recorder {  // per-block trace ring and counters in device memory; this block is the only writer
+  BlockStats* row;
+  TraceRec* ring;
+  DFCCL_DEV void Load(const DaemonParams& P) {
+    row = &P.dev->stats[blockIdx.x];
+    ring = P.dev->trace[blockIdx.x];
   }
   DFCCL_DEV void Trace(const DaemonParams& P, const TaskDesc& d, uint16_t ev, uint16_t lane) {
     if (!P.trace) return;
-    TraceRec r{GlobalTimer(), d.key_hash, d.ticket, static_cast<uint32_t>(d.seq), ev, lane};
-    TraceRec* dst = &P.host->trace[blockIdx.x][local.trace_head % kTracePerBlock];
-    StVolVec(dst, *reinterpret_cast<uint4*>(&r));
-    StVolVec(reinterpret_cast<uint4*>(dst) + 1, *(reinterpret_cast<uint4*>(&r) + 1));
-    ++local.trace_head;
-    StVol(&row->trace_head, local.trace_head);
+    const uint64_t h = row->trace_head;
+    ring[h % kTracePerBlock] = TraceRec{GlobalTimer(), d.key_hash, d.ticket, static_cast<uint32_t>(d.seq), ev, lane};
+    row->trace_head = h + 1;
   }
-  DFCCL_DEV void Bump(uint64_t BlockStats::*field) {
-    local.*field += 1;
-    StVol(&(row->*field), local.*field);
-  }
+  DFCCL_DEV void Bump(uint64_t BlockStats::*field) { row->*field += 1; }
 };
 
 __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t e, bool aborted, Recorder& rec) {
   const uint32_t g = Gen(d.ticket);
   __threadfence_system();
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(&P.dev->done[e]), "r"(g) : "memory");
-  StVol(&P.host->status[e], aborted ? 1u : 0u);
-  __threadfence_system();
+  StVol(&P.host->status[e], aborted ? 1u : 0u);  // posted writes, in order: status before done
   StVol(&P.host->done[e], g);
   atomicAdd(&P.dev->progress, 1ull);
   rec.Trace(P, d, aborted ? kEvError : kEvFinish, 0);
@@ -85,19 +78,29 @@ __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t 
 
 __device__ void WorkerLoop(const DaemonParams& P) {
   __shared__ uint64_t cand[kMaxCand];
+  __shared__ uint64_t window_lo, window_hi;
   __shared__ int ncand, stop, aborted;
   __shared__ TaskDesc sd;
   __shared__ LaneState ss;
   __shared__ Recorder rec;
   DeviceShared* dev = P.dev;
   const int b = blockIdx.x, tid = threadIdx.x;
-  if (tid == 0) rec.Load(&P.host->stats[b]);
+  if (tid == 0) rec.Load(P);
   while (true) {
-    if (tid == 0) { stop = LdVol(&dev->quit) == P.launch_id; ncand = 0; }
+    // Block-uniform values only: every value that decides how many barriers a
+    // thread passes is read once by thread 0 and shared (threads reading the
+    // window bounds themselves could see different values and pass different
+    // numbers of __syncthreads, silently desynchronising the block).
+    if (tid == 0) {
+      stop = LdVol(&dev->quit) == P.launch_id;
+      ncand = 0;
+      window_hi = LdAcquireGpu(&dev->submitted);
+      window_lo = LdVol(&dev->lo);
+    }
     __syncthreads();
     if (stop) break;
-    const uint64_t sub = LdAcquireGpu(&dev->submitted);
-    const uint64_t lo = LdVol(&dev->lo);
+    const uint64_t sub = window_hi;
+    const uint64_t lo = window_lo;
     for (uint64_t base = lo; base < sub; base += kThreads) {
       const uint64_t t = base + tid;
       if (t < sub) {
@@ -124,14 +127,21 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         reinterpret_cast<uint4*>(&sd)[tid] = LdVolVec(reinterpret_cast<const uint4*>(&dev->desc[e]) + tid);
       __syncthreads();
       if (sd.ticket != t) { __syncthreads(); continue; }  // entry reused since the scan
-      if (sd.slot < 0 && tid == 0) {  // the host assigns slots it had none of at submission
+      // A slot the host assigned after submission: read it from host memory (epoch
+      // first written there, slot last).  Epochs start at 1, so a copy whose epoch
+      // is still 0 is not assigned yet, whatever its slot says.
+      if ((sd.slot < 0 || sd.epoch == 0) && tid == 0) {
         const int32_t slot = LdVol(&P.host->desc[e].slot);
-        if (slot >= 0) {
-          __threadfence_system();
-          sd.epoch = LdVol(&P.host->desc[e].epoch);
+        __threadfence_system();
+        const uint32_t epoch = LdVol(&P.host->desc[e].epoch);
+        if (slot >= 0 && epoch != 0) {
+          sd.epoch = epoch;
           sd.slot = slot;
-          StVol(&dev->desc[e].epoch, sd.epoch);
+          StVol(&dev->desc[e].epoch, epoch);
+          __threadfence();
           StVol(&dev->desc[e].slot, slot);
+        } else {
+          sd.slot = -1;
         }
       }
       for (int l = b; l < sd.lanes; l += P.workers) {
@@ -177,7 +187,7 @@ __device__ void ControlLoop(const DaemonParams& P) {
   DeviceShared* dev = P.dev;
   HostShared* host = P.host;
   Recorder rec;
-  if (lane == 0) rec.Load(&host->stats[blockIdx.x]);
+  rec.Load(P);
   uint64_t sub = LdVol(&dev->submitted), lo = LdVol(&dev->lo);
   uint64_t seen_abort = ~0ull;
   unsigned long long last_prog = LdVol(&dev->progress);
@@ -219,10 +229,16 @@ __device__ void ControlLoop(const DaemonParams& P) {
       StVol(&dev->lo, lo);
     }
     lo = __shfl_sync(0xffffffffu, lo, 0);
-    const uint64_t now = GlobalTimer();
-    const unsigned long long prog = LdVol(&dev->progress);
+    // Warp-uniform clock and progress (lane 0's), so every lane takes the same branch.
+    const uint64_t now = __shfl_sync(0xffffffffu, GlobalTimer(), 0);
+    const unsigned long long prog = __shfl_sync(0xffffffffu, LdVol(&dev->progress), 0);
     if (prog != last_prog) { last_prog = prog; t_prog = now; }
     if (lo < sub) t_busy = now;
+    const bool resize = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->resize) : 0u, 0) == P.launch_id;
+    if (resize) {  // the host already queued the next daemon behind this one
+      if (lane == 0) StVol(&dev->quit, P.launch_id);
+      break;
+    }
     const bool quit = (lo == sub && now - t_busy > static_cast<uint64_t>(P.idle_ns)) ||
                       (lo < sub && now - t_prog > static_cast<uint64_t>(P.stall_ns));
     if (quit) {

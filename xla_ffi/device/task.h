@@ -44,7 +44,7 @@ inline constexpr int kMaxLanes = 64;        // lanes per task (a lane = one bloc
 inline constexpr int kMaxBlocks = 64;       // worker blocks of a daemon
 inline constexpr int kThreads = 512;        // threads per daemon block
 inline constexpr int kTracePerBlock = 2048; // trace ring entries per block
-inline constexpr int kNumPools = 2;         // 0: small messages, 1: large messages
+inline constexpr int kNumPools = 2;         // 0: small messages (LL protocol), 1: the rest (simple protocol)
 
 DFCCL_TASK_HD uint32_t Gen(uint64_t ticket) { return static_cast<uint32_t>(ticket / kTaskRing + 1); }
 
@@ -90,7 +90,7 @@ static_assert(sizeof(TaskDesc) == 128, "TaskDesc is 8 x 16 bytes (copied as uint
 inline constexpr int kDescWords = sizeof(TaskDesc) / 16;
 
 // Per-lane progress, kept in global memory so a preempted lane resumes where it stopped.
-struct LaneState {
+struct alignas(16) LaneState {
   int32_t c_send;    // next chunk to send
   int32_t p_send;    // next peer for chunk c_send
   int32_t c_recv;    // next chunk to receive/combine
@@ -101,13 +101,13 @@ struct LaneState {
   int32_t pad;
 };
 
-struct TaskRun {
+struct alignas(16) TaskRun {
   int32_t lanes_done;
   int32_t aborted;
   int32_t pad[2];
 };
 
-// Written by the daemon into host-mapped memory, one row per worker block (no atomics).
+// Written by the daemon, one row per block (no atomics).
 struct BlockStats {
   uint64_t preempts, resumes, steps, lanes_done, tasks_done, trace_head, aborted, pad;
 };
@@ -126,13 +126,11 @@ struct HostShared {
   volatile uint64_t submitted;   // tickets [0, submitted) are published
   volatile uint64_t abort_gen;   // bumped after the host sets some desc[e].abort
   volatile uint32_t exiting;     // launch id of a daemon that decided to quit
-  volatile uint32_t pad0;
+  volatile uint32_t resize;      // launch id the host asks to quit (relaunched with another grid)
   volatile uint64_t pad1;
   volatile uint32_t done[kTaskRing];    // mirror of DeviceShared::done
   volatile uint32_t status[kTaskRing];  // 0 ok, 1 aborted (valid once done[e] == Gen)
-  BlockStats stats[kMaxBlocks];
   TaskDesc desc[kTaskRing];
-  TraceRec trace[kMaxBlocks][kTracePerBlock];
 };
 
 // Device memory, one per device.
@@ -147,6 +145,10 @@ struct DeviceShared {
   TaskRun run[kTaskRing];
   TaskDesc desc[kTaskRing];
   LaneState lane[kTaskRing][kMaxLanes];
+  // Counters and trace ring per block (the control block's row is `workers`);
+  // device memory, copied out by the host on demand (no PCIe writes on the hot path).
+  BlockStats stats[kMaxBlocks];
+  TraceRec trace[kMaxBlocks][kTracePerBlock];
 };
 
 // Kernel parameters of one daemon launch.

@@ -57,25 +57,33 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::AnyBuffer partition_id, ffi::Result<
   }
 }
 
-// dfccl_done(out, x_alias, ticket) -> out (aliased).  Blocks this device's
-// thread until every rank finished the instance (or it failed).
-ffi::Error DoneImpl(ffi::AnyBuffer out, ffi::AnyBuffer x_alias, ffi::AnyBuffer ticket,
-                    ffi::Result<ffi::AnyBuffer> result, dfccl::DoneAttrs attrs) {
+// dfccl_done(out, x_alias, ticket) -> out (aliased).  Asynchronous: returns a
+// future that completes when every rank finished the instance (or it failed),
+// so XLA's device thread is never blocked and can still run this device's
+// other starts (a blocked thread could close a cycle with a peer device whose
+// executor ordered independent collectives the other way round).
+ffi::Future DoneImpl(ffi::AnyBuffer out, ffi::AnyBuffer x_alias, ffi::AnyBuffer ticket,
+                     ffi::Result<ffi::AnyBuffer> result, dfccl::DoneAttrs attrs) {
   (void)x_alias;
+  ffi::Promise promise;
+  ffi::Future future(promise);
   try {
     DFCCL_CHECK(ticket.element_type() == ffi::DataType::S64 && ticket.element_count() == 1,
                 "dfccl: collective '" << attrs.key << "': ticket must be s64[]");
+    DFCCL_CHECK(result->size_bytes() == out.size_bytes(), "dfccl: done result does not match out");
     const int64_t t = *static_cast<const int64_t*>(ticket.untyped_data());
-    dfccl::cpu::DoneStatus st = dfccl::cpu::WaitCollective(t, attrs.key);
-    if (st.kind != dfccl::cpu::ErrKind::kNone) return ToFfi(st.kind, st.message);
-    if (result->untyped_data() != out.untyped_data() && out.size_bytes() > 0) {
-      DFCCL_CHECK(result->size_bytes() == out.size_bytes(), "dfccl: done result does not match out");
-      std::memcpy(result->untyped_data(), out.untyped_data(), out.size_bytes());
-    }
-    return ffi::Error::Success();
+    void* dst = result->untyped_data();
+    const void* src = out.untyped_data();
+    const size_t bytes = out.size_bytes();
+    dfccl::cpu::WaitCollectiveAsync(t, attrs.key, [promise, dst, src, bytes](const dfccl::cpu::DoneStatus& st) mutable {
+      if (st.kind != dfccl::cpu::ErrKind::kNone) return promise.SetError(ToFfi(st.kind, st.message));
+      if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
+      promise.SetAvailable();
+    });
   } catch (const std::exception& e) {
-    return ffi::Error::Internal(e.what());
+    promise.SetError(ffi::Error::Internal(e.what()));
   }
+  return future;
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <unordered_map>
+
 #include "ffi/attrs.h"
 #include "runtime/runtime.h"
 
@@ -22,21 +24,49 @@ int32_t PartitionOf(const StartAttrs& a, int32_t ordinal) {
   return -1;
 }
 
+// Parsed specs per call site, per XLA device thread (attributes of a site never
+// change, so the decoding and the signature are built once).
+struct SpecKey {
+  int64_t site, key_hash, elems;
+  int32_t ordinal, dtype;
+  bool operator==(const SpecKey& o) const {
+    return site == o.site && key_hash == o.key_hash && elems == o.elems && ordinal == o.ordinal && dtype == o.dtype;
+  }
+};
+struct SpecKeyHash {
+  size_t operator()(const SpecKey& k) const {
+    return std::hash<int64_t>()(k.site * 1000003 ^ k.key_hash ^ (k.elems << 7) ^ (int64_t{k.ordinal} << 40) ^ k.dtype);
+  }
+};
+struct Parsed {
+  CollectiveSpec spec;
+  std::string signature;
+};
+
 ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*x_alias*/,
                      ffi::Result<ffi::AnyBuffer> ticket, StartAttrs attrs) {
-  CollectiveSpec spec;
-  try {
-    const int32_t pid = PartitionOf(attrs, ordinal);
-    if (pid < 0)
-      return ffi::Error::InvalidArgument("dfccl: GPU " + std::to_string(ordinal) + " is not in collective '" +
-                                         std::string(attrs.key) + "'");
-    spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()));
-  } catch (const std::exception& e) {
-    return ffi::Error::InvalidArgument(e.what());
+  thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
+  const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
+                  static_cast<int32_t>(x.element_type())};
+  auto it = cache.find(k);
+  if (it == cache.end()) {
+    try {
+      const int32_t pid = PartitionOf(attrs, ordinal);
+      if (pid < 0)
+        return ffi::Error::InvalidArgument("dfccl: GPU " + std::to_string(ordinal) + " is not in collective '" +
+                                           std::string(attrs.key) + "'");
+      Parsed p;
+      p.spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()));
+      p.signature = p.spec.Signature();
+      it = cache.emplace(k, std::move(p)).first;
+    } catch (const std::exception& e) {
+      return ffi::Error::InvalidArgument(e.what());
+    }
   }
   void* ticket_ptr = ticket->size_bytes() >= 8 ? ticket->untyped_data() : nullptr;
-  std::string err = Runtime::Get().Start(ordinal, stream, spec, x.untyped_data(), out->untyped_data(), ticket_ptr);
+  std::string err = Runtime::Get().Start(ordinal, stream, it->second.spec, it->second.signature, x.untyped_data(),
+                                         out->untyped_data(), ticket_ptr);
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
 }

@@ -22,16 +22,23 @@ struct Config {
   int64_t stall_us = 2000;    // ... or this long without progress while tasks are pending
   int64_t relaunch_max_us = 2000;  // proxy backoff cap for relaunching a stalled daemon
   double timeout_s = 60.0;    // watchdog: a collective pending this long fails with an error
-  bool trace = true;          // record start/run/preempt/resume/finish events
+  bool trace = false;         // record start/run/preempt/resume/finish events
   // Staging pools (per communicator, per rank, per source rank):
   int small_slots = 128;      // instances in flight with messages <= small_lanes * small_chunk
   int small_lanes = 16;
-  int64_t small_chunk = 8192;
-  int64_t lane_min_bytes = 4096;  // a task uses ceil(bytes / lane_min_bytes) lanes at most
-  int large_slots = 8;        // instances in flight with larger messages
-  int large_lanes = 16;
-  int large_depth = 4;
+  int64_t small_chunk = 16384;     // LL lines: 8 KiB of data per lane
+  int64_t lane_min_bytes = 4096;
+  // LL protocol for pool 0 (flag-in-data lines, no fences); off: every message
+  // uses pool 1's simple protocol.
+  bool ll = true;  // a task uses ceil(bytes / lane_min_bytes) lanes at most
+  int large_slots = 16;       // instances in flight with larger messages
+  int large_lanes = 48;
+  int large_depth = 2;
   int64_t large_chunk = 65536;
+  // Bandwidth path: while a task with a per-peer message >= large_threshold is
+  // pending, the daemon runs with large_blocks worker blocks (relaunched if needed).
+  int large_blocks = 48;
+  int64_t large_threshold = 4 << 20;
 
   void Apply(const std::map<std::string, double>& kv) {
     auto set = [&](const char* name, auto& field) {
@@ -48,13 +55,15 @@ struct Config {
     }
     set("idle_quit_us", idle_us); set("stall_quit_us", stall_us);
     // GPU-only names
-    set("blocks", blocks); set("lane_min_bytes", lane_min_bytes);
+    set("blocks", blocks); set("lane_min_bytes", lane_min_bytes); set("ll", ll);
     set("spin_cycles", spin_cycles); set("sticky_max", sticky_max);
     set("idle_us", idle_us); set("stall_us", stall_us); set("relaunch_max_us", relaunch_max_us);
     set("timeout_s", timeout_s); set("trace", trace);
     set("small_slots", small_slots); set("small_lanes", small_lanes); set("small_chunk", small_chunk);
     set("large_slots", large_slots); set("large_lanes", large_lanes); set("large_depth", large_depth);
-    set("large_chunk", large_chunk);
+    set("large_chunk", large_chunk); set("large_blocks", large_blocks); set("large_threshold", large_threshold);
+    if (large_blocks < blocks) large_blocks = blocks;
+    if (large_blocks > 63) large_blocks = 63;
     if (blocks < 1) blocks = 1;
     if (blocks > 63) blocks = 63;
     if (small_lanes > 64) small_lanes = 64;

@@ -30,16 +30,25 @@ Runtime& Runtime::Get() {
 
 Runtime::~Runtime() = default;
 
+// Copies device memory out on the device's private stream (never waits on XLA's streams).
+static void CopyOut(Device& d, void* dst, const void* src, size_t bytes) {
+  int saved = 0;
+  cudaGetDevice(&saved);
+  cudaSetDevice(d.ordinal);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d.aux);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(d.aux);
+  cudaSetDevice(saved);
+  DFCCL_CHECK(e == cudaSuccess, "dfccl: reading device counters: " << cudaGetErrorString(e));
+}
+
 void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, const Comm& c, const Instance& inst,
                        const void* in, void* out, int64_t msg_bytes) {
   TaskDesc& t = d.host->desc[ticket % kTaskRing];
   const PoolGeom& g = c.view.pool[inst.pool];
-  const int64_t per_lane = std::max<int64_t>(cfg_.lane_min_bytes, 16);
-  int lanes = static_cast<int>(std::max<int64_t>(1, (msg_bytes + per_lane - 1) / per_lane));
-  lanes = std::min({lanes, g.lanes, std::max(cfg_.blocks, 1)});
-  int64_t lane_bytes = (msg_bytes + lanes - 1) / lanes;
-  lane_bytes = (lane_bytes + 15) / 16 * 16;
+  const int workers = msg_bytes >= cfg_.large_threshold ? cfg_.large_blocks : cfg_.blocks;
+  const auto [lanes, lane_bytes] = LanePlan(msg_bytes, g, workers, cfg_.lane_min_bytes);
   const bool aligned = (reinterpret_cast<uintptr_t>(in) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  DFCCL_CHECK(inst.pool != 0 || aligned, "dfccl: collective '" << spec.key << "': buffers not 16-byte aligned");
   t.ticket = ticket;
   t.key_hash = spec.key_hash;
   t.seq = inst.seq;
@@ -64,8 +73,8 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
   t.abort = 0;
 }
 
-std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const void* in, void* out,
-                           void* ticket_buf) {
+std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
+                           const void* in, void* out, void* ticket_buf) {
   try {
     uint64_t ticket = 0;
     Device* dp = nullptr;
@@ -81,22 +90,28 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
       const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
       const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
       std::string err;
-      Instance* inst = Join(c, spec, seq, msg_bytes, &err);
+      Instance* inst = Join(c, spec, sig, seq, msg_bytes, &err);
       if (!inst) return err;
       ticket = d.next_ticket;
       const uint32_t e = ticket % kTaskRing;
       if (!d.info[e].done)
         return "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(ordinal);
-      key_names_.emplace(spec.key_hash, spec.key);
+      if (key_names_.find(spec.key_hash) == key_names_.end()) key_names_.emplace(spec.key_hash, spec.key);
       FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
       inst->tasks.emplace_back(&d, ticket);
       inst->started |= 1u << spec.rank;
-      d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false};
+      const bool large = msg_bytes >= cfg_.large_threshold;
+      d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false, large};
+      d.pending_large += large ? 1 : 0;
       d.next_ticket = ticket + 1;
       std::atomic_thread_fence(std::memory_order_seq_cst);
       d.host->submitted = ticket + 1;
       std::atomic_thread_fence(std::memory_order_seq_cst);
       d.fifo[spec.site].push_back(ticket);
+      if (large && Running(d) && d.workers < cfg_.large_blocks) {
+        d.host->resize = d.launch_id;  // the running daemon quits; a larger one is queued behind it
+        Launch(d);
+      }
       EnsureRunning(d);
     }
     // Outside the lock: an enqueue on XLA's stream may block while its queue is full.
@@ -139,7 +154,7 @@ void Runtime::Launch(Device& d) {
   cudaGetDevice(&saved);
   if (saved != d.ordinal) cudaSetDevice(d.ordinal);
   d.launch_id++;
-  d.workers = cfg_.blocks;
+  d.workers = d.pending_large > 0 ? cfg_.large_blocks : cfg_.blocks;
   DaemonParams p{};
   p.dev = d.dev;
   p.host = d.host_dev;
@@ -176,7 +191,13 @@ void Runtime::ProxyLoop() {
         }
       }
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // Short sleeps while collectives are pending (slots recycle promptly), longer when idle.
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& [ord, d] : devices_) busy = busy || d->oldest < d->next_ticket;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(busy ? 20 : 100));
   }
 }
 
@@ -185,6 +206,7 @@ void Runtime::PollDevice(Device& d, Clock::time_point now) {
     TaskInfo& ti = d.info[t % kTaskRing];
     if (!ti.done && d.host->done[t % kTaskRing] == Gen(t)) {
       ti.done = true;
+      d.pending_large -= ti.large ? 1 : 0;
       OnTaskDone(d, ti);
     }
   }
@@ -270,8 +292,10 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   double dev_bytes = 0, host_bytes = 0, running = 0, live = 0, slots_used = 0, waiting = 0;
   for (auto& [ord, d] : devices_) {
     started += d->next_ticket;
+    std::vector<BlockStats> rows(kMaxBlocks);
+    CopyOut(*d, rows.data(), d->dev->stats, sizeof(BlockStats) * kMaxBlocks);
     for (int b = 0; b < kMaxBlocks; ++b) {
-      const BlockStats& bs = d->host->stats[b];
+      const BlockStats& bs = rows[b];
       completed += bs.tasks_done;
       preempts += bs.preempts;
       resumes += bs.resumes;
@@ -302,7 +326,11 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["relaunches"] = relaunches;
   s["bytes_held"] = dev_bytes;
   s["host_bytes_held"] = host_bytes;
-  s["sms_used"] = cfg_.blocks + 1;
+  double sms = 0;
+  for (auto& [ord, d] : devices_) sms = std::max<double>(sms, d->launched ? d->workers + 1 : 0);
+  s["sms_used"] = sms;                      // blocks of the latest daemon (max over devices)
+  s["sms_default"] = cfg_.blocks + 1;
+  s["sms_large"] = cfg_.large_blocks + 1;
   s["daemons_running"] = running;
   s["devices"] = static_cast<double>(devices_.size());
   s["communicators"] = static_cast<double>(comms_.size());
@@ -319,11 +347,15 @@ std::vector<TraceOut> Runtime::Trace() {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<TraceOut> out;
   for (auto& [ord, d] : devices_) {
+    std::vector<BlockStats> rows(kMaxBlocks);
+    CopyOut(*d, rows.data(), d->dev->stats, sizeof(BlockStats) * kMaxBlocks);
+    std::vector<TraceRec> ring(static_cast<size_t>(kMaxBlocks) * kTracePerBlock);
+    CopyOut(*d, ring.data(), d->dev->trace, ring.size() * sizeof(TraceRec));
     for (int b = 0; b < kMaxBlocks; ++b) {
-      const uint64_t head = d->host->stats[b].trace_head;
+      const uint64_t head = rows[b].trace_head;
       const uint64_t first = head > kTracePerBlock ? head - kTracePerBlock : 0;
       for (uint64_t i = first; i < head; ++i) {
-        const TraceRec& r = d->host->trace[b][i % kTracePerBlock];
+        const TraceRec& r = ring[static_cast<size_t>(b) * kTracePerBlock + i % kTracePerBlock];
         auto k = key_names_.find(r.key_hash);
         out.push_back(TraceOut{ord, k != key_names_.end() ? k->second : std::to_string(r.key_hash), r.seq,
                                r.event <= kEvError ? kNames[r.event] : "?", r.t_ns});

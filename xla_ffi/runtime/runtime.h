@@ -64,6 +64,7 @@ struct TaskInfo {
   uint64_t ticket = 0;
   Clock::time_point t;
   bool done = true;
+  bool large = false;
 };
 
 struct Device {
@@ -76,6 +77,7 @@ struct Device {
   uint64_t next_ticket = 0, oldest = 0, launches = 0;
   uint32_t launch_id = 0;
   int workers = 0;
+  int pending_large = 0;
   bool launched = false;
   Clock::time_point next_relaunch;
   int64_t backoff_us = 20;
@@ -84,6 +86,18 @@ struct Device {
   std::unordered_map<int64_t, std::deque<uint64_t>> fifo;  // start/done pairing per site
   std::string error;                                       // surfaced at the next handler call
 };
+
+// Lanes of a task and the bytes each moves (a multiple of 16): at least
+// lane_min bytes a lane, at most the pool's lanes and the daemon's workers.
+inline std::pair<int, int64_t> LanePlan(int64_t msg_bytes, const PoolGeom& g, int workers, int64_t lane_min) {
+  const int64_t per = lane_min > 16 ? lane_min : 16;
+  int64_t lanes = (msg_bytes + per - 1) / per;
+  if (lanes < 1) lanes = 1;
+  if (lanes > g.lanes) lanes = g.lanes;
+  if (lanes > workers) lanes = workers > 0 ? workers : 1;
+  const int64_t lane_bytes = ((msg_bytes + lanes - 1) / lanes + 15) / 16 * 16;
+  return {static_cast<int>(lanes), lane_bytes};
+}
 
 struct TraceOut {
   int device;
@@ -99,8 +113,8 @@ class Runtime {
   ~Runtime();
 
   // Handlers.  Return "" on success, else the error message for ffi::Error.
-  std::string Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const void* in, void* out,
-                    void* ticket_buf);
+  std::string Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
+                    const void* in, void* out, void* ticket_buf);
   std::string Done(int ordinal, cudaStream_t stream, int64_t site);
 
   void Configure(const std::map<std::string, double>& kv);
@@ -112,7 +126,8 @@ class Runtime {
   Runtime() = default;
   Device& GetDevice(int ordinal);
   Comm& GetComm(const std::vector<int64_t>& group);
-  Instance* Join(Comm& c, const CollectiveSpec& spec, uint64_t seq, int64_t msg_bytes, std::string* err);
+  Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes,
+                 std::string* err);
   void FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, const Comm& c, const Instance& inst,
                 const void* in, void* out, int64_t msg_bytes);
   bool Running(Device& d);
@@ -127,7 +142,7 @@ class Runtime {
   std::mutex mu_;
   Config cfg_;
   std::map<int, std::unique_ptr<Device>> devices_;
-  std::map<std::string, std::unique_ptr<Comm>> comms_;
+  std::map<std::vector<int64_t>, std::unique_ptr<Comm>> comms_;
   std::unordered_map<uint64_t, std::string> key_names_;
   std::vector<std::string> errors_;
   std::thread proxy_;

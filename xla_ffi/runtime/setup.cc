@@ -50,9 +50,7 @@ Device& Runtime::GetDevice(int ordinal) {
 }
 
 Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
-  std::ostringstream name;
-  for (auto g : group) name << g << ",";
-  auto it = comms_.find(name.str());
+  auto it = comms_.find(group);
   if (it != comms_.end()) return *it->second;
   const int n = static_cast<int>(group.size());
   DFCCL_CHECK(n >= 1 && n <= kMaxRanks, "dfccl: groups of " << n << " GPUs are not supported (max " << kMaxRanks << ")");
@@ -113,13 +111,13 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
     c->bytes += sizeof(CommDev);
   }
   auto& ref = *c;
-  comms_[name.str()] = std::move(c);
+  comms_[group] = std::move(c);
   return ref;
 }
 
-Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, uint64_t seq, int64_t msg_bytes, std::string* err) {
+Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes,
+                        std::string* err) {
   const auto id = std::make_pair(spec.key_hash, seq);
-  const std::string sig = spec.Signature();
   if (auto f = c.failed.find(id); f != c.failed.end()) {
     *err = "dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + ") already failed on another rank";
     return nullptr;
@@ -132,8 +130,11 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, uint64_t seq, int64
     inst->key = spec.key;
     inst->signature = sig;
     inst->nranks = c.n;
+    // Pool 0 (LL protocol) takes messages whose lanes fit one LL chunk (8 data
+    // bytes per 16-byte line) and are 16-byte multiples; the rest use pool 1.
     const PoolGeom& small = c.view.pool[0];
-    inst->pool = msg_bytes <= small.lanes * small.chunk_bytes ? 0 : 1;
+    const auto plan = LanePlan(msg_bytes, small, cfg_.blocks, cfg_.lane_min_bytes);
+    inst->pool = (cfg_.ll && msg_bytes % 16 == 0 && plan.second * 2 <= small.chunk_bytes) ? 0 : 1;
     if (!c.free_slots[inst->pool].empty()) {
       inst->slot = c.free_slots[inst->pool].back();
       c.free_slots[inst->pool].pop_back();

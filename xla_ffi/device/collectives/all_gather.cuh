@@ -12,5 +12,7 @@ struct AllGatherOp {
   static DFCCL_DEV void Combine(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
     PlaceAll(d, src, off, len);
   }
+  template <class T, class R>
+  static DFCCL_DEV void CombineUnit(const TaskDesc& d, const uint2* v, int64_t off) { PlaceAllUnit(d, v, off); }
 };
 }  // namespace dfccl::gpu

@@ -13,5 +13,9 @@ struct PermuteOp {
     if (d.recv_from < 0) BlockZero(d.out + off, len);
     else BlockCopy(d.out + off, src[d.recv_from], len, d.vec, d.elem_bytes);
   }
+  template <class T, class R>
+  static DFCCL_DEV void CombineUnit(const TaskDesc& d, const uint2* v, int64_t off) {
+    *reinterpret_cast<uint2*>(d.out + off) = d.recv_from < 0 ? make_uint2(0, 0) : v[d.recv_from];
+  }
 };
 }  // namespace dfccl::gpu

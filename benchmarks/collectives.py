@@ -1,0 +1,238 @@
+"""Collective benchmark on GPUs: jax_dfccl vs jax.lax in the same run.
+
+Per op and size (bf16, bytes per device): a chain of dependent collectives
+unrolled in one jit, and the same inside lax.fori_loop; us/op and busbw as in
+nccl-tests.  Then the chaos-order workload (rank-dependent start order) vs the
+same collectives in consistent order with jax.lax, and the chaos program with
+jax.lax collectives in a subprocess under a timeout (it hangs).
+
+  python benchmarks/collectives.py [--out DIR] [--quick] [--max-mib N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "gpu"))
+import common  # noqa: E402
+
+N = len(jax.devices())
+MESH = Mesh(np.array(jax.devices()), ("x",))
+KiB, MiB = 1024, 1024 * 1024
+
+
+def smap(f):
+  return jax.jit(jax.shard_map(f, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+
+def lax_ops():
+  return {
+      "psum": lambda y: jax.lax.psum(y, "x") * 0.5,
+      "all_gather": lambda y: jax.lax.all_gather(y, "x", tiled=True)[: y.shape[0]],
+      "psum_scatter": lambda y: jnp.tile(jax.lax.psum_scatter(y, "x", tiled=True), N),
+      "all_to_all": lambda y: jax.lax.all_to_all(y, "x", 0, 0, tiled=True),
+  }
+
+
+def dfccl_ops():
+  """Public jax_dfccl API; falls back to the raw custom calls if it is unusable."""
+  try:
+    import jax_dfccl as d
+    ops = {
+        "psum": lambda y: d.psum(y, "x") * 0.5,
+        "all_gather": lambda y: d.all_gather(y, "x", tiled=True)[: y.shape[0]],
+        "psum_scatter": lambda y: jnp.tile(d.psum_scatter(y, "x", tiled=True), N),
+        "all_to_all": lambda y: d.all_to_all(y, "x", 0, 0, tiled=True),
+    }
+    x = jnp.arange(N * 64, dtype=jnp.float32).reshape(N, 64)
+    got = smap(lambda v: ops["psum"](v[0])[None])(x)
+    want = smap(lambda v: lax_ops()["psum"](v[0])[None])(x)
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+    return ops, "jax_dfccl public API"
+  except Exception as e:  # noqa: BLE001
+    print("public API unusable, using raw custom calls:", repr(e)[:300], flush=True)
+    import ffi_direct as fd
+    ops = {
+        "psum": lambda y: fd.collective(y, "all_reduce", "x", N) * 0.5,
+        "all_gather": lambda y: fd.collective(y, "all_gather", "x", N)[: y.shape[0]],
+        "psum_scatter": lambda y: jnp.tile(fd.collective(y, "reduce_scatter", "x", N), N),
+        "all_to_all": lambda y: fd.collective(y, "all_to_all", "x", N),
+    }
+    return ops, "raw custom calls (tests/gpu/ffi_direct.py)"
+
+
+def busbw(op, nbytes, t):
+  if op == "psum":
+    return nbytes / t * 2 * (N - 1) / N
+  if op == "all_gather":
+    return N * nbytes / t * (N - 1) / N
+  return nbytes / t * (N - 1) / N
+
+
+def chain(fn, n_ops, mode):
+  def body(v):
+    y = v[0]
+    if mode == "unrolled":
+      for _ in range(n_ops):
+        y = fn(y)
+    else:
+      y = jax.lax.fori_loop(0, n_ops, lambda i, y: fn(y), y)
+    return y[None]
+  return smap(body)
+
+
+def bench_ops(sizes, ops_names, reps):
+  ours, how = dfccl_ops()
+  lax = lax_ops()
+  rows = []
+  for nbytes in sizes:
+    elems = nbytes // 2
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((N, elems)), jnp.bfloat16)
+    n_ops = 100 if nbytes <= 1 * MiB else (20 if nbytes <= 64 * MiB else 5)
+    for op in ops_names:
+      row = {"op": op, "bytes": nbytes, "n_ops": n_ops}
+      for impl, fns in (("dfccl", ours), ("jax.lax", lax)):
+        for mode in ("unrolled", "fori_loop"):
+          try:
+            t = common.median_time(chain(fns[op], n_ops, mode), x, reps=reps, warmup=1) / n_ops
+            row[f"{impl}/{mode}/us"] = t * 1e6
+            row[f"{impl}/{mode}/busbw_GBs"] = busbw(op, nbytes, t) / 1e9
+          except Exception as e:  # noqa: BLE001
+            row[f"{impl}/{mode}/error"] = repr(e)[:200]
+      rows.append(row)
+      u = lambda k: row.get(k, float("nan"))  # noqa: E731
+      print(f"{op:13s} {nbytes:>11d} B  dfccl {u('dfccl/unrolled/us'):9.1f} / {u('dfccl/fori_loop/us'):9.1f} us"
+            f"  lax {u('jax.lax/unrolled/us'):9.1f} / {u('jax.lax/fori_loop/us'):9.1f} us"
+            f"  busbw dfccl {u('dfccl/unrolled/busbw_GBs'):6.1f} lax {u('jax.lax/unrolled/busbw_GBs'):6.1f} GB/s",
+            flush=True)
+  return rows, how
+
+
+CHAOS_COLLS = 8
+
+
+def chaos_program(kind, nbytes):
+  """8 collectives (psum, all_gather alternating); 'dfccl': rank-specific start
+  order then all dones; 'lax': jax.lax in one consistent order."""
+  elems = nbytes // 2
+  if kind == "lax":
+    def body(v):
+      y = v[0]
+      acc = jnp.zeros_like(y)
+      for i in range(CHAOS_COLLS):
+        o = jax.lax.psum(y * (i + 1), "x") if i % 2 == 0 else jax.lax.all_gather(y * (i + 1), "x", tiled=True)[:elems]
+        acc = acc + o
+      return acc[None]
+    return smap(body)
+  import jax_dfccl as d
+
+  def body(v):
+    y = v[0]
+    r = jax.lax.axis_index("x")
+    rng = np.random.default_rng(1)
+    orders = [list(rng.permutation(CHAOS_COLLS)) for _ in range(N)]
+
+    def branch(order):
+      def run(y):
+        hs = {}
+        for i in order:
+          hs[i] = (d.psum_start(y * (i + 1), "x", key=f"c{i}") if i % 2 == 0
+                   else d.all_gather_start(y * (i + 1), "x", tiled=True, key=f"c{i}"))
+        outs = [d.done(hs[i]) for i in range(CHAOS_COLLS)]
+        return sum(o[:elems] for o in outs)
+      return run
+    return jax.lax.switch(r, [branch(o) for o in orders], y)[None]
+  return smap(body)
+
+
+HANG_SCRIPT = textwrap.dedent("""
+  import os, jax, jax.numpy as jnp, numpy as np
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  def body(v):
+    y = v[0]
+    a = lambda y: jax.lax.psum(y, "x") + jax.lax.all_gather(y, "x", tiled=True)[: y.shape[0]]
+    b = lambda y: jax.lax.all_gather(y, "x", tiled=True)[: y.shape[0]] + jax.lax.psum(y, "x")
+    return jax.lax.switch(jax.lax.axis_index("x"), [a, b], y)[None]
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  x = jnp.ones((len(jax.devices()), 1 << 18), jnp.float32)
+  print("result", float(jax.block_until_ready(f(x)).sum()), flush=True)
+""")
+
+
+def lax_hang(timeout_s):
+  env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION="0.1")
+  t0 = time.perf_counter()
+  try:
+    p = subprocess.run([sys.executable, "-c", HANG_SCRIPT], env=env, capture_output=True, text=True, timeout=timeout_s)
+    return {"hung": False, "rc": p.returncode, "seconds": time.perf_counter() - t0, "stdout": p.stdout[-300:],
+            "stderr": p.stderr[-300:]}
+  except subprocess.TimeoutExpired:
+    return {"hung": True, "timeout_s": timeout_s, "seconds": time.perf_counter() - t0}
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--out", default=None)
+  ap.add_argument("--quick", action="store_true")
+  ap.add_argument("--max-mib", type=float, default=1024)
+  ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--hang-timeout", type=float, default=20)
+  a = ap.parse_args()
+  sizes = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
+  sizes = [s for s in sizes if s <= a.max_mib * MiB]
+  ops_names = ["psum", "all_gather", "psum_scatter", "all_to_all"]
+  if a.quick:
+    sizes = [s for s in sizes if s in (4 * KiB, 64 * KiB, 16 * MiB, 1024 * MiB)]
+  rows, how = bench_ops(sizes, ops_names, a.reps)
+  chaos = {}
+  try:
+    import jax_dfccl as d
+    for nbytes in (64 * KiB, 4 * MiB):
+      x = jnp.asarray(np.random.default_rng(2).standard_normal((N, nbytes // 2)), jnp.bfloat16)
+      ours, ref = chaos_program("dfccl", nbytes), chaos_program("lax", nbytes)
+      ok = bool(np.allclose(np.asarray(ours(x), np.float32), np.asarray(ref(x), np.float32), rtol=2e-2, atol=2e-2))
+      t_ours = common.median_time(ours, x, reps=10)
+      t_lax = common.median_time(ref, x, reps=10)
+      chaos[str(nbytes)] = {"dfccl_chaos_ms": t_ours * 1e3, "lax_consistent_ms": t_lax * 1e3,
+                            "ratio": t_ours / t_lax, "matches_lax": ok}
+      print(f"chaos {nbytes} B x {CHAOS_COLLS}: dfccl (rank-specific order) {t_ours*1e3:.3f} ms, "
+            f"jax.lax (consistent order) {t_lax*1e3:.3f} ms, ratio {t_ours/t_lax:.2f}, results match: {ok}", flush=True)
+    chaos["stats"] = {k: v for k, v in d.stats().get("cuda", {}).items() if k != "errors"}
+  except Exception as e:  # noqa: BLE001
+    chaos["error"] = repr(e)[:400]
+    print("chaos benchmark failed:", repr(e)[:400], flush=True)
+  hang = lax_hang(a.hang_timeout)
+  print("jax.lax chaos program in a subprocess:", hang, flush=True)
+  payload = {"header": common.header(), "implementation": how, "n_devices": N, "dtype": "bfloat16",
+             "rows": rows, "chaos": chaos, "lax_chaos_subprocess": hang}
+  md = ["| op | bytes/device | ops | dfccl unrolled us | dfccl fori us | lax unrolled us | lax fori us |"
+        " dfccl busbw GB/s | lax busbw GB/s |", "|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    g = lambda k: f"{r[k]:.1f}" if k in r else "err"  # noqa: E731
+    md.append(f"| {r['op']} | {r['bytes']} | {r['n_ops']} | {g('dfccl/unrolled/us')} | {g('dfccl/fori_loop/us')} | "
+              f"{g('jax.lax/unrolled/us')} | {g('jax.lax/fori_loop/us')} | {g('dfccl/unrolled/busbw_GBs')} | "
+              f"{g('jax.lax/unrolled/busbw_GBs')} |")
+  md.append("")
+  for k, v in chaos.items():
+    md.append(f"- chaos {k}: {v}")
+  md.append(f"- jax.lax chaos program (subprocess): {hang}")
+  name = "collectives_" + time.strftime("%Y-%m-%d") + "_h200x2"
+  common.write_results(name, payload, "\n".join(md), a.out)
+  print("\n".join(md), flush=True)
+
+
+if __name__ == "__main__":
+  main()
