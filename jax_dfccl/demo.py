@@ -67,7 +67,8 @@ def main():
   exact = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, ref))
 
   try:
-    p = subprocess.run([sys.executable, "-m", "jax_dfccl.demo", "--lax-chaos-child"],
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # the parent holds memory
+    p = subprocess.run([sys.executable, "-m", "jax_dfccl.demo", "--lax-chaos-child"], env=env,
                        capture_output=True, text=True, timeout=LAX_TIMEOUT_S)
     line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")]
     lax_chaos = line[0].split()[1] if line else f"error (exit {p.returncode})"

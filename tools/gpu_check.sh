@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session (device tool, kind nvidia-h200-x2), steps in the order given:
-#   tools/gpu_check.sh [smoke] [bench] [tests] [sanitize]      (default: all four; a hung smoke stops the rest)
+#   tools/gpu_check.sh [smoke] [bench] [tests] [demo] [sanitize]   (default: all; a hung smoke stops the rest)
 # Carry the built modules (git-ignored):
 #   carry: ["jax_dfccl/_dfccl_cuda.cpython-312-x86_64-linux-gnu.so",
 #           "jax_dfccl/_dfccl_cpu.cpython-312-x86_64-linux-gnu.so"]
@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 export TF_CPP_MIN_LOG_LEVEL=2
 OUT=${OUT:-/tmp/dfccl_out}; mkdir -p "$OUT"
 PY=${PY:-python3}
-steps=${*:-smoke bench tests sanitize}
+steps=${*:-smoke bench tests demo sanitize}
 log() { echo "=== $* ($(date +%T))"; }
 
 log "machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -31,9 +31,14 @@ for step in $steps; do
       echo "bench rc=$?"; grep -v "^W0000\|^I0000" "$OUT/bench.log" | tail -45 ;;
     tests)
       log "pytest -m gpu"
-      timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -m gpu -q tests/gpu -p no:cacheprovider --timeout 90 -x \
+      to=""; $PY -c "import pytest_timeout" 2>/dev/null && to="--timeout 90"
+      timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -m gpu -q tests/gpu -p no:cacheprovider $to \
         ${TESTS_ARGS:-} > "$OUT/pytest.log" 2>&1
       echo "pytest rc=$?"; tail -25 "$OUT/pytest.log" ;;
+    demo)
+      log "python -m jax_dfccl.demo"
+      timeout ${DEMO_TIMEOUT:-150} $PY -m jax_dfccl.demo > "$OUT/demo.log" 2>&1
+      echo "demo rc=$?"; grep -v "^W0000\|^I0000" "$OUT/demo.log" | tail -12 ;;
     sanitize)
       for tool in ${SANITIZERS:-memcheck racecheck}; do
         log "compute-sanitizer $tool"

@@ -1,6 +1,9 @@
 """GPU tests of the CUDA backend through the public API (run with `pytest -m gpu tests/gpu`)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -162,11 +165,29 @@ def test_timeout_names_missing_rank():
 def test_idle_daemon_quits_and_memory_is_flat():
   x = data(512, jnp.float32, 11)
   f = smap(lambda v: jax.lax.fori_loop(
-      0, 50, lambda i, y: sum(d.psum(y, "x", key=f"k{j}") for j in range(200)) * (0.5 / 200), v[0])[None])
+      0, 10, lambda i, y: sum(d.psum(y, "x", key=f"k{j}") for j in range(1000)) * (0.5 / 1000), v[0])[None])
   jax.block_until_ready(f(x))
   before = d.stats()["cuda"]["bytes_held"]
-  jax.block_until_ready(f(x))  # 10,000 collectives over 200 distinct keys
+  jax.block_until_ready(f(x))  # 10,000 collectives over 1,000 distinct keys
   after = d.stats()["cuda"]
   assert after["bytes_held"] == before
   time.sleep(0.005)
   assert d.stats()["cuda"]["daemons_running"] == 0
+
+
+def test_chaos_workload_exact():
+  """The shared chaos workload (8 kinds/sizes, rank-specific start and done orders), 100 iterations."""
+  from jax_dfccl import testing as T
+  xs = T.chaos_inputs(MESH, "x")
+  ours = T.chaos_program(MESH, "x", 100)(*xs)
+  ref = T.reference_program(MESH, "x", 100)(*xs)
+  for (name, *_), a, b in zip(T.collectives("x", N), ours, ref):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+def test_lax_chaos_program_hangs():
+  """The same chaos program with blocking jax.lax collectives deadlocks (subprocess, killed)."""
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  with pytest.raises(subprocess.TimeoutExpired):
+    subprocess.run([sys.executable, "-m", "jax_dfccl.demo", "--lax-chaos-child"], env=env,
+                   capture_output=True, timeout=30)
