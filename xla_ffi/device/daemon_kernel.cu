@@ -154,7 +154,9 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         if (ss.finished || (!aborted && sd.slot < 0)) { __syncthreads(); continue; }
         int r = kDone;
         if (!aborted) {
-          if (tid == 0 && !ss.started) { ss.started = 1; rec.Trace(P, sd, kEvRun, l); }
+          if (tid == 0) {  // nested: no other thread may even read ss.started here
+            if (!ss.started) { ss.started = 1; rec.Trace(P, sd, kEvRun, l); }
+          }
           __syncthreads();
           r = Step(sd, ss, l, P);
         }
