@@ -130,7 +130,7 @@ __device__ void WorkerLoop(const DaemonParams& P) {
       // A slot the host assigned after submission: read it from host memory (epoch
       // first written there, slot last).  Epochs start at 1, so a copy whose epoch
       // is still 0 is not assigned yet, whatever its slot says.
-      if ((sd.slot < 0 || sd.epoch == 0) && tid == 0) {
+      if (tid == 0 && (sd.slot < 0 || sd.epoch == 0)) {  // thread 0 alone reads and writes sd here
         const int32_t slot = LdVol(&P.host->desc[e].slot);
         __threadfence_system();
         const uint32_t epoch = LdVol(&P.host->desc[e].epoch);
@@ -154,9 +154,8 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         if (ss.finished || (!aborted && sd.slot < 0)) { __syncthreads(); continue; }
         int r = kDone;
         if (!aborted) {
-          if (tid == 0) {  // nested: no other thread may even read ss.started here
-            if (!ss.started) { ss.started = 1; rec.Trace(P, sd, kEvRun, l); }
-          }
+          __syncthreads();  // every thread has read ss above before thread 0 updates it
+          if (tid == 0 && !ss.started) { ss.started = 1; rec.Trace(P, sd, kEvRun, l); }
           __syncthreads();
           r = Step(sd, ss, l, P);
         }
@@ -179,6 +178,9 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         }
         __syncthreads();
       }
+      // Every thread has finished reading sd (lane count, slot) before the
+      // next candidate overwrites it, also when this block had no lane of it.
+      __syncthreads();
     }
   }
 }
