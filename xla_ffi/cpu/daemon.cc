@@ -125,7 +125,7 @@ void Daemon::Loop() {
 //   waiting for peers: spin (yielding) until all ranks posted, the instance failed,
 //     the timeout passed, or the budget ran out (then preempt: state is kept in
 //     the task, the daemon moves on).  All posted -> compute + release.
-//   claimed (computed by us or by the done() thread): nothing to do; the last
+//   claimed (computed by us or inside done()): nothing to do; the last
 //     rank to finish reading completes every rank's task, and the daemon drops
 //     it once `done` is set.
 bool Daemon::Visit(Task& t, bool others_pending) {
@@ -140,12 +140,7 @@ bool Daemon::Visit(Task& t, bool others_pending) {
   }
   Instance& inst = *t.inst;
   const int n = inst.n;
-  // A task whose done() thread is already blocked on it is computed by that
-  // thread once ready (Task::NotifyReady wakes it): spinning here would only
-  // take the CPU from the ranks we wait for.  We only watch its timeout.
-  const bool waiter_backed = t.waiter.load(std::memory_order_relaxed);
-  const double budget_us =
-      waiter_backed ? 0.0 : (t.sticky ? cfg.sticky_budget_us.load() : cfg.spin_budget_us.load());
+  const double budget_us = t.sticky ? cfg.sticky_budget_us.load() : cfg.spin_budget_us.load();
   const int64_t budget_ns = static_cast<int64_t>(budget_us * 1e3);
   const double timeout_s = cfg.timeout_s.load();
   const int64_t timeout_ns = static_cast<int64_t>(std::min(timeout_s * 1e9, 9e18));
@@ -155,7 +150,7 @@ bool Daemon::Visit(Task& t, bool others_pending) {
     // acquire pairs with the release store of the last poster: all slots visible.
     const int posted = inst.posted.load(std::memory_order_acquire);
     if (posted == n) {
-      t.TryCompute();  // unless the done() thread claimed it first
+      t.TryCompute();  // unless done() claimed it first
       return true;
     }
     if (t.done.load(std::memory_order_acquire)) return true;  // failed (mismatch/timeout/reset)
@@ -170,7 +165,7 @@ bool Daemon::Visit(Task& t, bool others_pending) {
       const bool moved = posted != t.last_posted;
       t.sticky = moved;
       t.last_posted = posted;
-      if (others_pending && !waiter_backed) {
+      if (others_pending) {
         t.preempted = true;
         counters.preemptions.fetch_add(1, std::memory_order_relaxed);
         TraceEvent(device_, t.spec.key, t.seq, "preempt");

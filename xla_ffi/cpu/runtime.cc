@@ -169,13 +169,13 @@ void Task::Complete(ErrKind kind, std::string message) {
     if (done.load(std::memory_order_relaxed)) return;
     err_kind = kind;
     error = std::move(message);
-    // Counted before the waiter can see `done`: stats() read after done()
+    // Counted before `done` is visible: stats() read after done()
     // returned include this task.
     (kind == ErrKind::kNone ? c.completed : c.failed).fetch_add(1, std::memory_order_relaxed);
     c.live_tasks.fetch_sub(1, std::memory_order_relaxed);
     done.store(true, std::memory_order_release);
   }
-  // The waiter owns a shared_ptr to this task and so does our caller, so the
+  // AbortDevice holds a shared_ptr to this task and so does our caller, so the
   // task outlives this notify.
   cv.notify_all();
   std::function<void()> cb;
@@ -188,18 +188,7 @@ void Task::Complete(ErrKind kind, std::string message) {
   // The owning daemon is not woken: it drops the task at its next poll.
 }
 
-void Task::NotifyReady() {
-  bool has_waiter;
-  {
-    // Pairs with WaitCollective: it sets `waiter` and tests `posted` under mu,
-    // and we stored `posted` before taking mu, so either it sees the instance
-    // ready or we see it waiting.
-    std::lock_guard<std::mutex> l(mu);
-    has_waiter = waiter.load(std::memory_order_relaxed);
-  }
-  if (has_waiter) cv.notify_all();
-  else daemon->Wake();
-}
+void Task::NotifyReady() { daemon->Wake(); }
 
 bool Task::TryCompute() {
   if (claimed.load(std::memory_order_relaxed) || claimed.exchange(true, std::memory_order_acq_rel)) return false;
@@ -306,7 +295,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
   const bool failing_now = !fail_tasks.empty();
   // A task whose peers have not all posted needs its daemon only to watch the
   // timeout: Submit wakes it then only from a deep sleep.  "All posted" wakes,
-  // for every rank, the thread that will compute it (done() waiter or daemon).
+  // for every rank, the daemon that will compute it (unless done() does).
   if (!failing_now) task->daemon->Submit(task, /*urgent=*/!ready.empty());
   for (auto& t : fail_tasks) t->Complete(fail_kind, fail_msg);
   for (auto& t : ready)
@@ -433,7 +422,12 @@ void WaitCollectiveAsync(int64_t ticket, std::string_view key,
     g.tickets.erase(it);
   }
   // The last reader (or a failure) completes the task; the daemon computes this
-  // rank's output and enforces the timeout.
+  // rank's output and enforces the timeout, unless the instance is ready now
+  // and the daemon has not claimed it: then this thread computes it.
+  Instance& inst = *t->inst;
+  if (!t->done.load(std::memory_order_acquire) && !t->claimed.load(std::memory_order_acquire) &&
+      inst.posted.load(std::memory_order_acquire) == inst.n)
+    t->TryCompute();
   auto finish = [t, callback = std::move(callback)] {
     DoneStatus st{t->err_kind, t->error};
     if (st.kind != ErrKind::kNone) AbortDevice(t->spec.self_device, t->spec.key);

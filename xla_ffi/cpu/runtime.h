@@ -139,27 +139,24 @@ struct Task {
   int last_posted = -1;
 
   // Who computes this rank's output once the instance is ready: the daemon or,
-  // when done() is already blocked on this task, the done() thread itself (it
-  // has nothing else to do; saves a thread wake-up).  The first to flip
-  // `claimed` computes; the other only waits for completion.
+  // when the instance is already ready as done() is called, XLA's device thread
+  // inside done() (saves a thread wake-up).  The first to flip `claimed`
+  // computes; the other does nothing.
   std::atomic<bool> claimed{false};
 
-  // Completion: `done` flips once (under mu); done() waits on cv.
+  // Completion: `done` flips once (under mu); AbortDevice waits on cv.
   std::atomic<bool> done{false};
   std::mutex mu;
   std::condition_variable cv;
-  // A done() thread waits on cv (written under mu; daemons read it lock-free).
-  std::atomic<bool> waiter{false};
   ErrKind err_kind = ErrKind::kNone;
   std::string error;
   // Set by WaitCollectiveAsync while the task is pending (under mu); run once,
   // on the completion thread, after the task completed.
   std::function<void()> on_complete;
 
-  // First call wins; wakes the done() waiter; counts and traces.
+  // First call wins; runs on_complete (on the completion thread); counts and traces.
   void Complete(ErrKind kind, std::string message);
-  // The instance became ready: wake the done() waiter if there is one (it
-  // computes), else the daemon.
+  // The instance became ready: wake the daemon that computes this rank.
   void NotifyReady();
   // Computes (and releases) if nobody claimed it yet; returns whether it did.
   bool TryCompute();
