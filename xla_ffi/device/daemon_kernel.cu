@@ -130,7 +130,7 @@ __device__ void WorkerLoop(const DaemonParams& P) {
       // A slot the host assigned after submission: read it from host memory (epoch
       // first written there, slot last).  Epochs start at 1, so a copy whose epoch
       // is still 0 is not assigned yet, whatever its slot says.
-      if (tid == 0 && (sd.slot < 0 || sd.epoch == 0)) {  // thread 0 alone reads and writes sd here
+      if (tid == 0 && (*(volatile int32_t*)&sd.slot < 0 || *(volatile uint32_t*)&sd.epoch == 0)) {  // thread 0 alone
         const int32_t slot = LdVol(&P.host->desc[e].slot);
         __threadfence_system();
         const uint32_t epoch = LdVol(&P.host->desc[e].epoch);
@@ -155,7 +155,12 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         int r = kDone;
         if (!aborted) {
           __syncthreads();  // every thread has read ss above before thread 0 updates it
-          if (tid == 0 && !ss.started) { ss.started = 1; rec.Trace(P, sd, kEvRun, l); }
+          if (tid == 0) {
+            // volatile: the compiler must not hoist the read of `started` out of
+            // this branch into every thread (a benign but real shared-memory race).
+            volatile int32_t* started = &ss.started;
+            if (!*started) { *started = 1; rec.Trace(P, sd, kEvRun, l); }
+          }
           __syncthreads();
           r = Step(sd, ss, l, P);
         }
