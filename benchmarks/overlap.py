@@ -1,4 +1,4 @@
-"""GEMM + communication overlap benchmark (issue 4), tensor parallelism over 2 devices.
+"""GEMM + communication overlap benchmark, tensor parallelism over 2 devices.
 
 For each shape (global M x N x K, Megatron shards) it times, per op inside one
 jitted program (``ITERS`` ops unrolled, each made to wait for the previous

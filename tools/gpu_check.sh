@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# One batched GPU session (device tool, kind nvidia-h200-x2), steps in the order given:
+# Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
 #   tools/gpu_check.sh [smoke] [bench] [tests] [demo] [sanitize]   (default: all; a hung smoke stops the rest)
-# Carry the built modules (git-ignored):
-#   carry: ["jax_dfccl/_dfccl_cuda.cpython-312-x86_64-linux-gnu.so",
-#           "jax_dfccl/_dfccl_cpu.cpython-312-x86_64-linux-gnu.so"]
-# Every step runs under `timeout` (a hung persistent kernel must not hang the call);
+# Run from the repository root with the built extension modules in jax_dfccl/
+# (_dfccl_cuda*.so, _dfccl_cpu*.so) or with the package installed.
+# Every step runs under `timeout` (a hung persistent kernel must not hang the run);
 # logs and benchmark JSON/markdown go to $OUT.
 set -u
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
