@@ -6,7 +6,8 @@
 //   partition_id  s32[] this program instance's partition id (flat mesh index)
 //   out           the result buffer; written asynchronously after start returns
 //   x_alias       aliases x: keeps the input alive until done consumes it
-//   ticket        s64[] identifies the started instance on this device
+//   ticket        s64[] identifies the started instance on this device (CPU; the
+//                 CUDA backend pairs start and done by a FIFO per (device, site))
 // dfccl_done(out, x_alias, ticket) -> out (aliased)
 //   waits (host thread on CPU, stream on GPU) until the instance completed.
 //

@@ -45,7 +45,7 @@ struct Parsed {
 
 ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*x_alias*/,
-                     ffi::Result<ffi::AnyBuffer> ticket, StartAttrs attrs) {
+                     ffi::Result<ffi::AnyBuffer> /*ticket*/, StartAttrs attrs) {
   thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
   const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
                   static_cast<int32_t>(x.element_type())};
@@ -64,9 +64,10 @@ ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi
       return ffi::Error::InvalidArgument(e.what());
     }
   }
-  void* ticket_ptr = ticket->size_bytes() >= 8 ? ticket->untyped_data() : nullptr;
+  // The ticket buffer stays unwritten: done pairs with start through the
+  // per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
   std::string err = Runtime::Get().Start(ordinal, stream, it->second.spec, it->second.signature, x.untyped_data(),
-                                         out->untyped_data(), ticket_ptr);
+                                         out->untyped_data());
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
 }
@@ -93,7 +94,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl,
                                   .Arg<ffi::AnyBuffer>()    // partition_id (s32[], unused on GPU)
                                   .Ret<ffi::AnyBuffer>()    // out
                                   .Ret<ffi::AnyBuffer>()    // x_alias (aliases x)
-                                  .Ret<ffi::AnyBuffer>()    // ticket (s64[])
+                                  .Ret<ffi::AnyBuffer>()    // ticket (s64[], unused on GPU)
                                   .Attrs<StartAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneCuda, DoneImpl,

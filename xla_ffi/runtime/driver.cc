@@ -8,7 +8,6 @@ namespace dfccl::gpu {
 namespace {
 
 using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using WriteValue64Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 template <class Fn>
@@ -24,7 +23,6 @@ Fn Lookup(const char* name) {
 
 struct Table {
   WriteValue32Fn write32 = Lookup<WriteValue32Fn>("cuStreamWriteValue32");
-  WriteValue64Fn write64 = Lookup<WriteValue64Fn>("cuStreamWriteValue64");
   WaitValue32Fn wait32 = Lookup<WaitValue32Fn>("cuStreamWaitValue32");
 };
 
@@ -42,10 +40,6 @@ void Check(CUresult r, const char* what) {
 void StreamOps::Write32(cudaStream_t s, void* addr, uint32_t v) {
   Check(T().write32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
                     CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32_v2");
-}
-void StreamOps::Write64(cudaStream_t s, void* addr, uint64_t v) {
-  Check(T().write64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
-                    CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue64_v2");
 }
 void StreamOps::WaitGeq32(cudaStream_t s, const void* addr, uint32_t v) {
   Check(T().wait32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(const_cast<void*>(addr)), v,

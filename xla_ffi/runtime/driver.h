@@ -13,7 +13,6 @@ namespace dfccl::gpu {
 struct StreamOps {
   // *addr = value once prior work on `stream` is complete (with a memory barrier).
   static void Write32(cudaStream_t stream, void* addr, uint32_t value);
-  static void Write64(cudaStream_t stream, void* addr, uint64_t value);
   // `stream` waits until (int32_t)(*addr - value) >= 0.
   static void WaitGeq32(cudaStream_t stream, const void* addr, uint32_t value);
 };

@@ -74,7 +74,7 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
 }
 
 std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
-                           const void* in, void* out, void* ticket_buf) {
+                           const void* in, void* out) {
   try {
     uint64_t ticket = 0;
     Device* dp = nullptr;
@@ -116,7 +116,6 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
     }
     // Outside the lock: an enqueue on XLA's stream may block while its queue is full.
     StreamOps::Write32(stream, &dp->dev->ready[ticket % kTaskRing], Gen(ticket));
-    if (ticket_buf) StreamOps::Write64(stream, ticket_buf, ticket);
     return "";
   } catch (const std::exception& ex) {
     return ex.what();

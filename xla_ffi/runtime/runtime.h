@@ -114,7 +114,7 @@ class Runtime {
 
   // Handlers.  Return "" on success, else the error message for ffi::Error.
   std::string Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
-                    const void* in, void* out, void* ticket_buf);
+                    const void* in, void* out);
   std::string Done(int ordinal, cudaStream_t stream, int64_t site);
 
   void Configure(const std::map<std::string, double>& kv);
