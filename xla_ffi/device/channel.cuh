@@ -203,20 +203,47 @@ __device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& shared_state, 
   return r;
 }
 
-// Helpers for Combine.
-template <class T, class R>
-DFCCL_DEV void ReduceAll(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
-  BlockReduce<T, R>(d.out + off, src, d.nranks, len, d.vec);
-}
-DFCCL_DEV void PlaceAll(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
-  for (int r = 0; r < d.nranks; ++r) BlockCopy(d.out + r * d.msg_bytes + off, src[r], len, d.vec, d.elem_bytes);
-}
-template <class T, class R>
-DFCCL_DEV void ReduceAllUnit(const TaskDesc& d, const uint2* v, int64_t off) {
-  *reinterpret_cast<uint2*>(d.out + off) = ReduceUnit<T, R>(v, d.nranks);
-}
-DFCCL_DEV void PlaceAllUnit(const TaskDesc& d, const uint2* v, int64_t off) {
-  for (int r = 0; r < d.nranks; ++r) *reinterpret_cast<uint2*>(d.out + r * d.msg_bytes + off) = v[r];
-}
+// Building blocks of the collective traits (collectives/<op>.cuh): who sends
+// which part of its input to whom, and how a rank combines its sources.
+
+// Every rank sends its whole input to every peer.
+struct SendWholeToAll {
+  static DFCCL_DEV bool SendsTo(const TaskDesc&, int) { return true; }
+  static DFCCL_DEV int64_t SendOffset(const TaskDesc&, int) { return 0; }
+  static DFCCL_DEV bool RecvsFrom(const TaskDesc&, int) { return true; }
+  static DFCCL_DEV int64_t SelfOffset(const TaskDesc&) { return 0; }
+};
+
+// Every rank sends block p of its input to rank p (and keeps its own block).
+struct SendBlockToEach {
+  static DFCCL_DEV bool SendsTo(const TaskDesc&, int) { return true; }
+  static DFCCL_DEV int64_t SendOffset(const TaskDesc& d, int p) { return p * d.msg_bytes; }
+  static DFCCL_DEV bool RecvsFrom(const TaskDesc&, int) { return true; }
+  static DFCCL_DEV int64_t SelfOffset(const TaskDesc& d) { return d.rank * d.msg_bytes; }
+};
+
+// out = reduce over all ranks' sources.
+struct ReduceSources {
+  template <class T, class R>
+  static DFCCL_DEV void Combine(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
+    BlockReduce<T, R>(d.out + off, src, d.nranks, len, d.vec);
+  }
+  template <class T, class R>
+  static DFCCL_DEV void CombineUnit(const TaskDesc& d, const uint2* v, int64_t off) {
+    *reinterpret_cast<uint2*>(d.out + off) = ReduceUnit<T, R>(v, d.nranks);
+  }
+};
+
+// out[r] = source of rank r.
+struct PlaceSources {
+  template <class T, class R>
+  static DFCCL_DEV void Combine(const TaskDesc& d, const char* const* src, int64_t off, int64_t len) {
+    for (int r = 0; r < d.nranks; ++r) BlockCopy(d.out + r * d.msg_bytes + off, src[r], len, d.vec, d.elem_bytes);
+  }
+  template <class T, class R>
+  static DFCCL_DEV void CombineUnit(const TaskDesc& d, const uint2* v, int64_t off) {
+    for (int r = 0; r < d.nranks; ++r) *reinterpret_cast<uint2*>(d.out + r * d.msg_bytes + off) = v[r];
+  }
+};
 
 }  // namespace dfccl::gpu
