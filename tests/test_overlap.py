@@ -26,8 +26,7 @@ OPS = {  # name -> (op, x spec, w spec, out spec, jax.lax reference (per shard))
 }
 # Relative (to max |ref|) error bounds; f32 references, f32 accumulation in ours.
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2, jnp.float16: 3e-3}
-BACKENDS = ["lax", pytest.param("dfccl", marks=pytest.mark.skipif(
-    ov._dfccl_module(require_runtime=True) is None, reason="jax_dfccl runtime not built"))]
+BACKENDS = ["lax", "dfccl"]
 
 
 def _need(n):
@@ -349,8 +348,6 @@ def test_gpu_bf16(kind, backend):
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   if len(gpus) < 2:
     pytest.skip("needs 2 GPUs")
-  if backend == "dfccl" and ov._dfccl_module(require_runtime=True) is None:
-    pytest.skip("jax_dfccl CUDA runtime not built")
   mesh = jax.make_mesh((2,), ("tp",), devices=gpus[:2])
   op, xs, ws, _, _ = OPS[kind]
   rng = np.random.default_rng(0)

@@ -47,7 +47,7 @@ that the transfer of one block overlaps the GEMM of the next:
   rank needs every other rank's last partial), here the psum of one chunk.
 
 The collectives are jax_dfccl's (order-free start/done; on CPU the dfccl CPU
-backend, on GPU the daemon-kernel runtime) when available, else jax.lax; see
+backend, on GPU the daemon-kernel runtime) by default, or jax.lax's; see
 :func:`collectives`. Differentiation (custom VJPs): the gradient of
 ``all_gather_matmul`` w.r.t. ``x`` is a ``matmul_reduce_scatter`` and that of
 ``matmul_reduce_scatter`` an ``all_gather_matmul``, each with the same overlap;
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 from typing import Any
 
 import jax
@@ -76,21 +75,20 @@ SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(j
 DEFAULT_PSUM_CHUNKS = 4
 
 # ---------------------------------------------------------------------------
-# Collectives: jax_dfccl's when importable, else jax.lax (one indirection)
+# Collectives: jax_dfccl's (default) or jax.lax's (one indirection)
 
-_backend = ["auto"]
+_backend = ["dfccl"]
 
 
 @contextlib.contextmanager
 def collectives(backend: str):
   """Selects the collectives the overlap ops are built from while tracing.
 
-  ``"dfccl"``: jax_dfccl's start/done collectives (order-free); ``"lax"``:
-  jax.lax's (XLA's async collectives, scheduled by XLA); ``"auto"`` (default):
-  dfccl when its collectives are available, else lax. Applies to functions traced
-  inside the ``with`` block (retrace to switch)."""
-  if backend not in ("auto", "dfccl", "lax"):
-    raise ValueError(f"collectives: backend must be 'auto', 'dfccl' or 'lax', got {backend!r}")
+  ``"dfccl"`` (default): jax_dfccl's start/done collectives (order-free);
+  ``"lax"``: jax.lax's (XLA's async collectives, scheduled by XLA). Applies to
+  functions traced inside the ``with`` block (retrace to switch)."""
+  if backend not in ("dfccl", "lax"):
+    raise ValueError(f"collectives: backend must be 'dfccl' or 'lax', got {backend!r}")
   old, _backend[0] = _backend[0], backend
   try:
     yield
@@ -133,32 +131,11 @@ class _DfcclComm:
     return self.mod.done(h)
 
 
-def _dfccl_module(require_runtime: bool):
-  """jax_dfccl if its start/done API is there (and, if ``require_runtime``, the
-  runtime extension of the default backend is built), else None."""
-  try:
-    import jax_dfccl  # noqa: PLC0415  (lazy: jax_dfccl imports this module)
-  except ImportError:
-    return None
-  if not all(hasattr(jax_dfccl, n) for n in ("ppermute_start", "psum_start", "done")):
-    return None
-  if require_runtime:
-    ext = "_dfccl_cuda" if jax.default_backend() == "gpu" else "_dfccl_cpu"
-    if importlib.util.find_spec(f"jax_dfccl.{ext}") is None:
-      return None
-  return jax_dfccl
-
-
 def _comm():
-  mode = _backend[0]
-  if mode == "lax":
+  if _backend[0] == "lax":
     return _LaxComm
-  mod = _dfccl_module(require_runtime=mode == "auto")
-  if mod is None:
-    if mode == "dfccl":
-      raise RuntimeError("collectives('dfccl'): jax_dfccl's start/done collectives are not available")
-    return _LaxComm
-  return _DfcclComm(mod)
+  import jax_dfccl  # noqa: PLC0415  (lazy: jax_dfccl imports this module)
+  return _DfcclComm(jax_dfccl)
 
 
 def _pin(comm, handle, *xs):
