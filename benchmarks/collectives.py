@@ -120,41 +120,16 @@ def bench_ops(sizes, ops_names, reps):
   return rows, how
 
 
-CHAOS_COLLS = 8
 
 
 def chaos_program(kind, nbytes):
   """8 collectives (psum, all_gather alternating); 'dfccl': rank-specific start
   order then all dones; 'lax': jax.lax in one consistent order."""
+  from jax_dfccl import testing as T  # noqa: PLC0415
   elems = nbytes // 2
-  if kind == "lax":
-    def body(v):
-      y = v[0]
-      acc = jnp.zeros_like(y)
-      for i in range(CHAOS_COLLS):
-        o = jax.lax.psum(y * (i + 1), "x") if i % 2 == 0 else jax.lax.all_gather(y * (i + 1), "x", tiled=True)[:elems]
-        acc = acc + o
-      return acc[None]
-    return smap(body)
-  import jax_dfccl as d
-
-  def body(v):
-    y = v[0]
-    r = jax.lax.axis_index("x")
-    rng = np.random.default_rng(1)
-    orders = [list(rng.permutation(CHAOS_COLLS)) for _ in range(N)]
-
-    def branch(order):
-      def run(y):
-        hs = {}
-        for i in order:
-          hs[i] = (d.psum_start(y * (i + 1), "x", key=f"c{i}") if i % 2 == 0
-                   else d.all_gather_start(y * (i + 1), "x", tiled=True, key=f"c{i}"))
-        outs = [d.done(hs[i]) for i in range(CHAOS_COLLS)]
-        return sum(o[:elems] for o in outs)
-      return run
-    return jax.lax.switch(r, [branch(o) for o in orders], y)[None]
-  return smap(body)
+  body = (T.alternating_reference("x", elems) if kind == "lax"
+          else T.alternating_chaos("x", N, elems, seed=1))
+  return smap(lambda v: body(v[0])[None])
 
 
 HANG_SCRIPT = textwrap.dedent("""
@@ -208,7 +183,7 @@ def main():
       t_lax = common.median_time(ref, x, reps=10)
       chaos[str(nbytes)] = {"dfccl_chaos_ms": t_ours * 1e3, "lax_consistent_ms": t_lax * 1e3,
                             "ratio": t_ours / t_lax, "matches_lax": ok}
-      print(f"chaos {nbytes} B x {CHAOS_COLLS}: dfccl (rank-specific order) {t_ours*1e3:.3f} ms, "
+      print(f"chaos {nbytes} B x 8: dfccl (rank-specific order) {t_ours*1e3:.3f} ms, "
             f"jax.lax (consistent order) {t_lax*1e3:.3f} ms, ratio {t_ours/t_lax:.2f}, results match: {ok}", flush=True)
     chaos["stats"] = {k: v for k, v in d.stats().get("cuda", {}).items() if k != "errors"}
   except Exception as e:  # noqa: BLE001

@@ -103,3 +103,30 @@ def ordered_program(mesh, axis: str, iters: int):
   """jax_dfccl blocking forms in the same order on every rank (SPMD style)."""
   return _program(mesh, axis, iters, lambda inp, colls, n: [
       dc.done(st(x, None)) for x, (_, _, st, _) in zip(inp, colls)])
+
+
+def alternating_chaos(axis: str, n: int, elems: int, seed: int = 0):
+  """A second, size-parameterised chaos workload for per-shard code: 8 collectives
+  alternating psum and tiled all_gather (of ``y * (i + 1)``, the gathers cut to
+  ``elems``), started in a random order per rank, then all done; returns their sum.
+  ``alternating_reference`` is the same in one consistent order with jax.lax."""
+  rng = np.random.default_rng(seed)
+  orders = [list(rng.permutation(NUM)) for _ in range(n)]
+
+  def branch(order):
+    def run(y):
+      hs = {}
+      for i in order:
+        hs[i] = (dc.psum_start(y * (i + 1), axis, key=f"alt{i}") if i % 2 == 0
+                 else dc.all_gather_start(y * (i + 1), axis, tiled=True, key=f"alt{i}"))
+      return sum(dc.done(hs[i])[:elems] for i in range(NUM))
+    return run
+
+  return lambda y: jax.lax.switch(jax.lax.axis_index(axis), [branch(o) for o in orders], y)
+
+
+def alternating_reference(axis: str, elems: int):
+  def body(y):
+    return sum(jax.lax.psum(y * (i + 1), axis) if i % 2 == 0
+               else jax.lax.all_gather(y * (i + 1), axis, tiled=True)[:elems] for i in range(NUM))
+  return body

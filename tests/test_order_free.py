@@ -159,3 +159,13 @@ def test_handle_never_done_is_an_error(mesh8):
   f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
   with pytest.raises(ValueError, match="forgotten.*never passed to jax_dfccl.done"):
     f(x)
+
+
+def test_alternating_chaos_workload(mesh8):
+  """The benchmark's psum/all_gather chaos workload equals its jax.lax reference."""
+  x = put(jnp.asarray(np.random.default_rng(2).integers(-9, 9, (8 * 64,)), jnp.float32), mesh8, P("x"))
+  sm = lambda body: jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"),
+                                          check_vma=False))
+  ours = sm(T.alternating_chaos("x", 8, 64, seed=3))(x)
+  ref = sm(T.alternating_reference("x", 64))(x)
+  np.testing.assert_array_equal(ours, ref)

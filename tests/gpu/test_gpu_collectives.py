@@ -89,24 +89,10 @@ def test_parity_1gib(mib):
 
 def test_chaos_order():
   """8 collectives started in rank-specific orders, 100 iterations, exact results."""
-  ncoll, elems = 8, 4096
-  rng = np.random.default_rng(0)
-  orders = [list(rng.permutation(ncoll)) for _ in range(N)]
-
-  def body(v):
-    y = v[0]
-
-    def branch(order):
-      def run(y):
-        hs = {}
-        for i in order:
-          hs[i] = (d.psum_start(y * (i + 1), "x", key=f"c{i}") if i % 2 == 0
-                   else d.all_gather_start(y * (i + 1), "x", tiled=True, key=f"c{i}"))
-        return sum(d.done(hs[i])[:elems] for i in range(ncoll))
-      return run
-    return jax.lax.switch(jax.lax.axis_index("x"), [branch(o) for o in orders], y)[None]
-
-  f = smap(body)
+  from jax_dfccl import testing as T
+  ncoll, elems = T.NUM, 4096
+  chaos = T.alternating_chaos("x", N, elems, seed=0)
+  f = smap(lambda v: chaos(v[0])[None])
   x = jnp.asarray(np.random.default_rng(1).integers(-50, 50, (N, elems)), jnp.float32)
   xs = np.asarray(x, np.float64)
   want = sum((xs.sum(0) if i % 2 == 0 else xs[0]) * (i + 1) for i in range(ncoll))
