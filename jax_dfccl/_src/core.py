@@ -190,13 +190,8 @@ done_p = core.Primitive("dfccl_done")
 _SITES = itertools.count(1)
 
 
-def _axes_n(axes):
-  env = core.get_axis_env()
-  return int(np.prod([env.axis_size(a) for a in axes]))
-
-
 def _out_aval(aval, params):
-  return OPS[params["op"]].abstract(aval, _axes_n(params["axes"]), params)
+  return OPS[params["op"]].abstract(aval, group_size(params["axes"], params["op"]), params)
 
 
 def _effects(params):
