@@ -68,7 +68,8 @@ def main():
 
   try:
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # the parent holds memory
-    p = subprocess.run([sys.executable, "-m", "jax_dfccl.demo", "--lax-chaos-child"], env=env,
+    # -P: import the installed package, not a source checkout in the working directory.
+    p = subprocess.run([sys.executable, "-P", "-m", "jax_dfccl.demo", "--lax-chaos-child"], env=env,
                        capture_output=True, text=True, timeout=LAX_TIMEOUT_S)
     line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")]
     lax_chaos = line[0].split()[1] if line else f"error (exit {p.returncode})"

@@ -175,5 +175,5 @@ def test_lax_chaos_program_hangs():
   """The same chaos program with blocking jax.lax collectives deadlocks (subprocess, killed)."""
   env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
   with pytest.raises(subprocess.TimeoutExpired):
-    subprocess.run([sys.executable, "-m", "jax_dfccl.demo", "--lax-chaos-child"], env=env,
+    subprocess.run([sys.executable, "-P", "-m", "jax_dfccl.demo", "--lax-chaos-child"], env=env,
                    capture_output=True, timeout=30)
