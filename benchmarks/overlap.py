@@ -2,7 +2,8 @@
 
 For each shape (global M x N x K, Megatron shards) it times, per op inside one
 jitted program (``ITERS`` ops unrolled, each made to wait for the previous
-with an optimization barrier; median over repetitions):
+with an optimization barrier, every result an output so that XLA keeps every
+op; median over repetitions):
 
   t_gemm        the per-rank GEMM alone
   t_comm        the jax.lax collective alone (all_gather / psum_scatter)
@@ -12,6 +13,8 @@ with an optimization barrier; median over repetitions):
                 --xla_gpu_multi_streamed_windowed_einsum=true (own process)
   ours_lax      jax_dfccl all_gather_matmul / matmul_reduce_scatter on jax.lax collectives
   ours_dfccl    the same on jax_dfccl's start/done collectives (when the runtime is built)
+  ours_fused    the fused sm90 GEMM with tile-wise signaling (_dfccl_overlap, bf16 on GPU);
+                ours_lax / ours_dfccl are traced with it turned off
   bound         max(t_gemm, bytes moved per rank / 392 GB/s)
 
   python benchmarks/overlap.py --tag h200x2            # GPU, full grid
@@ -33,7 +36,7 @@ AG_NK = [(14336, 4096), (28672, 8192), (49152, 12288)]
 RS_NK = [(4096, 14336), (8192, 28672), (12288, 49152)]
 MS = [1024, 4096, 8192]
 VARIANTS = ["t_gemm", "t_comm", "sequential", "xla_plain", "xla_windowed", "ours_lax",
-            "ours_dfccl", "bound"]
+            "ours_dfccl", "ours_fused", "bound"]
 
 
 def shapes(args):
@@ -63,6 +66,7 @@ def build(kind, M, N, K, names, it):
   from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
   from jax_dfccl._src import overlap as ov
+  from jax_dfccl._src import overlap_gpu as ovg
 
   mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2], axis_types=(AxisType.Auto,))
   bf = jnp.bfloat16
@@ -76,19 +80,21 @@ def build(kind, M, N, K, names, it):
   w = put((jax.random.normal(kw, (K, N), jnp.float32) / K ** 0.5).astype(bf), ws)
 
   def chain(body, iters):
+    # Every op's result is an output: XLA removes ops whose result is unused
+    # (an optimization barrier does not keep them), which made every variant
+    # but the side-effecting fused kernel look up to ITERS times faster.
     def f(x, w):
-      y = None
+      ys = []
       for _ in range(iters):
         y = body(x, w)
         x, y = lax.optimization_barrier((x, y))  # op i+1 starts after op i ends
-      return y
+        ys.append(y)
+      return tuple(ys)
     return f
 
-  def sm(body, in_specs, out_specs):
-    return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-
   def per_shard_loop(body, in_specs, out_specs, iters):
-    return jax.jit(sm(chain(body, iters), in_specs, out_specs))
+    return jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=in_specs,
+                                 out_specs=(out_specs,) * iters))
 
   out = {}
 
@@ -117,11 +123,21 @@ def build(kind, M, N, K, names, it):
   add("xla_windowed", lambda: (jax.jit(plain), (x, w)))
   for backend in ("lax", "dfccl"):
     def make(backend=backend):
-      with ov.collectives(backend):
+      with ov.collectives(backend), ovg.fused(False):
         f = per_shard_loop(lambda x, w: op(x, w, "tp"), (xs, ws), os_, it)
         f.lower(x, w)  # trace now, under this backend
         return f, (x, w)
     add("ours_" + backend, make)
+
+  def make_fused():
+    if not ovg.available():
+      raise RuntimeError("fused overlap module not available (needs GPU and _dfccl_overlap)")
+    with ovg.fused(True):
+      f = per_shard_loop(lambda x, w: op(x, w, "tp"), (xs, ws), os_, it)
+      if "dfccl_overlap_" not in f.lower(x, w).as_text():
+        raise RuntimeError("fused kernel not applicable to this shape")
+      return f, (x, w)
+  add("ours_fused", make_fused)
   return out
 
 
@@ -158,7 +174,8 @@ def _worker(args):
 def _row_md(s, r):
   kind, M, N, K = s
   f = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
-  ours = min([v for v in (r.get("ours_lax"), r.get("ours_dfccl")) if v] or [None])
+  ours = min([v for v in (r.get("ours_lax"), r.get("ours_dfccl"), r.get("ours_fused")) if v]
+             or [None])
   xla = min([v for v in (r.get("xla_plain"), r.get("xla_windowed")) if v] or [None])
   mx = max(r.get("t_gemm") or 0, r.get("t_comm") or 0)
   ratio = f"{ours / mx:.2f}" if ours and mx else "—"
@@ -194,6 +211,8 @@ def main():
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--cpu", action="store_true", help="2 forced CPU devices")
   p.add_argument("--no-windowed", action="store_true")
+  p.add_argument("--variants", default=None, type=lambda s: s.split(","),
+                 help="only these variants (comma-separated; default all)")
   p.add_argument("--windowed-iters", type=int, default=1,
                  help="ops per program for xla_windowed: with the windowed-einsum flags XLA "
                       "(jax 0.11.2, H200) segfaulted compiling the 3-op barrier chain, so by "
@@ -224,7 +243,8 @@ def main():
   hdr["xla_windowed_flags"] = WINDOWED_FLAGS
   hdr["xla_windowed_iters"] = args.windowed_iters
   results = {}
-  names = [v for v in VARIANTS if v not in ("xla_windowed", "bound")]
+  names = [v for v in VARIANTS if v not in ("xla_windowed", "bound")
+           and (args.variants is None or v in args.variants)]
   for s in shapes(args):
     r = measure(*s, names, args.iters, args.reps)
     kind, M, N, K = s

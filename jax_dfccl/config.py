@@ -34,6 +34,15 @@ class Config:
   trace: bool = False
   #: Trace ring-buffer capacity (events per runtime).
   trace_capacity: int = 65536
+  #: GPU (sm90, bfloat16/float16): per-shard ``all_gather_matmul`` /
+  #: ``matmul_reduce_scatter`` run the fused tile-signaling GEMM kernels of the
+  #: ``_dfccl_overlap`` extension when it is built (read at trace time; the
+  #: context manager ``jax_dfccl._src.overlap_gpu.fused`` overrides it).
+  overlap_fused: bool = True
+  #: Bound of every cross-rank wait inside the fused overlap kernels; a wait
+  #: past it records an error naming the op and ranks (raised at the next call
+  #: and by ``overlap_gpu.check()``) instead of hanging.  Read at trace time.
+  overlap_wait_timeout_s: float = 10.0
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -3,7 +3,9 @@
 Enable recording with ``jax_dfccl.configure(trace=True)``; run the program;
 then ``jax_dfccl.export_trace("trace.json")`` and open it in ui.perfetto.dev.
 Each device is a track; each collective instance a slice from its first
-``run`` to ``finish``, with instant events at ``preempt`` and ``resume``.
+``run`` to ``finish``, with instant events at ``preempt`` and ``resume``.  On
+GPU a second track per device shows when XLA's stream waited for each
+collective (from reaching its done to seeing it complete).
 """
 from __future__ import annotations
 
@@ -28,7 +30,14 @@ def to_chrome_trace(recs) -> dict:
     us = (t - t0) / 1e3
     pid, tid, name = plat, int(dev), f"{key}#{seq}"
     ident = (plat, dev, key, seq)
-    if ev in ("start",):
+    if ev == "stream_wait":  # GPU: XLA's stream blocked on the collective (its own track)
+      open_[(*ident, "stream")] = us
+    elif ev == "stream_woke":
+      b = open_.pop((*ident, "stream"), None)
+      if b is not None:
+        events.append(dict(name=f"wait {name}", ph="X", pid=pid, tid=f"{dev} XLA stream", ts=b,
+                           dur=max(us - b, 0.001), args={"seq": seq}))
+    elif ev in ("start",):
       events.append(dict(name=name, ph="i", s="t", pid=pid, tid=tid, ts=us, args={"event": ev}))
     elif ev in ("run", "resume"):
       open_[ident] = us

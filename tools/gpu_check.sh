@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
-#   tools/gpu_check.sh [smoke] [bench] [tests] [demo] [sanitize]   (default: all; a hung smoke stops the rest)
+#   tools/gpu_check.sh [smoke] [probe] [bench] [tests] [demo] [sanitize]   (default: all; a hung smoke stops the rest)
+# probe: link rates (tools/nvlink_probe.py, needs CuPy) and the small-collective latency breakdown.
 # Run from the repository root with the built extension modules in jax_dfccl/
 # (_dfccl_cuda*.so, _dfccl_cpu*.so) or with the package installed.
 # Every step runs under `timeout` (a hung persistent kernel must not hang the run);
@@ -12,7 +13,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 export TF_CPP_MIN_LOG_LEVEL=2
 OUT=${OUT:-/tmp/dfccl_out}; mkdir -p "$OUT"
 PY=${PY:-python3}
-steps=${*:-smoke bench tests demo sanitize}
+steps=${*:-smoke probe bench tests demo sanitize}
 log() { echo "=== $* ($(date +%T))"; }
 
 log "machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -24,6 +25,11 @@ for step in $steps; do
       timeout ${SMOKE_TIMEOUT:-120} $PY tests/gpu/smoke.py ${SMOKE_ARGS:---quick} > "$OUT/smoke.log" 2>&1
       rc=$?; grep -v "^W0000\|^I0000\|UserWarning\|return lax_numpy\|x = jnp.asarray" "$OUT/smoke.log" | tail -40
       echo "smoke rc=$rc"; [[ $rc != 124 ]] || { log "smoke hung: stopping"; exit 1; } ;;
+    probe)
+      log probe
+      timeout ${PROBE_TIMEOUT:-90} $PY tools/nvlink_probe.py > "$OUT/nvlink_probe.log" 2>&1; echo "nvlink probe rc=$?"
+      for b in ${PROBE_BYTES:-4096 65536 --bw}; do timeout 150 $PY tools/latency_probe.py $b >> "$OUT/latency_probe.log" 2>&1; done
+      echo "latency probe rc=$?"; grep -v "^W0000\|^I0000" "$OUT/nvlink_probe.log" "$OUT/latency_probe.log" | tail -30 ;;
     bench)
       log benchmark
       timeout ${BENCH_TIMEOUT:-360} $PY benchmarks/collectives.py --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1

@@ -46,6 +46,11 @@ that the transfer of one block overlaps the GEMM of the next:
   while the next chunk is multiplied. An all-reduce has an unavoidable tail (every
   rank needs every other rank's last partial), here the psum of one chunk.
 
+On NVIDIA GPUs with the ``_dfccl_overlap`` extension built, the per-shard
+``all_gather_matmul`` / ``matmul_reduce_scatter`` on bfloat16/float16 instead run
+one fused sm90 GEMM with tile-wise signaling each (same schedule order and numerics contract; see
+:mod:`jax_dfccl._src.overlap_gpu`); everything else uses the schedule above.
+
 The collectives are jax_dfccl's (order-free start/done; on CPU the dfccl CPU
 backend, on GPU the daemon-kernel runtime) by default, or jax.lax's; see
 :func:`collectives`. Differentiation (custom VJPs): the gradient of
@@ -201,8 +206,17 @@ def _zeros_varying(shape, dtype, *like):
 # Per-shard schedules (no AD rules here; these are what partition() lowers to)
 
 
+def _fused(kind, x, w, axis):
+  """The fused GPU kernels (overlap_gpu: tile-wise signaling sm90 GEMM) when
+  they apply to this per-shard op (GPU, bf16/f16, module built), else None."""
+  from jax_dfccl._src import overlap_gpu  # noqa: PLC0415
+  return overlap_gpu if overlap_gpu.applies(kind, x, w, _axis_size(axis)) else None
+
+
 def _ag_matmul_shard(x, w, axis, *, gather_x=False):
   """Ring AG+GEMM. Returns (all_gather(x) @ w, all_gather(x) or None)."""
+  if (fused := _fused("ag", x, w, axis)) is not None:
+    return fused.all_gather_matmul(x, w, axis, _axis_size(axis), gather_x=gather_x)
   comm, n, r = _comm(), _axis_size(axis), lax.axis_index(axis)
   m = x.shape[0]
   to_left = [(i, (i - 1) % n) for i in range(n)]
@@ -225,6 +239,8 @@ def _ag_matmul_shard(x, w, axis, *, gather_x=False):
 
 def _matmul_rs_shard(x, w, axis):
   """Ring GEMM+RS, own block last with the received partial folded in."""
+  if (fused := _fused("rs", x, w, axis)) is not None:
+    return fused.matmul_reduce_scatter(x, w, axis, _axis_size(axis))
   comm, n, r = _comm(), _axis_size(axis), lax.axis_index(axis)
   mb = x.shape[0] // n
   to_right = [(i, (i + 1) % n) for i in range(n)]

@@ -11,6 +11,11 @@ smoke.check("all_reduce", jnp.float32, 1000)
 smoke.check("all_reduce", jnp.bfloat16, 1 << 20)
 smoke.check("all_gather", jnp.bfloat16, 1 << 20)
 smoke.check("reduce_scatter", jnp.float32, 70000 * smoke.N)
+# The direct path (peers' buffers in place) for every op, and a message that is
+# not a multiple of 16 bytes (element-wise tails).
+smoke.check("all_to_all", jnp.bfloat16, 1 << 20)
+smoke.check("ppermute", jnp.float32, 1 << 18, perm=[(i, (i + 1) % smoke.N) for i in range(smoke.N)])
+smoke.check("all_reduce", jnp.float32, 1000003)
 smoke.chaos(iters=3, n_coll=4)
 smoke.chaos(iters=3, n_coll=4, label="_simple", elems=1025)
 print("CHAOS_SMALL", "FAILED" if smoke.FAIL else "PASSED", smoke.FAIL, flush=True)

@@ -19,11 +19,9 @@
 // SelfOffset(d) (own input as a source) and Combine<T, R>(d, src, off, len).
 #pragma once
 
-#include "device/wait.cuh"
+#include "device/direct.cuh"
 
 namespace dfccl::gpu {
-
-enum StepResult : int { kPreempted = 0, kDone = 1, kMoved = 2 };
 
 template <class Op, class T, class R>
 __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
@@ -195,7 +193,9 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
 template <class Op, class T, class R>
 __device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& shared_state, int lane, const DaemonParams& P) {
   LaneState s = shared_state;
-  const int r = d.pool == 0 ? LaneBodyLL<Op, T, R>(d, s, lane, P) : LaneBody<Op, T, R>(d, s, lane, P);
+  const int r = d.direct     ? LaneBodyDirect<Op, T, R>(d, s, lane, P)
+                : d.pool == 0 ? LaneBodyLL<Op, T, R>(d, s, lane, P)
+                              : LaneBody<Op, T, R>(d, s, lane, P);
   if (r & kDone) __threadfence();  // every thread's output stores, before the task can complete
   __syncthreads();
   if (threadIdx.x == 0) shared_state = s;

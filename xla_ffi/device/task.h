@@ -26,9 +26,16 @@
 //               not coherent).  Credits flow back the same way.  Flag and credit
 //               values are (epoch << 32) | count and never reset, so values of an
 //               earlier instance that used the same slot are always smaller.
+//  direct       (TaskDesc::direct, pool 1, one process): no staging; lanes read
+//               peers' inputs and write peers' outputs in place between a ready
+//               and a finished handshake per lane (protocol in device/direct.cuh;
+//               the pool's credits carry "ready", its flags "finished", and
+//               CommDev::mail the buffer addresses).
 #pragma once
 
 #include <cstdint>
+
+#include "dfccl/collective.h"
 
 #if defined(__CUDACC__)
 #define DFCCL_TASK_HD __host__ __device__ __forceinline__
@@ -48,7 +55,20 @@ inline constexpr int kNumPools = 2;         // 0: small messages (LL protocol), 
 
 DFCCL_TASK_HD uint32_t Gen(uint64_t ticket) { return static_cast<uint32_t>(ticket / kTaskRing + 1); }
 
-enum TraceEvent : uint16_t { kEvStart = 0, kEvRun = 1, kEvPreempt = 2, kEvResume = 3, kEvFinish = 4, kEvError = 5 };
+inline constexpr int64_t kDirectChunk = 64 << 10;  // direct path: bytes of the unit per chunk (lanes take turns)
+
+// The range the lanes of a direct-path task split (equal on every rank): an
+// all-reduce's segment (one per rank, 16-byte multiple), else the per-peer message.
+DFCCL_TASK_HD int64_t DirectUnitBytes(int32_t kind, int64_t msg_bytes, int32_t nranks) {
+  if (kind != static_cast<int32_t>(OpKind::kAllReduce)) return msg_bytes;
+  return ((msg_bytes + nranks - 1) / nranks + 15) / 16 * 16;
+}
+
+// kEvStreamWait/kEvStreamWoke: XLA's stream reached the done wait / saw the task done.
+enum TraceEvent : uint16_t {
+  kEvStart = 0, kEvRun = 1, kEvPreempt = 2, kEvResume = 3, kEvFinish = 4, kEvError = 5,
+  kEvStreamWait = 6, kEvStreamWoke = 7, kNumTraceEvents = 8
+};
 
 // One staging pool of a communicator: `nslots` instance slots, each holding, per
 // (source rank, lane), a ring of `depth` chunks of `chunk_bytes`.
@@ -65,6 +85,7 @@ struct CommDev {
   char* stage[kNumPools][kMaxRanks];        // [slot][src][lane][depth][chunk_bytes]
   uint64_t* flags[kNumPools][kMaxRanks];    // [slot][src][lane]: chunks arrived at r from src
   uint64_t* credits[kNumPools][kMaxRanks];  // [slot][dst][lane]: chunks dst consumed from r
+  uint64_t* mail[kMaxRanks];                // [slot][src][2]: src's (in, out) of the pool-1 instance (direct path)
 };
 
 // Host-written description of one rank's part of one collective instance.
@@ -76,7 +97,7 @@ struct alignas(16) TaskDesc {
   char* out;
   const CommDev* comm;   // this device's copy
   int64_t msg_bytes;     // bytes exchanged with each peer (E * elem_bytes)
-  int64_t lane_bytes;    // bytes of the message each lane moves
+  int64_t lane_bytes;    // bytes of the message (direct: of the unit) each lane moves
   int32_t kind, reduce, elem_bytes, nranks;
   int32_t rank, send_to, recv_from, pool;
   int32_t lanes, vec;    // lanes used; vec: 16-byte vector path allowed
@@ -84,16 +105,17 @@ struct alignas(16) TaskDesc {
   int32_t slot;          // instance slot in the pool; -1 until the host assigns one
   uint32_t epoch;        // generation of the slot's use (flag/credit high word)
   int32_t abort;         // set by the host watchdog
-  int32_t pad[2];
+  int32_t direct;        // 1: direct path (peers' buffers in place; lanes split the unit of device/direct.cuh)
+  int32_t pad;
 };
 static_assert(sizeof(TaskDesc) == 128, "TaskDesc is 8 x 16 bytes (copied as uint4 words)");
 inline constexpr int kDescWords = sizeof(TaskDesc) / 16;
 
 // Per-lane progress, kept in global memory so a preempted lane resumes where it stopped.
 struct alignas(16) LaneState {
-  int32_t c_send;    // next chunk to send
+  int32_t c_send;    // next chunk to send (direct: the handshake phase)
   int32_t p_send;    // next peer for chunk c_send
-  int32_t c_recv;    // next chunk to receive/combine
+  int32_t c_recv;    // next chunk to receive/combine (direct: steps moved)
   int32_t finished;
   int32_t sticky;    // adaptive spin budget exponent
   int32_t started;
@@ -149,6 +171,7 @@ struct DeviceShared {
   // device memory, copied out by the host on demand (no PCIe writes on the hot path).
   BlockStats stats[kMaxBlocks];
   TraceRec trace[kMaxBlocks][kTracePerBlock];
+  TraceRec stream_trace[kTaskRing][2];  // per ring entry: kEvStreamWait, kEvStreamWoke (written by the wait kernel)
 };
 
 // Kernel parameters of one daemon launch.

@@ -9,6 +9,9 @@
 
 namespace dfccl::gpu {
 
+// What one step of a lane achieved (bits): kMoved, kDone; kPreempted = neither finished nor allowed to spin on.
+enum StepResult : int { kPreempted = 0, kDone = 1, kMoved = 2 };
+
 // Thread 0 evaluates pred once; every thread of the block gets the answer.
 template <class P>
 DFCCL_DEV bool BlockPoll(P pred) {

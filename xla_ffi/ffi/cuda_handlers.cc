@@ -43,12 +43,37 @@ struct Parsed {
   std::string signature;
 };
 
+// Times one handler call into HostTimes; the gap since this thread's previous
+// call counts when it is short (the same program's per-op work, not idle time).
+class HandlerTimer {
+ public:
+  HandlerTimer(std::atomic<int64_t>& ns, std::atomic<int64_t>& count) : ns_(ns), count_(count), t0_(Clock::now()) {
+    HostTimes& h = Runtime::Get().host_times();
+    const auto gap = std::chrono::duration_cast<std::chrono::nanoseconds>(t0_ - last_exit_).count();
+    if (gap > 0 && gap < 200000) { h.gap_ns += gap; h.gaps++; }
+  }
+  ~HandlerTimer() {
+    last_exit_ = Clock::now();
+    ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(last_exit_ - t0_).count();
+    count_++;
+  }
+ private:
+  static thread_local Clock::time_point last_exit_;
+  std::atomic<int64_t>& ns_;
+  std::atomic<int64_t>& count_;
+  Clock::time_point t0_;
+};
+thread_local Clock::time_point HandlerTimer::last_exit_{};
+
 ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*x_alias*/,
                      ffi::Result<ffi::AnyBuffer> /*ticket*/, StartAttrs attrs) {
+  HostTimes& times = Runtime::Get().host_times();
+  HandlerTimer timer(times.start_ns, times.starts);
   thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
   const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
                   static_cast<int32_t>(x.element_type())};
+  const auto t_parse = Clock::now();
   auto it = cache.find(k);
   if (it == cache.end()) {
     try {
@@ -64,6 +89,7 @@ ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi
       return ffi::Error::InvalidArgument(e.what());
     }
   }
+  times.parse_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t_parse).count();
   // The ticket buffer stays unwritten: done pairs with start through the
   // per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
   std::string err = Runtime::Get().Start(ordinal, stream, it->second.spec, it->second.signature, x.untyped_data(),
@@ -74,6 +100,8 @@ ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi
 
 ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer /*x_alias*/,
                     ffi::AnyBuffer /*ticket*/, ffi::Result<ffi::AnyBuffer> out, DoneAttrs attrs) {
+  HostTimes& times = Runtime::Get().host_times();
+  HandlerTimer timer(times.done_ns, times.dones);
   std::string err = Runtime::Get().Done(ordinal, stream, attrs.site);
   if (!err.empty()) return ffi::Error::Internal(err);
   if (out->untyped_data() != out_in.untyped_data()) {  // not aliased: copy after the wait

@@ -31,14 +31,22 @@ struct Config {
   // LL protocol for pool 0 (flag-in-data lines, no fences); off: every message
   // uses pool 1's simple protocol.
   bool ll = true;  // a task uses ceil(bytes / lane_min_bytes) lanes at most
+  // Direct path for pool-1 messages (one process): lanes read and write the
+  // peers' XLA buffers in place (device/direct.cuh), no staging; off: staged
+  // chunks through pool 1's ring (the protocol that does not need peers' addresses).
+  bool direct = true;
   int large_slots = 16;       // instances in flight with larger messages
-  int large_lanes = 48;
+  int large_lanes = 64;
   int large_depth = 2;
   int64_t large_chunk = 65536;
   // Bandwidth path: while a task with a per-peer message >= large_threshold is
   // pending, the daemon runs with large_blocks worker blocks (relaunched if needed).
-  int large_blocks = 48;
+  int large_blocks = 63;
   int64_t large_threshold = 4 << 20;
+  // The done wait on XLA's stream: a stream memory wait (cuStreamWaitValue32),
+  // or for messages of at least this many bytes a one-thread polling kernel
+  // (wakes up promptly after long waits); -1: never the kernel.
+  int64_t wait_kernel_bytes = 1 << 20;
 
   void Apply(const std::map<std::string, double>& kv) {
     auto set = [&](const char* name, auto& field) {
@@ -55,13 +63,14 @@ struct Config {
     }
     set("idle_quit_us", idle_us); set("stall_quit_us", stall_us);
     // GPU-only names
-    set("blocks", blocks); set("lane_min_bytes", lane_min_bytes); set("ll", ll);
+    set("blocks", blocks); set("lane_min_bytes", lane_min_bytes); set("ll", ll); set("direct", direct);
     set("spin_cycles", spin_cycles); set("sticky_max", sticky_max);
     set("idle_us", idle_us); set("stall_us", stall_us); set("relaunch_max_us", relaunch_max_us);
     set("timeout_s", timeout_s); set("trace", trace);
     set("small_slots", small_slots); set("small_lanes", small_lanes); set("small_chunk", small_chunk);
     set("large_slots", large_slots); set("large_lanes", large_lanes); set("large_depth", large_depth);
     set("large_chunk", large_chunk); set("large_blocks", large_blocks); set("large_threshold", large_threshold);
+    set("wait_kernel_bytes", wait_kernel_bytes);
     if (large_blocks < blocks) large_blocks = blocks;
     if (large_blocks > 63) large_blocks = 63;
     if (blocks < 1) blocks = 1;

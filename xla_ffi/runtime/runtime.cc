@@ -46,7 +46,10 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
   TaskDesc& t = d.host->desc[ticket % kTaskRing];
   const PoolGeom& g = c.view.pool[inst.pool];
   const int workers = msg_bytes >= cfg_.large_threshold ? cfg_.large_blocks : cfg_.blocks;
-  const auto [lanes, lane_bytes] = LanePlan(msg_bytes, g, workers, cfg_.lane_min_bytes);
+  const bool direct = c.direct && inst.pool == 1;
+  const int64_t unit = direct ? DirectUnitBytes(static_cast<int32_t>(spec.kind), msg_bytes, spec.nranks) : msg_bytes;
+  auto [lanes, lane_bytes] = LanePlan(unit, g, workers, cfg_.lane_min_bytes);
+  if (direct) lanes = static_cast<int>(std::min<int64_t>(lanes, (unit + kDirectChunk - 1) / kDirectChunk));
   const bool aligned = (reinterpret_cast<uintptr_t>(in) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
   DFCCL_CHECK(inst.pool != 0 || aligned, "dfccl: collective '" << spec.key << "': buffers not 16-byte aligned");
   t.ticket = ticket;
@@ -71,6 +74,7 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
   t.epoch = inst.epoch;
   t.slot = inst.slot;
   t.abort = 0;
+  t.direct = direct ? 1 : 0;
 }
 
 std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
@@ -78,8 +82,16 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
   try {
     uint64_t ticket = 0;
     Device* dp = nullptr;
+    const auto t_enter = Clock::now();
     {
       std::lock_guard<std::mutex> lk(mu_);
+      const auto t_locked = Clock::now();
+      times_.lock_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t_locked - t_enter).count();
+      struct BodyTimer {
+        std::atomic<int64_t>& ns;
+        Clock::time_point t0;
+        ~BodyTimer() { ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(); }
+      } body_timer{times_.body_ns, t_locked};
       Device& d = GetDevice(ordinal);
       dp = &d;
       if (!d.error.empty()) return d.error;
@@ -101,7 +113,7 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
       inst->tasks.emplace_back(&d, ticket);
       inst->started |= 1u << spec.rank;
       const bool large = msg_bytes >= cfg_.large_threshold;
-      d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false, large};
+      d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false, large, msg_bytes, spec.key_hash, inst->seq};
       d.pending_large += large ? 1 : 0;
       d.next_ticket = ticket + 1;
       std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -115,7 +127,9 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
       EnsureRunning(d);
     }
     // Outside the lock: an enqueue on XLA's stream may block while its queue is full.
+    const auto t0 = Clock::now();
     StreamOps::Write32(stream, &dp->dev->ready[ticket % kTaskRing], Gen(ticket));
+    times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     return "";
   } catch (const std::exception& ex) {
     return ex.what();
@@ -126,6 +140,8 @@ std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
   try {
     uint64_t ticket = 0;
     Device* d = nullptr;
+    bool kernel_wait = false, trace = false;
+    TraceRec proto{};
     {
       std::lock_guard<std::mutex> lk(mu_);
       d = &GetDevice(ordinal);
@@ -134,19 +150,34 @@ std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
       if (q.empty()) return "dfccl: dfccl_done at site " + std::to_string(site) + " has no pending start";
       ticket = q.front();
       q.pop_front();
+      const TaskInfo& ti = d->info[ticket % kTaskRing];
+      trace = cfg_.trace;
+      if (trace) proto = TraceRec{0, ti.key_hash, ticket, static_cast<uint32_t>(ti.seq), 0, 0};
+      kernel_wait = trace || (cfg_.wait_kernel_bytes >= 0 && ti.msg_bytes >= cfg_.wait_kernel_bytes);
     }
-    StreamOps::WaitGeq32(stream, &d->dev->done[ticket % kTaskRing], Gen(ticket));
+    const auto t0 = Clock::now();
+    uint32_t* word = &d->dev->done[ticket % kTaskRing];
+    if (kernel_wait) {
+      const cudaError_t e =
+          LaunchStreamWait(stream, word, Gen(ticket), trace ? d->dev->stream_trace[ticket % kTaskRing] : nullptr, proto);
+      DFCCL_CHECK(e == cudaSuccess, "dfccl: done wait kernel on GPU " << ordinal << ": " << cudaGetErrorString(e));
+    } else {
+      StreamOps::WaitGeq32(stream, word, Gen(ticket));
+    }
+    times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     return "";
   } catch (const std::exception& ex) {
     return ex.what();
   }
 }
 
-bool Runtime::Running(Device& d) {
-  if (!d.launched) return false;
-  if (d.host->exiting == d.launch_id) return false;
-  return cudaEventQuery(d.ev) == cudaErrorNotReady;
-}
+// Hot path (every start): no CUDA call.  A daemon leaves only after storing
+// `exiting` (idle/stall quit, Dekker with `submitted`) or when the host asked it
+// to (resize, and then a successor is already queued).
+bool Runtime::Running(Device& d) { return d.launched && d.host->exiting != d.launch_id; }
+
+// The daemon kernel has not returned yet (for stats: it may still be on its way out).
+bool Runtime::Alive(Device& d) { return d.launched && cudaEventQuery(d.ev) == cudaErrorNotReady; }
 
 void Runtime::Launch(Device& d) {
   int saved = 0;
@@ -305,7 +336,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     relaunches += d->launches > 0 ? d->launches - 1 : 0;
     dev_bytes += sizeof(DeviceShared);
     host_bytes += sizeof(HostShared);
-    running += Running(*d) ? 1 : 0;
+    running += Alive(*d) ? 1 : 0;
   }
   for (auto& [name, c] : comms_) {
     dev_bytes += c->bytes;
@@ -337,12 +368,21 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["slots_in_use"] = slots_used;
   s["instances_waiting_for_slot"] = waiting;
   s["errors"] = static_cast<double>(errors_.size());
+  const auto per = [](int64_t ns, int64_t n) { return n > 0 ? static_cast<double>(ns) / n / 1e3 : 0.0; };
+  s["host_start_us"] = per(times_.start_ns, times_.starts);
+  s["host_done_us"] = per(times_.done_ns, times_.dones);
+  s["host_streamop_us"] = per(times_.streamop_ns, times_.starts + times_.dones);
+  s["host_gap_us"] = per(times_.gap_ns, times_.gaps);
+  s["host_start_lock_us"] = per(times_.lock_ns, times_.starts);
+  s["host_start_body_us"] = per(times_.body_ns, times_.starts);
+  s["host_start_parse_us"] = per(times_.parse_ns, times_.starts);
   if (errors) *errors = errors_;
   return s;
 }
 
 std::vector<TraceOut> Runtime::Trace() {
-  static const char* kNames[] = {"start", "run", "preempt", "resume", "finish", "error"};
+  static const char* kNames[kNumTraceEvents] = {"start",  "run",   "preempt",     "resume",
+                                                "finish", "error", "stream_wait", "stream_woke"};
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<TraceOut> out;
   for (auto& [ord, d] : devices_) {
@@ -357,8 +397,16 @@ std::vector<TraceOut> Runtime::Trace() {
         const TraceRec& r = ring[static_cast<size_t>(b) * kTracePerBlock + i % kTracePerBlock];
         auto k = key_names_.find(r.key_hash);
         out.push_back(TraceOut{ord, k != key_names_.end() ? k->second : std::to_string(r.key_hash), r.seq,
-                               r.event <= kEvError ? kNames[r.event] : "?", r.t_ns});
+                               r.event < kNumTraceEvents ? kNames[r.event] : "?", r.t_ns});
       }
+    }
+    std::vector<TraceRec> waits(static_cast<size_t>(kTaskRing) * 2);
+    CopyOut(*d, waits.data(), d->dev->stream_trace, waits.size() * sizeof(TraceRec));
+    for (const TraceRec& r : waits) {
+      if (r.t_ns == 0) continue;
+      auto k = key_names_.find(r.key_hash);
+      out.push_back(TraceOut{ord, k != key_names_.end() ? k->second : std::to_string(r.key_hash), r.seq,
+                             r.event < kNumTraceEvents ? kNames[r.event] : "?", r.t_ns});
     }
   }
   std::sort(out.begin(), out.end(), [](const TraceOut& a, const TraceOut& b) { return a.t_ns < b.t_ns; });

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -47,6 +48,7 @@ struct Instance {
 struct Comm {
   std::vector<int> ordinals;
   int n = 0;
+  bool direct = false;  // pool-1 instances take the direct path (Config::direct when created)
   CommDev view{};
   std::vector<CommDev*> dev_copy;           // per rank, on its device
   std::vector<std::pair<int, void*>> allocs;
@@ -65,6 +67,8 @@ struct TaskInfo {
   Clock::time_point t;
   bool done = true;
   bool large = false;
+  int64_t msg_bytes = 0;
+  uint64_t key_hash = 0, seq = 0;
 };
 
 struct Device {
@@ -107,6 +111,15 @@ struct TraceOut {
   uint64_t t_ns;
 };
 
+// Host time spent per collective on XLA's threads (means reported by stats()):
+// inside the start and done handlers, in their stream memory operations, and
+// between consecutive handler calls on one thread (XLA's own per-op work).
+struct HostTimes {
+  std::atomic<int64_t> start_ns{0}, done_ns{0}, streamop_ns{0}, gap_ns{0};
+  std::atomic<int64_t> lock_ns{0}, body_ns{0}, parse_ns{0};  // start: waiting for the lock, under it, spec decoding
+  std::atomic<int64_t> starts{0}, dones{0}, gaps{0};
+};
+
 class Runtime {
  public:
   static Runtime& Get();
@@ -118,6 +131,7 @@ class Runtime {
   std::string Done(int ordinal, cudaStream_t stream, int64_t site);
 
   void Configure(const std::map<std::string, double>& kv);
+  HostTimes& host_times() { return times_; }
   std::map<std::string, double> Stats(std::vector<std::string>* errors);
   std::vector<TraceOut> Trace();
   void Reset();
@@ -131,6 +145,7 @@ class Runtime {
   void FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, const Comm& c, const Instance& inst,
                 const void* in, void* out, int64_t msg_bytes);
   bool Running(Device& d);
+  bool Alive(Device& d);
   void Launch(Device& d);
   void EnsureRunning(Device& d);
   void ProxyLoop();
@@ -140,6 +155,7 @@ class Runtime {
   void Abort(Comm& c, Instance& inst, const std::string& why);
 
   std::mutex mu_;
+  HostTimes times_;
   Config cfg_;
   std::map<int, std::unique_ptr<Device>> devices_;
   std::map<std::vector<int64_t>, std::unique_ptr<Comm>> comms_;

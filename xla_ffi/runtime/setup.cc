@@ -72,6 +72,7 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
     }
   }
   c->view.nranks = n;
+  c->direct = cfg_.direct;
   const PoolGeom geoms[kNumPools] = {
       PoolGeom{cfg_.small_lanes, 1, cfg_.small_slots, 0, cfg_.small_chunk},
       PoolGeom{cfg_.large_lanes, cfg_.large_depth, cfg_.large_slots, 0, cfg_.large_chunk}};
@@ -82,18 +83,27 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
     for (int s = g.nslots - 1; s >= 0; --s) c->free_slots[p].push_back(s);
     c->epochs[p].assign(g.nslots, 0);
     const size_t cells = static_cast<size_t>(g.nslots) * n * g.lanes;
-    const size_t stage = cells * g.depth * g.chunk_bytes, flags = cells * sizeof(uint64_t);
+    // The direct path needs no staging, only flags, credits and the address mailbox.
+    const bool staged = p == 0 || !c->direct;
+    const size_t stage = staged ? cells * g.depth * g.chunk_bytes : 0, flags = cells * sizeof(uint64_t);
+    const size_t mail = p == 1 ? static_cast<size_t>(g.nslots) * n * 2 * sizeof(uint64_t) : 0;
     for (int r = 0; r < n; ++r) {
       const int ord = c->ordinals[r];
       DFCCL_CUDA(cudaSetDevice(ord));
-      void *s = nullptr, *f = nullptr, *cr = nullptr;
-      DFCCL_CUDA(cudaMalloc(&s, stage));
+      void *s = nullptr, *f = nullptr, *cr = nullptr, *m = nullptr;
+      if (stage) DFCCL_CUDA(cudaMalloc(&s, stage));
+      if (mail) {
+        DFCCL_CUDA(cudaMalloc(&m, mail));
+        c->allocs.push_back({ord, m});
+        c->view.mail[r] = static_cast<uint64_t*>(m);
+      }
       DFCCL_CUDA(cudaMalloc(&f, flags));
       DFCCL_CUDA(cudaMalloc(&cr, flags));
       DFCCL_CUDA(cudaMemsetAsync(f, 0, flags, devices_[ord]->aux));
       DFCCL_CUDA(cudaMemsetAsync(cr, 0, flags, devices_[ord]->aux));
-      c->allocs.insert(c->allocs.end(), {{ord, s}, {ord, f}, {ord, cr}});
-      c->bytes += stage + 2 * flags;
+      if (s) c->allocs.push_back({ord, s});
+      c->allocs.insert(c->allocs.end(), {{ord, f}, {ord, cr}});
+      c->bytes += stage + 2 * flags + mail;
       c->view.stage[p][r] = static_cast<char*>(s);
       c->view.flags[p][r] = static_cast<uint64_t*>(f);
       c->view.credits[p][r] = static_cast<uint64_t*>(cr);

@@ -1,9 +1,11 @@
 // PPERMUTE: out = in_{recv_from}, or zeros when no rank sends to me.  A rank
-// pushes its input to send_to only; a self-pair copies locally.
+// pushes its input to send_to only (staged, or directly into send_to's
+// output); a self-pair copies locally.
 #pragma once
 #include "device/channel.cuh"
 namespace dfccl::gpu {
 struct PermuteOp {
+  static constexpr DirectShape kDirect = DirectShape::kPermute;
   static DFCCL_DEV bool SendsTo(const TaskDesc& d, int p) { return p == d.send_to; }
   static DFCCL_DEV int64_t SendOffset(const TaskDesc&, int) { return 0; }
   static DFCCL_DEV bool RecvsFrom(const TaskDesc& d, int r) { return r == d.recv_from; }

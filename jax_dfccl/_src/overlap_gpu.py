@@ -1,0 +1,197 @@
+"""Fused GPU kernels for the per-shard overlap ops (extension ``_dfccl_overlap``).
+
+On NVIDIA GPUs (sm90) ``all_gather_matmul`` and ``matmul_reduce_scatter`` of
+:mod:`jax_dfccl._src.overlap` lower to one custom call each that runs a CUTLASS
+sm90 GEMM with tile-wise signaling (see xla_ffi/overlap/):
+
+* AG+GEMM: every rank pushes its rows into the peers' gather buffers (a small
+  side-stream kernel, NVLink stores) while the GEMM multiplies its own rows,
+  then each peer's row chunk as soon as its arrival flag is set.
+* GEMM+RS: the GEMM computes the peers' row blocks first and stores each
+  finished tile (input dtype) into its owner's receive buffer; the own block is
+  computed last and adds the received partials in its epilogue (f32).
+
+Used when: the default backend is GPU (sm90), the module imports,
+``jax_dfccl.config.overlap_fused`` (default True; ``fused(False)`` turns it off
+inside a block), dtype bfloat16/float16,
+2..8 ranks, and K, N multiples of 8 (RS: rows divisible by the ranks). Anything
+else keeps the XLA-dot + collective schedule. Nothing here imports the
+extension on CPU.  Every cross-rank wait in the kernels is bounded by
+``jax_dfccl.config.overlap_wait_timeout_s`` (a custom-call attribute, read at
+trace time).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core as jcore
+from jax._src.interpreters import batching, mlir
+
+from jax_dfccl._src import compat
+from jax_dfccl._src import core as dcore
+
+__all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_scatter", "errors",
+           "check"]
+
+FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+MAX_RANKS = 8
+
+_enabled: list = [None]  # None: jax_dfccl.config.overlap_fused
+_lock = threading.Lock()
+_mod: list = []  # [module or None] once tried
+
+
+@contextlib.contextmanager
+def fused(enabled: bool):
+  """Whether ops traced inside the block use the fused GPU kernels (when they apply)."""
+  old, _enabled[0] = _enabled[0], bool(enabled)
+  try:
+    yield
+  finally:
+    _enabled[0] = old
+
+
+def _config():
+  from jax_dfccl.config import config  # noqa: PLC0415
+  return config
+
+
+def _gpu() -> bool:
+  """Default backend GPU and every GPU an sm90 (the kernels are built for sm_90a)."""
+  try:
+    if jax.default_backend() != "gpu":
+      return False
+    return all(str(getattr(d, "compute_capability", "")) == "9.0" for d in jax.devices("gpu"))
+  except RuntimeError:
+    return False
+
+
+def module():
+  """The registered ``_dfccl_overlap`` module, or None (no GPU / not built)."""
+  with _lock:
+    if not _mod:
+      mod = None
+      if _gpu():
+        try:
+          from jax_dfccl import _dfccl_overlap as mod  # noqa: PLC0415
+        except ImportError:
+          mod = None
+        if mod is not None:
+          for name, capsule in mod.registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+      _mod.append(mod)
+    return _mod[0]
+
+
+def available() -> bool:
+  return module() is not None
+
+
+def applies(kind, x, w, nranks) -> bool:
+  """Whether the fused kernel runs this per-shard op (decided at trace time)."""
+  on = _enabled[0] if _enabled[0] is not None else _config().overlap_fused
+  if not on or jnp.dtype(x.dtype) not in FUSED_DTYPES or not 2 <= nranks <= MAX_RANKS:
+    return False
+  if x.ndim != 2 or w.ndim != 2 or x.shape[1] % 8 or w.shape[1] % 8 or 0 in x.shape + w.shape:
+    return False
+  if kind == "rs" and x.shape[0] % nranks:
+    return False
+  return available()
+
+
+def errors() -> list[str]:
+  """Timeouts recorded by the fused kernels' bounded waits (empty if none)."""
+  mod = _mod[0] if _mod else None
+  return list(mod.errors()) if mod is not None else []
+
+
+def check():
+  """Raises RuntimeError if a fused kernel timed out waiting for a peer."""
+  errs = errors()
+  if errs:
+    raise RuntimeError("; ".join(errs))
+
+
+# ---------------------------------------------------------------------------
+# Primitive: one custom call per op instance and rank.
+
+fused_p = jcore.Primitive("dfccl_overlap_fused")
+fused_p.multiple_results = True
+
+
+def _abstract(x, w, *, kind, axis, nranks, gather):
+  vma = compat.varying(x) | compat.varying(w)
+  if kind == "ag":
+    outs = [compat.with_shape_vma(x, (nranks * x.shape[0], w.shape[1]), vma)]
+    outs.append(compat.with_shape_vma(x, (nranks * x.shape[0] if gather else 0, x.shape[1]), vma))
+  else:
+    outs = [compat.with_shape_vma(x, (x.shape[0] // nranks, w.shape[1]), vma)]
+  # No jax_dfccl effect: an effect-free program keeps jax.jit's C++ fast
+  # dispatch path (any effect sends every call through Python dispatch).  The
+  # custom call is still has_side_effect (never removed or merged by XLA), and
+  # every rank runs the same program, so the per-channel call sequence matches.
+  return outs, {jcore.NamedAxisEffect(axis)}
+
+
+fused_p.def_effectful_abstract_eval(_abstract)
+
+
+def _no_impl(*args, **params):
+  raise ValueError("jax_dfccl fused overlap ops run only inside jax.shard_map under jax.jit")
+
+
+fused_p.def_impl(_no_impl)
+
+
+def _devices(mesh) -> np.ndarray:
+  """CUDA ordinal of each flat mesh position (single process)."""
+  if isinstance(mesh, jax.sharding.Mesh):
+    return np.asarray([getattr(d, "local_hardware_id", None) if getattr(d, "local_hardware_id", None)
+                       is not None else d.id for d in mesh.devices.flat], dtype=np.int64)
+  return dcore.device_ids(mesh)
+
+
+def _lowering(ctx, x, w, *, kind, axis, nranks, gather):
+  mesh = dcore._spmd_mesh(ctx, "overlap")
+  groups = dcore.group_table(mesh, (axis,))
+  if groups.shape[1] != nranks:
+    raise ValueError(f"jax_dfccl overlap: axis {axis!r} has {groups.shape[1]} devices, traced for {nranks}")
+  devs = _devices(mesh)[groups].reshape(-1).astype(np.int64)
+  xa, wa = ctx.avals_in
+  key = f"{kind}:{xa.shape[0]}x{xa.shape[1]}@{wa.shape[0]}x{wa.shape[1]}"
+  rule = jax.ffi.ffi_lowering("dfccl_overlap_" + kind, has_side_effect=True)
+  timeout_ns = int(max(_config().overlap_wait_timeout_s, 1e-3) * 1e9)
+  return rule(ctx, x, w, key=key, devices=devs, group_size=np.int32(nranks),
+              timeout_ns=np.int64(timeout_ns))
+
+
+mlir.register_lowering(fused_p, _lowering, platform="cuda")
+
+
+def _batch(args, dims, **params):
+  """vmap: one fused call per batch element (unrolled)."""
+  x, w = args
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)  # None: not mapped
+  x = batching.bdim_at_front(x, dims[0], size)
+  w = batching.bdim_at_front(w, dims[1], size)
+  outs = [fused_p.bind(x[i], w[i], **params) for i in range(size)]
+  return [jnp.stack(o) for o in zip(*outs)], [0] * len(outs[0])
+
+
+batching.primitive_batchers[fused_p] = _batch
+
+
+def all_gather_matmul(x, w, axis, nranks, *, gather_x=False):
+  """Per shard: (all_gather(x) @ w, all_gather(x) or None)."""
+  out, xg = fused_p.bind(x, w, kind="ag", axis=axis, nranks=nranks, gather=bool(gather_x))
+  return out, (xg if gather_x else None)
+
+
+def matmul_reduce_scatter(x, w, axis, nranks):
+  """Per shard: psum_scatter(x @ w, rows)."""
+  (out,) = fused_p.bind(x, w, kind="rs", axis=axis, nranks=nranks, gather=False)
+  return out

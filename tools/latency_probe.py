@@ -1,0 +1,152 @@
+"""Where the time of a small collective goes, from the daemon's trace.
+
+Runs an unrolled chain of psums of one small size with tracing on and prints,
+per device, medians (means) over the chain of:
+  between   XLA's stream from seeing collective i-1 done to reaching the done wait
+            of collective i (its other work, the ready write of i)
+  pickup    from there to the daemon running i
+  exchange  the daemon's run -> finish of i (includes waiting for the peer)
+  wake      finish of i -> XLA's stream seeing it
+and the per-op time with tracing off, and the host-side handler times.  Usage: python tools/latency_probe.py [bytes]
+`--bw`: per-op time, busbw and the daemon's exchange time (run -> finish) of
+large psum / all_gather chains under a few GPU runtime settings.
+"""
+from __future__ import annotations
+
+import statistics as st
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+import jax_dfccl as dfccl
+from jax_dfccl import trace
+
+N = len(jax.devices())
+MESH = Mesh(np.array(jax.devices()), ("x",))
+NOPS = 100
+
+
+def chain(nops):
+  def body(v):
+    y = v[0]
+    for _ in range(nops):
+      y = dfccl.psum(y, "x") * 0.5
+    return y[None]
+  return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+
+def per_op_us(f, x, reps=20):
+  jax.block_until_ready(f(x))
+  ts = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    ts.append(time.perf_counter() - t0)
+  return st.median(ts) / NOPS * 1e6
+
+
+def breakdown(recs, label=""):
+  """Per device, medians (means) over consecutive instances, from the trace."""
+  ev = {}  # (dev, key, seq) -> {event: first t}
+  last = {}
+  for _plat, dev, key, seq, name, t in recs:
+    ev.setdefault((dev, key, seq), {}).setdefault(name, t)
+    last[(dev, key)] = max(last.get((dev, key), 0), seq)
+  ev = {k: e for k, e in ev.items() if k[2] == last[(k[0], k[1])]}  # the latest run of each collective
+  parts = {"between": ("stream_woke", "stream_wait", True), "pickup": ("stream_wait", "run", False),
+           "exchange": ("run", "finish", False), "wake": ("finish", "stream_woke", False)}
+  for dev in sorted({k[0] for k in ev}):
+    inst = sorted((e for k, e in ev.items() if k[0] == dev and "start" in e), key=lambda e: e["start"])
+    out = []
+    for name, (a, b, prev) in parts.items():
+      vals = [(eb[b] - (ea if prev else eb)[a]) / 1e3 for ea, eb in zip(inst, inst[1:])
+              if a in (ea if prev else eb) and b in eb]
+      if vals:
+        out.append(f"{name} {st.median(vals):.1f} ({st.mean(vals):.1f})")
+    print(f"  {label}device {dev}: " + ", ".join(out) + f" us  [median (mean), n={len(inst)}]", flush=True)
+
+
+def bandwidth(settings):
+  from jax_dfccl._src import backend
+  rt = backend.load()["cuda"]
+  rt.configure(settings)  # before the first collective: pool geometry applies to new communicators
+  ops = {"psum": lambda y: dfccl.psum(y, "x") * 0.5,
+         "all_gather": lambda y: dfccl.all_gather(y, "x", tiled=True)[: y.shape[0]]}
+
+  def program(op, nops):
+    def body(v):
+      y = v[0]
+      for _ in range(nops):
+        y = op(y)
+      return y[None]
+    return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+  def seconds(f, x):
+    jax.block_until_ready(f(x))
+    ts = []
+    for _ in range(5):
+      t0 = time.perf_counter()
+      jax.block_until_ready(f(x))
+      ts.append(time.perf_counter() - t0)
+    return st.median(ts)
+
+  for nbytes in (16 << 20, 1024 << 20):
+    x = jnp.ones((N, nbytes // 2), jnp.bfloat16)
+    for name, op in ops.items():
+      f2, f10 = program(op, 2), program(op, 10)
+      t2, t10 = seconds(f2, x), seconds(f10, x)
+      t = (t10 - t2) / 8  # marginal cost of one more collective (program overhead cancels)
+      print(f"{settings or 'default'} {name:10s} {nbytes >> 20:5d} MiB: {t * 1e6:8.1f} us/op marginal "
+            f"({t10 / 10 * 1e6:.1f} us/op in a chain of 10)  busbw {nbytes / t / 1e9:6.1f} GB/s  "
+            f"sms_used {rt.stats()['sms_used']:.0f}", flush=True)
+      dfccl.configure(trace=True)
+      time.sleep(0.01)  # the idle daemon quits; its successor records
+      jax.block_until_ready(f10(x))
+      recs = [r for r in trace.records() if r[0] == "cuda"]
+      dfccl.configure(trace=False)
+      time.sleep(0.01)
+      breakdown(recs)
+  s = rt.stats()
+  print({k: round(v, 2) for k, v in s.items() if k.startswith("host_")}, flush=True)
+
+
+def main():
+  if "--bw" in sys.argv:  # --bw [name=value,...]: GPU runtime settings
+    i = sys.argv.index("--bw")
+    kv = sys.argv[i + 1] if len(sys.argv) > i + 1 else ""
+    bandwidth({k: float(v) for k, v in (p.split("=") for p in kv.split(",") if p)})
+    return
+  nbytes = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+  x = jnp.ones((N, nbytes // 2), jnp.bfloat16)
+  f = chain(NOPS)
+  from jax_dfccl._src import backend
+  rt = backend.load()["cuda"]
+  rt.configure({"wait_kernel_bytes": 0})
+  print(f"psum {nbytes} B: {per_op_us(f, x):.1f} us/op (trace off, done wait by kernel)", flush=True)
+  rt.configure({"wait_kernel_bytes": 1 << 20})
+  print(f"psum {nbytes} B: {per_op_us(f, x):.1f} us/op (trace off)", flush=True)
+  # Host dispatch rate: time to enqueue the program without waiting for it.
+  jax.block_until_ready(f(x))
+  t0 = time.perf_counter()
+  out = f(x)
+  t_call = time.perf_counter() - t0
+  jax.block_until_ready(out)
+  t_all = time.perf_counter() - t0
+  print(f"call returns after {t_call * 1e6:.0f} us, result after {t_all * 1e6:.0f} us", flush=True)
+  dfccl.configure(trace=True)
+  time.sleep(0.01)  # the idle daemon quits; its successor records
+  try:
+    jax.block_until_ready(f(x))
+    recs = [r for r in trace.records() if r[0] == "cuda"]
+  finally:
+    dfccl.configure(trace=False)
+  breakdown(recs)
+  s = backend.load()["cuda"].stats()
+  print({k: round(v, 2) for k, v in s.items() if k.startswith("host_")}, flush=True)
+
+if __name__ == "__main__":
+  main()

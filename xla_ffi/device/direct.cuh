@@ -1,0 +1,273 @@
+// The direct path (one process, peer access; TaskDesc::direct): no staging and
+// no intermediate copies.  A lane reads its peers' inputs and writes their
+// outputs in place over NVLink, between two handshakes per lane:
+//
+//   ready     lane l of rank r, once r's task is ready (r's stream reached the
+//             collective: its input is complete and XLA no longer uses its
+//             output buffer): thread 0 stores r's (in, out) addresses into the
+//             mailbox of every rank p that touches r's buffers (p.mail[slot][r]),
+//             fence.sc.sys, then st.release.sys p.credits[1][slot][r][l] = E + 1.
+//   wait      lane l polls (ld.acquire.sys) its own credits[1][slot][p][l] >= E + 1
+//             for every rank p it touches, then reads p's addresses from its mailbox.
+//   move      the op's DirectShape (below) on the lane's chunks: the unit is cut
+//             into kDirectChunk pieces dealt round-robin to the lanes (chunk c to
+//             lane c % lanes), so at any time every lane works in the same few
+//             pages of each buffer (contiguous per-lane ranges spread the NVLink
+//             stores over as many pages as lanes and ran at a third of the rate);
+//             kDirectStep bytes per scheduling turn (other tasks run between).
+//   finished  every thread fence.sc.sys (its remote stores and loads are complete),
+//             __syncthreads, thread 0 st.release.sys p.flags[1][slot][r][l] = E + 1 to
+//             every rank p it touched; the lane is done once the flags of every rank
+//             that touches r's buffers arrived: then no peer reads r's input or
+//             writes r's output again, and the task may complete (done on r's stream).
+//
+// Lane l of every rank covers the same chunks of the op's unit (DirectUnitBytes;
+// the lane plan depends only on values equal across ranks), so waiting for lane
+// l's flags on every lane covers every peer access.  Both waits are polls under
+// the Spinner budget: a lane whose peers are late is preempted like any other.
+#pragma once
+
+#include <type_traits>
+
+#include "device/wait.cuh"
+
+namespace dfccl::gpu {
+
+inline constexpr int64_t kDirectStep = 1 << 20;  // bytes a lane moves per scheduling turn
+
+// What a collective does with its lane range on the direct path (each trait's kDirect).
+enum class DirectShape : int {
+  kReduceSegment,  // all-reduce: rank r reduces segment r of every input into segment r of every output
+  kReduceBlock,    // reduce-scatter: rank r reduces block r of every input into its output
+  kPlaceWhole,     // all-gather: rank r writes its input into block r of every output
+  kPlaceBlock,     // all-to-all: rank r writes block p of its input into block r of p's output
+  kPermute,        // ppermute: rank r writes its input into send_to's output
+};
+
+namespace direct {
+
+constexpr int U = 4;  // 16-byte vectors in flight per thread and source
+
+DFCCL_DEV bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// dst[k][0:len) = R-reduction over src[0..nsrc)[0:len), for k < ndst; by the whole block.
+template <class T, class R>
+DFCCL_DEV void Reduce(char* const* dst, int ndst, const char* const* src, int nsrc, int64_t len) {
+  using A = typename Acc<T>::type;
+  constexpr int K = 16 / sizeof(T);
+  const R op;
+  bool vec = true;
+  for (int k = 0; k < ndst; ++k) vec = vec && Aligned(dst[k]);
+  for (int s = 0; s < nsrc; ++s) vec = vec && Aligned(src[s]);
+  const int64_t n16 = vec ? len / 16 : 0;
+  for (int64_t i0 = threadIdx.x; i0 < n16; i0 += U * kThreads) {
+    A acc[U][K];
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * kThreads < n16) v[u] = __ldcg(reinterpret_cast<const uint4*>(src[0]) + i0 + u * kThreads);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < K; ++k) acc[u][k] = Acc<T>::Load(reinterpret_cast<const T*>(&v[u])[k]);
+    for (int s = 1; s < nsrc; ++s) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i0 + u * kThreads < n16) v[u] = __ldcg(reinterpret_cast<const uint4*>(src[s]) + i0 + u * kThreads);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int k = 0; k < K; ++k) acc[u][k] = op(acc[u][k], Acc<T>::Load(reinterpret_cast<const T*>(&v[u])[k]));
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * kThreads >= n16) continue;
+#pragma unroll
+      for (int k = 0; k < K; ++k) reinterpret_cast<T*>(&v[u])[k] = Acc<T>::Store(acc[u][k]);
+      for (int k = 0; k < ndst; ++k) reinterpret_cast<uint4*>(dst[k])[i0 + u * kThreads] = v[u];
+    }
+  }
+  // The rest element by element (a tail, or everything when a buffer is not 16-byte aligned).
+  const int64_t e0 = n16 * 16 / static_cast<int64_t>(sizeof(T)), ne = len / static_cast<int64_t>(sizeof(T));
+  for (int64_t i = e0 + threadIdx.x; i < ne; i += kThreads) {
+    A acc = Acc<T>::Load(__ldcg(reinterpret_cast<const T*>(src[0]) + i));
+    for (int s = 1; s < nsrc; ++s) acc = op(acc, Acc<T>::Load(__ldcg(reinterpret_cast<const T*>(src[s]) + i)));
+    const T r = Acc<T>::Store(acc);
+    for (int k = 0; k < ndst; ++k) reinterpret_cast<T*>(dst[k])[i] = r;
+  }
+}
+
+// dst[k][0:len) = src[0:len) for k < ndst (or zeros when src is null); by the whole block.
+template <class T>
+DFCCL_DEV void Copy(char* const* dst, int ndst, const char* src, int64_t len) {
+  bool vec = src == nullptr || Aligned(src);
+  for (int k = 0; k < ndst; ++k) vec = vec && Aligned(dst[k]);
+  const int64_t n16 = vec ? len / 16 : 0;
+  for (int64_t i0 = threadIdx.x; i0 < n16; i0 += U * kThreads) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * kThreads < n16)
+        v[u] = src ? __ldcg(reinterpret_cast<const uint4*>(src) + i0 + u * kThreads) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * kThreads < n16)
+        for (int k = 0; k < ndst; ++k) reinterpret_cast<uint4*>(dst[k])[i0 + u * kThreads] = v[u];
+  }
+  using W = std::conditional_t<sizeof(T) == 8, unsigned long long,
+                               std::conditional_t<sizeof(T) == 4, unsigned int, unsigned short>>;
+  const int64_t e0 = n16 * 16 / static_cast<int64_t>(sizeof(W)), ne = len / static_cast<int64_t>(sizeof(W));
+  for (int64_t i = e0 + threadIdx.x; i < ne; i += kThreads) {
+    const W w = src ? __ldcg(reinterpret_cast<const W*>(src) + i) : W{0};
+    for (int k = 0; k < ndst; ++k) reinterpret_cast<W*>(dst[k])[i] = w;
+  }
+}
+
+template <class Op>
+DFCCL_DEV bool Touches(const TaskDesc& d, int p) {  // this rank accesses p's buffers
+  if (p == d.rank) return false;
+  return Op::kDirect == DirectShape::kPermute ? p == d.send_to : true;
+}
+template <class Op>
+DFCCL_DEV bool TouchedBy(const TaskDesc& d, int p) {  // p accesses this rank's buffers
+  if (p == d.rank) return false;
+  return Op::kDirect == DirectShape::kPermute ? p == d.recv_from : true;
+}
+
+// Moves [a, a + len) of this rank's share of the unit.
+template <class Op, class T, class R>
+DFCCL_DEV void Move(const TaskDesc& d, const char* const* in, char* const* out, int64_t unit, int64_t a, int64_t len) {
+  const int n = d.nranks, me = d.rank;
+  const int64_t msg = d.msg_bytes;
+  const char* src[kMaxRanks];
+  char* dst[kMaxRanks];
+  switch (Op::kDirect) {
+    case DirectShape::kReduceSegment:
+      for (int r = 0; r < n; ++r) { src[r] = in[r] + me * unit + a; dst[r] = out[r] + me * unit + a; }
+      Reduce<T, R>(dst, n, src, n, len);
+      break;
+    case DirectShape::kReduceBlock:
+      for (int r = 0; r < n; ++r) src[r] = in[r] + me * msg + a;
+      dst[0] = out[me] + a;
+      Reduce<T, R>(dst, 1, src, n, len);
+      break;
+    case DirectShape::kPlaceWhole:
+      for (int r = 0; r < n; ++r) dst[r] = out[r] + me * msg + a;
+      Copy<T>(dst, n, in[me] + a, len);
+      break;
+    case DirectShape::kPlaceBlock:
+      for (int i = 1; i <= n; ++i) {  // peers first (from me + 1, spreading the links' load), own block last
+        const int p = (me + i) % n;
+        dst[0] = out[p] + me * msg + a;
+        Copy<T>(dst, 1, in[me] + p * msg + a, len);
+      }
+      break;
+    case DirectShape::kPermute:
+      if (d.send_to >= 0) { dst[0] = out[d.send_to] + a; Copy<T>(dst, 1, in[me] + a, len); }
+      if (d.recv_from < 0) { dst[0] = out[me] + a; Copy<T>(dst, 1, nullptr, len); }
+      break;
+  }
+}
+
+}  // namespace direct
+
+// The ranks' buffer addresses of the lane being moved (one copy per block, shared by every op).
+struct DirectAddrs {
+  const char* in[kMaxRanks];
+  char* out[kMaxRanks];
+};
+__device__ __noinline__ DirectAddrs& BlockAddrs() {
+  __shared__ DirectAddrs addrs;
+  return addrs;
+}
+
+template <class Op, class T, class R>
+__device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
+  DirectAddrs& ad = BlockAddrs();
+  const char* const* in = ad.in;
+  char* const* out = ad.out;
+  const CommDev* cm = d.comm;
+  const int n = d.nranks, me = d.rank;
+  const int lanes = cm->pool[1].lanes;
+  const uint64_t E = static_cast<uint64_t>(d.epoch) << 32;
+  const size_t row = static_cast<size_t>(d.slot) * n;
+  auto cell = [&](int src) { return (row + src) * lanes + lane; };
+  const int64_t unit = DirectUnitBytes(d.kind, d.msg_bytes, n);
+  const int64_t share = Op::kDirect == DirectShape::kReduceSegment
+                            ? max(int64_t{0}, min(unit, d.msg_bytes - me * unit)) : unit;
+  const int64_t nchunks = (share + kDirectChunk - 1) / kDirectChunk;
+  const int64_t my_chunks = nchunks > lane ? (nchunks - lane + d.lanes - 1) / d.lanes : 0;  // chunks lane, lane + lanes, ...
+  int result = 0;
+  Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
+  while (true) {
+    if (s.c_send == 0) {  // ready: my addresses, then my credit, to every rank that touches my buffers
+      if (threadIdx.x == 0) {
+        for (int p = 0; p < n; ++p) {
+          if (!direct::TouchedBy<Op>(d, p)) continue;
+          volatile uint64_t* m = cm->mail[p] + 2 * row + 2 * me;
+          m[0] = reinterpret_cast<uint64_t>(d.in);
+          m[1] = reinterpret_cast<uint64_t>(d.out);
+        }
+        __threadfence_system();
+        for (int p = 0; p < n; ++p)
+          if (direct::TouchedBy<Op>(d, p)) StReleaseSys(cm->credits[1][p] + cell(me), E + 1);
+      }
+      s.c_send = 1;
+      result = kMoved;
+    } else if (s.c_send == 1) {  // wait until every rank I touch is ready
+      const bool ok = BlockPoll([&] {
+        for (int p = 0; p < n; ++p)
+          if (direct::Touches<Op>(d, p) && LdAcquireSys(cm->credits[1][me] + cell(p)) < E + 1) return false;
+        return true;
+      });
+      if (!ok) {
+        if (!spin.KeepSpinning()) { s.sticky >>= 1; return result | kPreempted; }
+        continue;
+      }
+      s.c_send = 2;
+      s.sticky = min(s.sticky + 1, P.sticky_max);
+      result = kMoved;
+    } else if (s.c_send == 2) {  // move one step, then let other tasks run
+      if (threadIdx.x == 0) {
+        for (int p = 0; p < n; ++p) {
+          const volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
+          ad.in[p] = p == me ? d.in : direct::Touches<Op>(d, p) ? reinterpret_cast<const char*>(m[0]) : nullptr;
+          ad.out[p] = p == me ? d.out : direct::Touches<Op>(d, p) ? reinterpret_cast<char*>(m[1]) : nullptr;
+        }
+      }
+      __syncthreads();
+      const int64_t k_step = s.c_recv + kDirectStep / kDirectChunk;
+      const int64_t k_end = my_chunks < k_step ? my_chunks : k_step;
+      for (int64_t k = s.c_recv; k < k_end; ++k) {
+        const int64_t a = (lane + k * d.lanes) * kDirectChunk;
+        direct::Move<Op, T, R>(d, in, out, unit, a, min(kDirectChunk, share - a));
+      }
+      __syncthreads();  // every thread is done with in/out before thread 0 may rewrite them
+      s.c_recv = static_cast<int32_t>(k_end);
+      if (k_end >= my_chunks) s.c_send = 3;
+      return result | kMoved;
+    } else if (s.c_send == 3) {  // finished: my accesses to every rank I touched are complete
+      __threadfence_system();
+      __syncthreads();
+      if (threadIdx.x == 0)
+        for (int p = 0; p < n; ++p)
+          if (direct::Touches<Op>(d, p)) StReleaseSys(cm->flags[1][p] + cell(me), E + 1);
+      s.c_send = 4;
+      result = kMoved;
+    } else {  // wait until every rank that touches my buffers has finished
+      const bool ok = BlockPoll([&] {
+        for (int p = 0; p < n; ++p)
+          if (direct::TouchedBy<Op>(d, p) && LdAcquireSys(cm->flags[1][me] + cell(p)) < E + 1) return false;
+        return true;
+      });
+      if (!ok) {
+        if (!spin.KeepSpinning()) { s.sticky >>= 1; return result | kPreempted; }
+        continue;
+      }
+      return kDone | kMoved;
+    }
+    spin.Progress();
+  }
+}
+
+}  // namespace dfccl::gpu

@@ -1,0 +1,317 @@
+// The fused Hopper GEMM of the overlap ops: CUTLASS 3 sm90 collective mainloop
+// (TMA + WGMMA, warp-specialized cooperative: 1 producer + 2 consumer warp
+// groups) inside our own persistent kernel, which adds
+//   * a dynamic tile scheduler (atomic counter) over row blocks in the order of
+//     the overlap schedule: AG: own block, then rank+1, ...; RS: rank+1, ...,
+//     own block last.  Tiles are handed out in that global order, so a CTA only
+//     waits for peers once every earlier tile has been taken by a running CTA
+//     (no deadlock however many CTAs are resident);
+//   * AG: the producer waits for the arrival flag of a row chunk before its TMA
+//     loads (rows pushed by the peer's PushKernel);
+//   * RS: the epilogue of a peer's tile stores the bf16/f16 partial straight
+//     into that peer's receive buffer (NVLink) and raises the tile's flag; the
+//     own block's epilogue waits for the peers' flags of the tile and adds the
+//     received partials to the f32 accumulator (no communication afterwards).
+// Every row block is its own (mb x n x k) problem with its own TMA descriptor
+// for A, so row blocks need not be multiples of the tile; TMA zero-fills out of
+// bounds and the epilogue predicates its stores.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include <mutex>
+
+#include "overlap/launch.h"
+#include "overlap/sync.cuh"
+
+namespace dfccl::overlap {
+
+template <class T>
+struct GemmCfg {
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  struct Extra {  // our shared memory beside the mainloop's (carved out of the stages)
+    typename cutlass::PipelineAsync<4>::SharedStorage sched;
+    int tile_ids[4];
+    uint64_t peer_recv[kMaxRanks];
+    uint64_t peer_flags[kMaxRanks];
+    int ready_ok[kMaxRanks];
+    alignas(128) char stage[kTileM * 256];  // epilogue: half a tile (128 x 128) of T, swizzled
+  };
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, 8, T,
+      cutlass::layout::RowMajor, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(Extra)) + 128>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  using SchedPipeline = cutlass::PipelineAsync<4>;
+  using TiledMma = typename Mainloop::TiledMma;
+  static constexpr int kMmaThreads = cute::size(TiledMma{});  // 256
+  static constexpr int kThreads = kMmaThreads + 128;
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+    alignas(128) Extra extra;
+  };
+  struct Params {
+    typename Mainloop::Params ml[kMaxRanks];  // per row block (A differs)
+    GemmLaunch l;
+  };
+};
+
+__device__ __forceinline__ void ConsumerBarrier(int threads) {
+  asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory");  // id 8: unused by CUTLASS here
+}
+
+// Tile index -> (row block, m tile within the block, n tile).  Within a row
+// block, tiles go in groups of kGroupN n tiles, m tiles outer inside a group,
+// so that the ~132 resident tiles share few A and W panels (L2 reuse).
+struct TileCoord {
+  int b, mi, ni;
+};
+constexpr int kGroupN = 8;
+__device__ __forceinline__ TileCoord Decode(const GemmLaunch& l, int t, int mt, int nt) {
+  const int per = mt * nt, s = t / per, rem = t % per;
+  const int b = l.kind == kAllGatherGemm ? (l.rank + s) % l.nranks : (l.rank + 1 + s) % l.nranks;
+  const int g = rem / (mt * kGroupN), in = rem % (mt * kGroupN);
+  const int gw = min(kGroupN, nt - g * kGroupN);
+  return {b, in / gw, g * kGroupN + in % gw};
+}
+
+template <class T>
+__global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
+    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T>::Params p) {
+  using namespace cute;
+  using C = GemmCfg<T>;
+  using Mainloop = typename C::Mainloop;
+  const GemmLaunch& l = p.l;
+  extern __shared__ __align__(128) char smem_raw[];
+  auto& ss = *reinterpret_cast<typename C::SharedStorage*>(smem_raw);
+
+  const int thread_idx = threadIdx.x;
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int lane = cutlass::canonical_lane_idx();
+  const int mt = (l.mb + kTileM - 1) / kTileM, nt = (l.n + kTileN - 1) / kTileN;
+  const int per_block = mt * nt, total = l.nranks * per_block;
+  const int k_tiles = (l.k + 63) / 64;
+
+  if (warp_idx == 0 && cute::elect_one_sync())
+    for (int b = 0; b < l.nranks; ++b) Mainloop::prefetch_tma_descriptors(p.ml[b]);
+  if (thread_idx < kMaxRanks) ss.extra.ready_ok[thread_idx] = 0;
+
+  typename C::Pipeline::Params pp;
+  if (warp_group == 0 && warp_idx == 0) pp.role = C::Pipeline::ThreadCategory::Producer;
+  if (warp_group > 0) pp.role = C::Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = (thread_idx % 128) == 0;
+  pp.num_consumers = C::kMmaThreads;
+  pp.num_producers = Mainloop::NumProducerThreadEvents;
+  pp.transaction_bytes = p.ml[0].tma_transaction_bytes;
+  typename C::Pipeline pipeline(ss.pipeline, pp, typename C::ClusterShape{});
+
+  typename C::SchedPipeline::Params sp;
+  if (warp_group == 0 && warp_idx == 0) sp.role = C::SchedPipeline::ThreadCategory::Producer;
+  if (warp_group > 0) sp.role = C::SchedPipeline::ThreadCategory::Consumer;
+  sp.producer_arv_count = 1;
+  sp.consumer_arv_count = C::kMmaThreads;
+  typename C::SchedPipeline sched(ss.extra.sched, sp);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  Mainloop collective;
+  auto problem = make_shape(l.mb, l.n, l.k, 1);
+  auto load_inputs = collective.load_init(problem, p.ml[0]);  // coordinate tensors only
+  Tensor gA_mkl = get<0>(load_inputs);
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp_idx != 0) return;
+    auto state = cutlass::make_producer_start_state<typename C::Pipeline>();
+    auto sstate = cutlass::make_producer_start_state<typename C::SchedPipeline>();
+    while (true) {
+      int t = 0;
+      if (lane == 0) {  // fetch the next tile and hand it to the consumers
+        sched.producer_acquire(sstate);
+        t = static_cast<int>(atomicAdd(l.tile_counter, 1u) - l.tile_base);
+        ss.extra.tile_ids[sstate.index()] = t;
+        sched.producer_commit(sstate);
+      }
+      ++sstate;
+      t = __shfl_sync(0xffffffffu, t, 0);
+      if (t >= total) break;
+      const TileCoord tc = Decode(l, t, mt, nt);
+      if (l.kind == kAllGatherGemm && tc.b != l.rank && !l.no_comm) {
+        if (lane == 0)  // rows of chunk mi of block b pushed by rank b (release.sys)
+          WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitRows, l.rank, tc.b));
+        __syncwarp();
+        FenceProxyAsyncGlobal();
+      }
+      auto k_iter = cute::make_coord_iterator(idx2crd(0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
+      collective.load(p.ml[tc.b], pipeline, state, load_inputs, make_coord(tc.mi, tc.ni, _, 0), k_iter, k_tiles, lane,
+                      0u, ss.tensors);
+      state.advance(k_tiles);
+    }
+    collective.load_tail(pipeline, state);
+    return;
+  }
+
+  // Consumers: MMA + epilogue.
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int mma_tid = thread_idx - 128;
+  typename C::TiledMma tiled_mma;
+  typename C::PipelineState state;
+  typename C::SchedPipeline::PipelineState sstate;
+  Tensor cD = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+  Tensor tCcD = tiled_mma.get_slice(mma_tid).partition_C(cD);
+  T* out = static_cast<T*>(l.out);
+  while (true) {
+    sched.consumer_wait(sstate);
+    const int t = ss.extra.tile_ids[sstate.index()];
+    sched.consumer_release(sstate);
+    ++sstate;
+    if (t >= total) break;
+    const TileCoord tc = Decode(l, t, mt, nt);
+    auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename C::TileShape{}));
+    collective.mma(pipeline, state, acc, k_tiles, mma_tid, ss.tensors, p.ml[tc.b]);
+    collective.mma_tail(pipeline, state, k_tiles);
+    state.advance(k_tiles);
+
+    const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
+    const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
+    const int tile_idx = tc.mi * nt + tc.ni;
+    const bool rs = l.kind == kGemmReduceScatter && !l.no_comm;
+    T* dst = nullptr;
+    if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
+      if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {
+        const bool ok = WaitGeq(&l.mbox->ready[tc.b], l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
+        ss.extra.peer_recv[tc.b] = ok ? LoadMailboxPtr(&l.mbox->recv[tc.b]) : 0;
+        ss.extra.peer_flags[tc.b] = ok ? LoadMailboxPtr(&l.mbox->flags[tc.b]) : 0;
+        ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
+      }
+      ConsumerBarrier(C::kMmaThreads);
+      if (ss.extra.peer_recv[tc.b] != 0)
+        dst = reinterpret_cast<T*>(ss.extra.peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
+    } else if (rs) {  // own block: fold in the peers' partials (waited for below)
+      dst = out + tile_off;
+    } else if (l.kind == kGemmReduceScatter) {  // no_comm diagnostic: every block to the local recv buffer
+      dst = const_cast<T*>(static_cast<const T*>(l.local_recv)) + size_t(tc.b) * l.mb * l.n + tile_off;
+    } else {
+      dst = out + size_t(tc.b) * l.mb * l.n + tile_off;
+    }
+    const bool fold = rs && tc.b == l.rank;
+    // Epilogue through shared memory, in two halves of 128 columns: the
+    // accumulator (rounded to T) goes to a swizzled 128 x 128 staging tile,
+    // then every thread moves 16-byte vectors, a warp two contiguous 256-byte
+    // row pieces (local HBM or, for a peer's partial, NVLink).  The own RS
+    // block adds the peers' partials (16-byte loads) in f32 on the way.
+    // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
+    // values [64h, 64h + 64) of a thread hold columns [128h, 128h + 128).
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      ConsumerBarrier(C::kMmaThreads);  // the previous half / tile was read out
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 64 * h; i < 64 * h + 64; i += 2) {
+        const auto c0 = tCcD(i);
+        const int r = get<0>(c0), c = get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
+        const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
+        *reinterpret_cast<uint32_t*>(ss.extra.stage + r * 256 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2) = packed;
+      }
+      ConsumerBarrier(C::kMmaThreads);
+      if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
+        WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
+                ErrorCode(kWaitPartial, l.rank, mma_tid));
+      if (fold && h == 0) ConsumerBarrier(C::kMmaThreads);
+      if (dst != nullptr) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < (kTileM * 16) / C::kMmaThreads; ++j) {
+          const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
+          const int col = 128 * h + ch * 8;
+          if (r >= rows || col >= cols) continue;  // cols % 8 == 0: a chunk is all in or all out
+          uint4 v = *reinterpret_cast<const uint4*>(ss.extra.stage + r * 256 + ((ch ^ (r & 7)) << 4));
+          if (fold) {
+            float f[8];
+            const T* pv = reinterpret_cast<const T*>(&v);
+            for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
+            for (int q = 0; q < l.nranks; ++q) {
+              if (q == l.rank) continue;
+              const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
+                                                              size_t(q) * l.mb * l.n + tile_off + size_t(r) * l.n + col);
+              const T* pu = reinterpret_cast<const T*>(&u);
+              for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
+            }
+            T* pw = reinterpret_cast<T*>(&v);
+            for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
+          }
+          *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) = v;
+        }
+      }
+    }
+    if (rs && tc.b != l.rank) {
+      __threadfence_system();  // every storing thread: its remote stores before the flag
+      ConsumerBarrier(C::kMmaThreads);
+      if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0)
+        StReleaseSys(reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx, l.seq);
+    }
+  }
+}
+
+// Host: builds the per-block TMA descriptors (cached for the last operands of
+// each device: XLA reuses buffer addresses, so steady-state calls encode
+// nothing) and launches on `stream`.
+template <class T>
+cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
+  using C = GemmCfg<T>;
+  using Mainloop = typename C::Mainloop;
+  static_assert(sizeof(typename C::SharedStorage) <= 232448, "shared memory over the sm90 limit");
+  static_assert(sizeof(typename C::Params) <= 32000, "kernel parameters too large (CUDA >= 12.1 allows 32 KiB)");
+  constexpr int smem = sizeof(typename C::SharedStorage);
+  struct Cached {
+    bool attr = false;
+    const void* a[kMaxRanks] = {};
+    const void* w = nullptr;
+    int nranks = 0, mb = 0, n = 0, k = 0;
+    typename Mainloop::Params ml[kMaxRanks];
+  };
+  static std::mutex mu;
+  static Cached cache[64];  // per device ordinal
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  typename C::Params p;
+  p.l = l;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    Cached& c = cache[dev & 63];
+    if (!c.attr) {  // per device
+      e = cudaFuncSetAttribute(OverlapGemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+      c.attr = true;
+    }
+    bool hit = c.w == l.w && c.nranks == l.nranks && c.mb == l.mb && c.n == l.n && c.k == l.k;
+    for (int b = 0; hit && b < l.nranks; ++b) hit = c.a[b] == l.a[b];
+    if (!hit) {
+      for (int b = 0; b < l.nranks; ++b) {
+        typename Mainloop::Arguments args{
+            static_cast<const T*>(l.a[b]),
+            cute::make_stride(int64_t(l.k), cute::Int<1>{}, int64_t(l.mb) * l.k),
+            static_cast<const T*>(l.w),
+            cute::make_stride(cute::Int<1>{}, int64_t(l.n), int64_t(l.n) * l.k)};
+        c.ml[b] = Mainloop::to_underlying_arguments(cute::make_shape(l.mb, l.n, l.k, 1), args, nullptr);
+        c.a[b] = l.a[b];
+      }
+      c.w = l.w; c.nranks = l.nranks; c.mb = l.mb; c.n = l.n; c.k = l.k;
+    }
+    for (int b = 0; b < l.nranks; ++b) p.ml[b] = c.ml[b];
+  }
+  OverlapGemmKernel<T><<<l.grid, C::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dfccl::overlap

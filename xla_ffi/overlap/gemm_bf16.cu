@@ -1,0 +1,6 @@
+// One instantiation per element type (two TUs: they compile in parallel).
+#include "overlap/gemm.cuh"
+
+namespace dfccl::overlap {
+cudaError_t LaunchGemmBF16(const GemmLaunch& l, cudaStream_t s) { return LaunchGemm<cutlass::bfloat16_t>(l, s); }
+}  // namespace dfccl::overlap

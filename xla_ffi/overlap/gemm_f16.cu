@@ -1,0 +1,6 @@
+// One instantiation per element type (two TUs: they compile in parallel).
+#include "overlap/gemm.cuh"
+
+namespace dfccl::overlap {
+cudaError_t LaunchGemmF16(const GemmLaunch& l, cudaStream_t s) { return LaunchGemm<cutlass::half_t>(l, s); }
+}  // namespace dfccl::overlap

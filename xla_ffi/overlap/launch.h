@@ -1,0 +1,16 @@
+// Host entry points of the overlap kernels (no CUTLASS types).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "overlap/protocol.h"
+
+namespace dfccl::overlap {
+
+cudaError_t LaunchPush(const PushLaunch& a, cudaStream_t stream);
+
+// One instantiation per element type; handlers.cc holds the dispatch table.
+cudaError_t LaunchGemmBF16(const GemmLaunch& l, cudaStream_t stream);
+cudaError_t LaunchGemmF16(const GemmLaunch& l, cudaStream_t stream);
+
+}  // namespace dfccl::overlap

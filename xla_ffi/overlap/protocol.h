@@ -1,0 +1,87 @@
+// Shared host/device definitions of the fused overlap ops (GEMM+RS, AG+GEMM).
+//
+// Memory-ordering protocol (one Mailbox per channel = op key x device group;
+// every rank of the group runs its own instance of the op, numbered by `seq`,
+// which the host counts per (channel, rank) at enqueue; SPMD keeps them equal):
+//
+//  * Mailbox (host-mapped, one per channel, readable/writable by every GPU):
+//      recv[p], flags[p]  rank p's persistent receive buffer and flag array
+//                         (device memory of p), written once by p's host thread
+//                         before p enqueues anything for the channel.
+//      ready[p]           written by p's *stream* (cuStreamWriteValue32, which
+//                         orders it after all prior work of that stream) at the
+//                         start of p's instance `seq`: from then on p's previous
+//                         instance no longer reads recv[p], so peers may write it.
+//      error              first timeout code (kernel writes, host reports).
+//  * A writer waits ready[p] >= seq (ld.acquire.sys, bounded) before its first
+//    remote store into recv[p] for instance seq, stores the data, executes
+//    fence.sc.sys (__threadfence_system) in every storing thread, syncs the
+//    storing threads (bar.sync) and then one thread sets the flag word
+//    flags[p][...] = seq with st.release.sys.
+//  * A reader polls its own flag word with ld.acquire.sys until >= seq (bounded)
+//    and only then reads the data (TMA readers also issue fence.proxy.async).
+//  * Flags hold the instance number, so they never need resetting; a rank's op
+//    completes only after it consumed every flag of its instance (so no peer
+//    writes into its buffers after its completion), and the pushes it sends
+//    finish before its op completes (the side stream joins the main stream).
+//  * Every wait is bounded (globaltimer); on timeout the waiter writes `error`
+//    and proceeds (the result is then garbage); the host turns the code into
+//    an error naming the op key and ranks at the next call and in errors().
+#pragma once
+
+#include <cstdint>
+
+namespace dfccl::overlap {
+
+constexpr int kMaxRanks = 8;
+constexpr int kTileM = 128;  // GEMM tile rows == AG arrival-chunk rows
+constexpr int kTileN = 256;
+
+enum Kind : int32_t { kAllGatherGemm = 0, kGemmReduceScatter = 1 };
+
+// What a timed-out waiter was waiting for (bits 24..31 of the error code).
+enum WaitWhat : uint32_t { kWaitReady = 1, kWaitPartial = 2, kWaitRows = 3, kWaitPushReady = 4 };
+
+struct Mailbox {
+  uint32_t ready[kMaxRanks];
+  uint32_t error;  // 0 or (what << 24) | (waiter << 16) | (peer << 8) | 1
+  uint32_t pad[7];
+  uint64_t recv[kMaxRanks];
+  uint64_t flags[kMaxRanks];
+};
+
+constexpr uint32_t ErrorCode(uint32_t what, int waiter, int peer) {
+  return (what << 24) | (uint32_t(waiter) << 16) | (uint32_t(peer) << 8) | 1u;
+}
+
+// One launch of the fused GEMM (both kinds; no CUTLASS types here).
+struct GemmLaunch {
+  int32_t kind = kAllGatherGemm;
+  int32_t rank = 0, nranks = 1;
+  int32_t mb = 0, n = 0, k = 0;         // row-block rows, columns, contraction
+  const void* a[kMaxRanks] = {};        // A of row block b: row-major [mb, k]
+  const void* w = nullptr;              // row-major [k, n]
+  void* out = nullptr;                  // AG: [P*mb, n]; RS: [mb, n]
+  const void* local_recv = nullptr;     // RS: this rank's recv [P][mb][n]
+  uint32_t* local_flags = nullptr;      // this rank's flag array
+  uint32_t* tile_counter = nullptr;     // dynamic tile scheduler (never reset: every launch
+  uint32_t tile_base = 0;               // takes exactly tiles + grid values; base = its first)
+  Mailbox* mbox = nullptr;
+  uint32_t seq = 0;
+  uint64_t timeout_ns = 0;
+  int32_t grid = 0;
+  int32_t no_comm = 0;  // diagnostic: no waits, no remote stores (GEMM cost alone; results invalid)
+};
+
+// AG push: copy this rank's x rows into every peer's gather buffer.
+struct PushLaunch {
+  const void* x = nullptr;  // [m, k]
+  int32_t m = 0, row_bytes = 0, rank = 0, nranks = 1;
+  uint32_t* counters = nullptr;  // local [P-1][m tiles] piece arrival counters (zeroed once)
+  Mailbox* mbox = nullptr;
+  uint32_t seq = 0;
+  uint64_t timeout_ns = 0;
+  int32_t grid = 0;
+};
+
+}  // namespace dfccl::overlap
