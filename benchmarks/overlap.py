@@ -15,6 +15,10 @@ op; median over repetitions):
   ours_dfccl    the same on jax_dfccl's start/done collectives (when the runtime is built)
   ours_fused    the fused sm90 GEMM with tile-wise signaling (_dfccl_overlap, bf16 on GPU);
                 ours_lax / ours_dfccl are traced with it turned off
+  fused_legacy  ours_fused with overlap_copy_engine=False, overlap_cta_fence=False (the
+                first version: SM push kernel for AG rows, per-thread fences in RS)
+  fused_rsce    RS only: ours_fused with overlap_rs_copy_engine=True (partials moved by
+                the copy engine)
   bound         max(t_gemm, bytes moved per rank / 392 GB/s)
 
   python benchmarks/overlap.py --tag h200x2            # GPU, full grid
@@ -36,7 +40,7 @@ AG_NK = [(14336, 4096), (28672, 8192), (49152, 12288)]
 RS_NK = [(4096, 14336), (8192, 28672), (12288, 49152)]
 MS = [1024, 4096, 8192]
 VARIANTS = ["t_gemm", "t_comm", "sequential", "xla_plain", "xla_windowed", "ours_lax",
-            "ours_dfccl", "ours_fused", "bound"]
+            "ours_dfccl", "ours_fused", "fused_legacy", "fused_rsce", "bound"]
 
 
 def shapes(args):
@@ -129,15 +133,26 @@ def build(kind, M, N, K, names, it):
         return f, (x, w)
     add("ours_" + backend, make)
 
-  def make_fused():
+  def make_fused(**cfg):  # config entries are read at trace time
     if not ovg.available():
       raise RuntimeError("fused overlap module not available (needs GPU and _dfccl_overlap)")
-    with ovg.fused(True):
-      f = per_shard_loop(lambda x, w: op(x, w, "tp"), (xs, ws), os_, it)
-      if "dfccl_overlap_" not in f.lower(x, w).as_text():
-        raise RuntimeError("fused kernel not applicable to this shape")
-      return f, (x, w)
+    from jax_dfccl.config import config  # noqa: PLC0415
+    old = {k: getattr(config, k) for k in cfg}
+    try:
+      for k, v in cfg.items():
+        setattr(config, k, v)
+      with ovg.fused(True):
+        f = per_shard_loop(lambda x, w: op(x, w, "tp"), (xs, ws), os_, it)
+        if "dfccl_overlap_" not in f.lower(x, w).as_text():
+          raise RuntimeError("fused kernel not applicable to this shape")
+    finally:
+      for k, v in old.items():
+        setattr(config, k, v)
+    return f, (x, w)
   add("ours_fused", make_fused)
+  add("fused_legacy", lambda: make_fused(overlap_copy_engine=False, overlap_cta_fence=False))
+  if kind == "rs":
+    add("fused_rsce", lambda: make_fused(overlap_rs_copy_engine=True))
   return out
 
 

@@ -5,8 +5,19 @@ ms per op:
 
   xla_dot        XLA's dot of the per-rank GEMM shape on one GPU (honest chain)
   fused_wall     the fused op in a jitted chain of ITERS ops, wall clock
+                 (default config: AG rows by the copy engine, RS one fence per
+                 CTA; legacy_*: the same with overlap_copy_engine=False and
+                 overlap_cta_fence=False, the first version's SM push kernel and
+                 per-thread fences; rs_ce_*: RS with overlap_rs_copy_engine=True)
   fused_kernel   CUDA-event time of the fused GEMM kernel (median over calls)
-  push_kernel    AG: CUDA-event time of the push kernel (side stream)
+  push_kernel    AG: CUDA-event time of the side stream's row transfer (SM push
+                 kernel or copy engine: ready wait + copy + signal)
+  tl             fused: medians of the device timeline summaries (ms; see
+                 Summarize in xla_ffi/overlap/handlers.cc): span, mma_avg,
+                 cwait_per_cta / pwait_per_cta (time blocked on the peer per
+                 CTA), wait_max, epi_own_avg / epi_peer_avg, own_done /
+                 peer_done, first_rows, ready_wait / ready_at / copy / signal_at,
+                 rank_skew (median |first tile start of rank 0 - rank 1|)
   nocomm_wall    fused chain with the no_comm diagnostic: no waits, no remote
                  stores, no push (the kernel's GEMM alone; results invalid)
   nocomm_kernel  CUDA-event time of that GEMM kernel
@@ -71,11 +82,29 @@ def run_shape(kind, M, N, K, iters, reps):
   b = jax.device_put(jnp.ones((gk, gn), bf), d0)
   r["xla_dot"] = median_time(jax.jit(chain(lambda x, w: x @ w, iters)), a, b, reps=reps) / iters * 1e3
 
-  with og.fused(True):
-    f = jax.jit(jax.shard_map(chain(lambda x, w: op(x, w, "tp"), iters), mesh=mesh,
-                              in_specs=(xs, ws), out_specs=(os_,) * iters))
-    f.lower(x, w)
-  for mode, no_comm in (("fused", False), ("nocomm", True)):
+  from jax_dfccl.config import config
+
+  def build(**cfg):  # the transfer / fence scheme is read at trace time
+    old = {k: getattr(config, k) for k in cfg}
+    try:
+      for k, v in cfg.items():
+        setattr(config, k, v)
+      with og.fused(True):
+        f = jax.jit(jax.shard_map(chain(lambda x, w: op(x, w, "tp"), iters), mesh=mesh,
+                                  in_specs=(xs, ws), out_specs=(os_,) * iters))
+        f.lower(x, w)
+    finally:
+      for k, v in old.items():
+        setattr(config, k, v)
+    return f
+
+  fused_f = build()
+  legacy_f = build(overlap_copy_engine=False, overlap_cta_fence=False)
+  variants = [("fused", False, fused_f), ("legacy", False, legacy_f), ("nocomm", True, fused_f)]
+  if kind == "rs":
+    variants.insert(2, ("rs_ce", False, build(overlap_rs_copy_engine=True)))
+  for mode, no_comm, f in variants:
+    pre = "" if mode == "fused" else mode + "_"
     mod._set_diag(no_comm, False)
     r[mode + "_wall"] = median_time(f, x, w, reps=reps) / iters * 1e3
     mod._set_diag(no_comm, True)
@@ -88,8 +117,19 @@ def run_shape(kind, M, N, K, iters, reps):
     h = [ms for k, ms in res if k.endswith("|host") and ms >= 0]
     r[mode + "_host"] = statistics.median(h) if h else None
     if not no_comm and kind == "ag":
-      p = [ms for k, ms in res if k.endswith("|push") and ms >= 0]
-      r["push_kernel"] = statistics.median(p) if p else None
+      p = [ms for k, ms in res if (k.endswith("|push") or k.endswith("|copy")) and ms >= 0]
+      r[pre + "push_kernel"] = statistics.median(p) if p else None
+    if not no_comm:
+      tl = {}
+      for k, ms in res:
+        if "|tl_" in k:
+          tl.setdefault(k.split("|tl_", 1)[1], []).append(ms)
+      r[pre + "tl"] = tl_med = {k: round(statistics.median(v), 4) for k, v in tl.items()
+                                if not k.startswith("start_r")}
+      s0, s1 = tl.get("start_r0", []), tl.get("start_r1", [])
+      skew = [abs(a - b) for a, b in zip(s0, s1) if abs(a - b) < 500]  # same call of both ranks
+      if skew:  # |start of rank 0 - start of rank 1| (globaltimer; host-synchronized clocks)
+        tl_med["rank_skew"] = round(statistics.median(skew), 4)
   tf = 2 * gm * gn * gk / 1e9
   for k in ("xla_dot", "fused_kernel", "nocomm_kernel"):
     if r.get(k):

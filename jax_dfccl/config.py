@@ -43,6 +43,21 @@ class Config:
   #: past it records an error naming the op and ranks (raised at the next call
   #: and by ``overlap_gpu.check()``) instead of hanging.  Read at trace time.
   overlap_wait_timeout_s: float = 10.0
+  #: Fused AG+GEMM: move the rows to the peers with the copy engine
+  #: (cudaMemcpyAsync over NVLink on a side stream, gated by the peer's ready
+  #: flag; no SMs taken from the GEMM) once every rank's buffers exist; False:
+  #: always the SM push kernel (16 SMs).  Read at trace time.
+  overlap_copy_engine: bool = True
+  #: Fused GEMM+RS: signal a partial tile with one system fence per CTA after a
+  #: barrier of the storing threads (cumulative release); False: every storing
+  #: thread runs its own system fence first (the first version's scheme).
+  #: Read at trace time.
+  overlap_cta_fence: bool = True
+  #: Fused GEMM+RS on 2 ranks: the peer's partial tiles are stored locally and
+  #: moved by the copy engine once the peer block is complete (side stream,
+  #: gated by a tile counter), instead of NVLink stores from the epilogue.
+  #: Read at trace time.
+  overlap_rs_copy_engine: bool = False
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)

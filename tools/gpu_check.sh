@@ -47,7 +47,7 @@ for step in $steps; do
     sanitize)
       for tool in ${SANITIZERS:-memcheck racecheck}; do
         log "compute-sanitizer $tool"
-        timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --print-limit 20 $PY tests/gpu/chaos_small.py \
+        timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --print-limit 20 $PY tests/gpu/chaos_small.py ${SAN_ARGS:-} \
           > "$OUT/sanitizer_$tool.log" 2>&1
         echo "$tool rc=$?"; grep -v "^W0000\|^I0000" "$OUT/sanitizer_$tool.log" | tail -12
       done ;;

@@ -113,7 +113,7 @@ profiling = [
          "color = {k: plt.cm.tab10(i % 10) for i, k in enumerate(names)}\n"
          "fig, ax = plt.subplots(figsize=(12, 4))\n"
          "for e in events:\n"
-         "    if e['ph'] == 'X':\n"
+         "    if e['ph'] == 'X' and isinstance(e['tid'], int):  # the daemons' tracks (GPU adds XLA-stream tracks)\n"
          "        ax.broken_barh([(e['ts'], max(e['dur'], 0.5))], (e['tid'] - 0.4, 0.8), color=color[e['name'].split('#')[0]])\n"
          "preempts = [e for e in events if e['ph'] == 'i' and e['name'].startswith('preempt')]\n"
          "ax.plot([e['ts'] for e in preempts], [e['tid'] for e in preempts], 'k|', ms=10)\n"

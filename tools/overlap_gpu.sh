@@ -8,7 +8,8 @@
 #   2. benchmark, LLaMA TP=2 shapes (AG M in {1024,4096}, (N,K)=(14336,4096);
 #      RS M in {1024,4096}, (N,K)=(4096,14336); global sizes), fused kernel side
 #      by side with the GEMM alone, sequential GEMM + collective, XLA and the
-#      jax.lax-collective schedule                          (timeout <= 200 s)
+#      jax.lax-collective schedule, and the fused kernel under the previous
+#      scheme (fused_legacy) and with the RS copy engine (fused_rsce) (timeout <= 200 s)
 #   3. compute-sanitizer memcheck on a tiny fused-op program, if time is left
 #      (timeout <= 120 s).  If the sanitizer serializes kernels, the ranks'
 #      kernels cannot meet: expect the bounded-wait timeout message then (not a hang).
@@ -52,7 +53,7 @@ bt=$(( $(left) - 40 )); (( bt > 200 )) && bt=200
 if step bench && (( bt >= 30 )); then
   log "benchmark (timeout $bt s)"
   timeout $bt $PY benchmarks/overlap.py --m 1024,4096 --ops ag,rs --limit 4 --no-windowed \
-    --variants ${OVERLAP_VARIANTS:-t_gemm,sequential,xla_plain,ours_lax,ours_fused} --iters 5 --reps 3 \
+    --variants ${OVERLAP_VARIANTS:-t_gemm,xla_plain,ours_fused,fused_legacy,fused_rsce} --iters 5 --reps 3 \
     --tag h200x2_fused --outdir "$OUT" > "$OUT/overlap_bench.log" 2>&1
   echo "bench rc=$?"; filt < "$OUT/overlap_bench.log" | tail -30
   cat "$OUT"/overlap_*h200x2_fused*.md 2>/dev/null | tail -20

@@ -4,9 +4,10 @@ On NVIDIA GPUs (sm90) ``all_gather_matmul`` and ``matmul_reduce_scatter`` of
 :mod:`jax_dfccl._src.overlap` lower to one custom call each that runs a CUTLASS
 sm90 GEMM with tile-wise signaling (see xla_ffi/overlap/):
 
-* AG+GEMM: every rank pushes its rows into the peers' gather buffers (a small
-  side-stream kernel, NVLink stores) while the GEMM multiplies its own rows,
-  then each peer's row chunk as soon as its arrival flag is set.
+* AG+GEMM: every rank copies its rows into the peers' gather buffers (copy
+  engine on a side stream, or a small SM push kernel on the first call) while
+  the GEMM multiplies its own rows, then each peer's row chunk as soon as its
+  arrival flag is set.
 * GEMM+RS: the GEMM computes the peers' row blocks first and stores each
   finished tile (input dtype) into its owner's receive buffer; the own block is
   computed last and adds the received partials in its epilogue (f32).
@@ -18,7 +19,10 @@ inside a block), dtype bfloat16/float16,
 else keeps the XLA-dot + collective schedule. Nothing here imports the
 extension on CPU.  Every cross-rank wait in the kernels is bounded by
 ``jax_dfccl.config.overlap_wait_timeout_s`` (a custom-call attribute, read at
-trace time).
+trace time); ``overlap_copy_engine`` (AG rows moved by the copy engine instead
+of the SM push kernel), ``overlap_cta_fence`` (RS: one system fence per CTA
+and tile) and ``overlap_rs_copy_engine`` (RS partials moved by the copy engine)
+travel as the `mode` attribute.
 """
 from __future__ import annotations
 
@@ -164,9 +168,16 @@ def _lowering(ctx, x, w, *, kind, axis, nranks, gather):
   xa, wa = ctx.avals_in
   key = f"{kind}:{xa.shape[0]}x{xa.shape[1]}@{wa.shape[0]}x{wa.shape[1]}"
   rule = jax.ffi.ffi_lowering("dfccl_overlap_" + kind, has_side_effect=True)
-  timeout_ns = int(max(_config().overlap_wait_timeout_s, 1e-3) * 1e9)
+  cfg = _config()
+  timeout_ns = int(max(cfg.overlap_wait_timeout_s, 1e-3) * 1e9)
   return rule(ctx, x, w, key=key, devices=devs, group_size=np.int32(nranks),
-              timeout_ns=np.int64(timeout_ns))
+              timeout_ns=np.int64(timeout_ns), mode=np.int32(_mode(cfg)))
+
+
+def _mode(cfg) -> int:
+  """The custom call's `mode` bits (xla_ffi/overlap/protocol.h, enum Mode)."""
+  return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0)
+          | (4 if cfg.overlap_rs_copy_engine else 0))
 
 
 mlir.register_lowering(fused_p, _lowering, platform="cuda")

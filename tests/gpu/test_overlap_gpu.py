@@ -180,3 +180,52 @@ def test_vmap_per_shard():
   ref = jnp.einsum("bmk,bkn->bmn", x.astype(jnp.float32), w.astype(jnp.float32))
   _close(f(*args), ref, dtype, "vmap ag")
   og.check()
+
+
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("copy_engine,cta_fence,rs_ce", [(False, False, False), (True, True, False),
+                                                         (True, True, True)], ids=["sm-push", "ce", "rs-ce"])
+def test_modes(kind, copy_engine, cta_fence, rs_ce):
+  """The transfer / fence schemes (jax_dfccl.config, traced into `mode`)."""
+  from jax_dfccl.config import config
+  names = ("overlap_copy_engine", "overlap_cta_fence", "overlap_rs_copy_engine")
+  old = [getattr(config, k) for k in names]
+  for k, v in zip(names, (copy_engine, cta_fence, rs_ce)):
+    setattr(config, k, v)
+  try:
+    dtype = jnp.bfloat16
+    x, w = _inputs(512, 768, 384, dtype, seed=8)
+    f, args = _per_shard(kind, x, w)
+    assert f"mode = {int(copy_engine) | 2 * int(cta_fence) | 4 * int(rs_ce)}" in f.lower(*args).as_text()
+  finally:
+    for k, v in zip(names, old):
+      setattr(config, k, v)
+  ref = _ref(kind, x, w)
+  for it in range(4):  # copy engine: from the second instance on (peer buffers known)
+    _close(f(*args), ref, dtype, f"{kind} mode {copy_engine},{cta_fence} iter {it}")
+  og.check()
+
+
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+def test_profile_timeline(kind):
+  """The diagnostic timeline (profile mode) is filled and leaves results correct."""
+  dtype = jnp.bfloat16
+  x, w = _inputs(512, 1024, 256, dtype, seed=9)
+  f, args = _per_shard(kind, x, w)
+  ref = _ref(kind, x, w)
+  _close(f(*args), ref, dtype, f"{kind} warm-up")
+  mod = og.module()
+  mod._set_diag(False, True)
+  try:
+    outs = [f(*args) for _ in range(2)]
+    jax.block_until_ready(outs)
+  finally:
+    mod._set_diag(False, False)
+  res = mod._profile_results()
+  for out in outs:
+    _close(out, ref, dtype, f"{kind} profiled")
+  spans = [ms for k, ms in res if k.endswith("|tl_span")]
+  assert len(spans) == 4 and all(0 < s < 1e3 for s in spans), res  # 2 calls x 2 ranks
+  if kind == "ag":
+    assert any(k.endswith("|tl_copy") for k, _ in res), res
+  og.check()

@@ -10,7 +10,8 @@
 //   wait      lane l polls (ld.acquire.sys) its own credits[1][slot][p][l] >= E + 1
 //             for every rank p it touches, then reads p's addresses from its mailbox.
 //   move      the op's DirectShape (below) on the lane's chunks: the unit is cut
-//             into kDirectChunk pieces dealt round-robin to the lanes (chunk c to
+//             into TaskDesc::lane_bytes pieces (4 KiB .. kDirectChunk, so that every
+//             lane has one) dealt round-robin to the lanes (chunk c to
 //             lane c % lanes), so at any time every lane works in the same few
 //             pages of each buffer (contiguous per-lane ranges spread the NVLink
 //             stores over as many pages as lanes and ran at a third of the rate);
@@ -195,7 +196,8 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   const int64_t unit = DirectUnitBytes(d.kind, d.msg_bytes, n);
   const int64_t share = Op::kDirect == DirectShape::kReduceSegment
                             ? max(int64_t{0}, min(unit, d.msg_bytes - me * unit)) : unit;
-  const int64_t nchunks = (share + kDirectChunk - 1) / kDirectChunk;
+  const int64_t chunk = d.lane_bytes;  // direct: the chunk size (host: 4 KiB .. kDirectChunk)
+  const int64_t nchunks = (share + chunk - 1) / chunk;
   const int64_t my_chunks = nchunks > lane ? (nchunks - lane + d.lanes - 1) / d.lanes : 0;  // chunks lane, lane + lanes, ...
   int result = 0;
   Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
@@ -236,11 +238,11 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
         }
       }
       __syncthreads();
-      const int64_t k_step = s.c_recv + kDirectStep / kDirectChunk;
+      const int64_t k_step = s.c_recv + (kDirectStep + chunk - 1) / chunk;
       const int64_t k_end = my_chunks < k_step ? my_chunks : k_step;
       for (int64_t k = s.c_recv; k < k_end; ++k) {
-        const int64_t a = (lane + k * d.lanes) * kDirectChunk;
-        direct::Move<Op, T, R>(d, in, out, unit, a, min(kDirectChunk, share - a));
+        const int64_t a = (lane + k * d.lanes) * chunk;
+        direct::Move<Op, T, R>(d, in, out, unit, a, min(chunk, share - a));
       }
       __syncthreads();  // every thread is done with in/out before thread 0 may rewrite them
       s.c_recv = static_cast<int32_t>(k_end);

@@ -55,7 +55,7 @@ inline constexpr int kNumPools = 2;         // 0: small messages (LL protocol), 
 
 DFCCL_TASK_HD uint32_t Gen(uint64_t ticket) { return static_cast<uint32_t>(ticket / kTaskRing + 1); }
 
-inline constexpr int64_t kDirectChunk = 64 << 10;  // direct path: bytes of the unit per chunk (lanes take turns)
+inline constexpr int64_t kDirectChunk = 64 << 10;  // direct path: largest chunk of the unit (lanes take turns)
 
 // The range the lanes of a direct-path task split (equal on every rank): an
 // all-reduce's segment (one per rank, 16-byte multiple), else the per-peer message.
@@ -97,7 +97,7 @@ struct alignas(16) TaskDesc {
   char* out;
   const CommDev* comm;   // this device's copy
   int64_t msg_bytes;     // bytes exchanged with each peer (E * elem_bytes)
-  int64_t lane_bytes;    // bytes of the message (direct: of the unit) each lane moves
+  int64_t lane_bytes;    // bytes of the message each lane moves (direct: the chunk size)
   int32_t kind, reduce, elem_bytes, nranks;
   int32_t rank, send_to, recv_from, pool;
   int32_t lanes, vec;    // lanes used; vec: 16-byte vector path allowed

@@ -9,7 +9,9 @@
 //   * AG: the producer waits for the arrival flag of a row chunk before its TMA
 //     loads (rows pushed by the peer's PushKernel);
 //   * RS: the epilogue of a peer's tile stores the bf16/f16 partial straight
-//     into that peer's receive buffer (NVLink) and raises the tile's flag; the
+//     into that peer's receive buffer (NVLink) and raises the tile's flag (or,
+//     with the RS copy engine, stores it locally and counts it; the side
+//     stream moves the finished block and raises the flags); the
 //     own block's epilogue waits for the peers' flags of the tile and adds the
 //     received partials to the f32 accumulator (no communication afterwards).
 // Every row block is its own (mb x n x k) problem with its own TMA descriptor
@@ -148,8 +150,11 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
       if (t >= total) break;
       const TileCoord tc = Decode(l, t, mt, nt);
       if (l.kind == kAllGatherGemm && tc.b != l.rank && !l.no_comm) {
-        if (lane == 0)  // rows of chunk mi of block b pushed by rank b (release.sys)
+        if (lane == 0) {  // rows of chunk mi of block b pushed by rank b (release.sys)
+          if (l.tl) l.tl[size_t(t) * kTlWords + 4] = GlobalTimerNs();
           WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitRows, l.rank, tc.b));
+          if (l.tl) l.tl[size_t(t) * kTlWords + 5] = GlobalTimerNs();
+        }
         __syncwarp();
         FenceProxyAsyncGlobal();
       }
@@ -177,18 +182,23 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
     sched.consumer_release(sstate);
     ++sstate;
     if (t >= total) break;
+    uint64_t* tl = l.tl != nullptr && mma_tid == 0 ? l.tl + size_t(t) * kTlWords : nullptr;
+    if (tl) tl[0] = GlobalTimerNs();
     const TileCoord tc = Decode(l, t, mt, nt);
     auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename C::TileShape{}));
     collective.mma(pipeline, state, acc, k_tiles, mma_tid, ss.tensors, p.ml[tc.b]);
     collective.mma_tail(pipeline, state, k_tiles);
     state.advance(k_tiles);
+    if (tl) tl[1] = tl[2] = GlobalTimerNs();
 
     const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
     const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
     const int tile_idx = tc.mi * nt + tc.ni;
     const bool rs = l.kind == kGemmReduceScatter && !l.no_comm;
     T* dst = nullptr;
-    if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
+    if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
+      dst = static_cast<T*>(l.send) + tile_off;
+    } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
       if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {
         const bool ok = WaitGeq(&l.mbox->ready[tc.b], l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
         ss.extra.peer_recv[tc.b] = ok ? LoadMailboxPtr(&l.mbox->recv[tc.b]) : 0;
@@ -196,6 +206,7 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
         ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
       }
       ConsumerBarrier(C::kMmaThreads);
+      if (tl) tl[2] = GlobalTimerNs();
       if (ss.extra.peer_recv[tc.b] != 0)
         dst = reinterpret_cast<T*>(ss.extra.peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
     } else if (rs) {  // own block: fold in the peers' partials (waited for below)
@@ -227,10 +238,28 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
       if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
         WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
                 ErrorCode(kWaitPartial, l.rank, mma_tid));
-      if (fold && h == 0) ConsumerBarrier(C::kMmaThreads);
+      if (fold && h == 0) {
+        ConsumerBarrier(C::kMmaThreads);
+        if (tl) tl[2] = GlobalTimerNs();
+      }
       if (dst != nullptr) {
+        constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
+        // Fold: the first peer's partials of this half are loaded up front (all
+        // kVecs 16-byte loads in flight at once, not one per store).
+        const int q0 = l.rank == 0 ? 1 : 0;
+        uint4 pre[kVecs];
+        if (fold) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kVecs; ++j) {
+            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
+            pre[j] = make_uint4(0, 0, 0, 0);
+            if (r < rows && col < cols)
+              pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
+                                                       tile_off + size_t(r) * l.n + col);
+          }
+        }
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < (kTileM * 16) / C::kMmaThreads; ++j) {
+        for (int j = 0; j < kVecs; ++j) {
           const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
           const int col = 128 * h + ch * 8;
           if (r >= rows || col >= cols) continue;  // cols % 8 == 0: a chunk is all in or all out
@@ -241,8 +270,10 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
             for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
             for (int q = 0; q < l.nranks; ++q) {
               if (q == l.rank) continue;
-              const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
-                                                              size_t(q) * l.mb * l.n + tile_off + size_t(r) * l.n + col);
+              const uint4 u = q == q0 ? pre[j]
+                                      : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
+                                                                        size_t(q) * l.mb * l.n + tile_off +
+                                                                        size_t(r) * l.n + col);
               const T* pu = reinterpret_cast<const T*>(&u);
               for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
             }
@@ -253,11 +284,25 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
         }
       }
     }
-    if (rs && tc.b != l.rank) {
-      __threadfence_system();  // every storing thread: its remote stores before the flag
-      ConsumerBarrier(C::kMmaThreads);
-      if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0)
+    if (rs && tc.b != l.rank && l.send != nullptr) {
+      ConsumerBarrier(C::kMmaThreads);  // the tile's local stores, then one cumulative fence + count
+      if (mma_tid == 0) {
+        FenceAcqRelSys();
+        atomicAdd(l.done_counter, 1u);
+      }
+    } else if (rs && tc.b != l.rank) {
+      if (l.thread_fences) __threadfence_system();  // every storing thread: its remote stores before the flag
+      ConsumerBarrier(C::kMmaThreads);              // all stores of the tile issued (CTA-ordered before ...)
+      if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0) {
+        if (!l.thread_fences) FenceAcqRelSys();  // ... this one cumulative system fence
         StReleaseSys(reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx, l.seq);
+      }
+    }
+    if (tl) {
+      tl[3] = GlobalTimerNs();
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      tl[6] = sm;
     }
   }
 }

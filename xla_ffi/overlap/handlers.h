@@ -7,7 +7,8 @@
 // Attributes: key (op identity: kind, dtype, shapes), devices (i64, the
 // device ordinals of every group, a row of group_size per group, in rank
 // order), group_size, timeout_ns (bound of every cross-rank wait; from
-// jax_dfccl.config.overlap_wait_timeout_s).
+// jax_dfccl.config.overlap_wait_timeout_s), mode (protocol.h enum Mode: copy
+// engine for AG rows, one fence per CTA in RS, copy engine for RS partials).
 #pragma once
 
 #include <string>
@@ -25,8 +26,11 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(OverlapRsCuda);
 std::vector<std::string> Errors();
 
 // Diagnostics: no_comm (fused GEMM without waits or remote stores; results
-// invalid) and profile (CUDA-event time of every fused GEMM / push kernel,
-// collected and cleared by ProfileResults: (op key|gemm[_nocomm]|push, ms)).
+// invalid) and profile (CUDA-event time of every fused GEMM kernel and side-
+// stream transfer, plus the device timeline of every launch summarized per
+// launch; collected and cleared by ProfileResults: (op key|gemm[_nocomm] /
+// |push / |copy / |host / |tl_<what>, ms); tl_* are described at Summarize in
+// handlers.cc).
 void SetDiag(bool no_comm, bool profile);
 std::vector<std::pair<std::string, float>> ProfileResults();
 

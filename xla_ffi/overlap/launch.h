@@ -8,6 +8,10 @@
 namespace dfccl::overlap {
 
 cudaError_t LaunchPush(const PushLaunch& a, cudaStream_t stream);
+// AG copy-engine path: wait for the peer's ready (bounded), and, after the
+// copy, raise the peer's chunk flags (one small block each, side stream).
+cudaError_t LaunchReadyWait(const SideSync& s, cudaStream_t stream);
+cudaError_t LaunchSignal(const SideSync& s, cudaStream_t stream);
 
 // One instantiation per element type; handlers.cc holds the dispatch table.
 cudaError_t LaunchGemmBF16(const GemmLaunch& l, cudaStream_t stream);

@@ -14,10 +14,24 @@
 //                         instance no longer reads recv[p], so peers may write it.
 //      error              first timeout code (kernel writes, host reports).
 //  * A writer waits ready[p] >= seq (ld.acquire.sys, bounded) before its first
-//    remote store into recv[p] for instance seq, stores the data, executes
-//    fence.sc.sys (__threadfence_system) in every storing thread, syncs the
-//    storing threads (bar.sync) and then one thread sets the flag word
-//    flags[p][...] = seq with st.release.sys.
+//    remote store into recv[p] for instance seq, stores the data, syncs the
+//    storing threads (bar.sync) and then one thread executes fence.acq_rel.sys
+//    (cumulative: it orders the CTA's stores that the barrier ordered before
+//    it) and sets the flag word flags[p][...] = seq with st.release.sys.
+//    Without kModeCtaFence (config overlap_cta_fence=False) every storing
+//    thread runs fence.sc.sys (__threadfence_system) before the barrier
+//    instead (the first version's scheme; the AG SM push kernel always does).
+//  * AG with the copy engine (kModeCopyEngine, once both ranks' buffers are
+//    known to the host): on the side stream a one-thread kernel waits ready[p]
+//    (bounded), cudaMemcpyAsync copies the rows into recv[p] (copy engine over
+//    NVLink, no SMs), and a signal kernel, stream-ordered after the copy, runs
+//    fence.sc.sys and sets every chunk flag with st.release.sys.
+//  * RS with the copy engine (kModeRsCopyEngine, 2 ranks, buffers known): the
+//    peer block's tiles go to the local recv slot `rank` (unused otherwise);
+//    after each tile one thread runs fence.acq_rel.sys and increments a local
+//    done counter; the side stream waits (one-thread kernel, bounded) for the
+//    counter to reach the block's tiles and for the peer's ready, copies the
+//    block into the peer's slot `rank` and raises every tile flag (as above).
 //  * A reader polls its own flag word with ld.acquire.sys until >= seq (bounded)
 //    and only then reads the data (TMA readers also issue fence.proxy.async).
 //  * Flags hold the instance number, so they never need resetting; a rank's op
@@ -39,8 +53,20 @@ constexpr int kTileN = 256;
 
 enum Kind : int32_t { kAllGatherGemm = 0, kGemmReduceScatter = 1 };
 
+// Bits of the custom call's `mode` attribute (jax_dfccl.config).
+enum Mode : int32_t { kModeCopyEngine = 1, kModeCtaFence = 2, kModeRsCopyEngine = 4 };
+
+// Profile timeline (globaltimer ns, written only when GemmLaunch::tl is set):
+// per tile t of the launch kTlWords words at tl[t * kTlWords]: consumer got the
+// tile, MMA done, waits done (RS: ready / peers' partials), epilogue done
+// (flag raised), AG producer row-flag wait start, its end, SM id.  After the
+// tiles, per peer j = 1..P-1 (AG copy engine) kTlSide words: ready wait start,
+// ready seen, signal (copy done).
+constexpr int kTlWords = 8;
+constexpr int kTlSide = 4;
+
 // What a timed-out waiter was waiting for (bits 24..31 of the error code).
-enum WaitWhat : uint32_t { kWaitReady = 1, kWaitPartial = 2, kWaitRows = 3, kWaitPushReady = 4 };
+enum WaitWhat : uint32_t { kWaitReady = 1, kWaitPartial = 2, kWaitRows = 3, kWaitPushReady = 4, kWaitOwnTiles = 5 };
 
 struct Mailbox {
   uint32_t ready[kMaxRanks];
@@ -71,6 +97,23 @@ struct GemmLaunch {
   uint64_t timeout_ns = 0;
   int32_t grid = 0;
   int32_t no_comm = 0;  // diagnostic: no waits, no remote stores (GEMM cost alone; results invalid)
+  int32_t thread_fences = 0;  // RS: every storing thread fences (else one fence per CTA)
+  uint64_t* tl = nullptr;     // profile timeline (see kTlWords) or null
+  void* send = nullptr;               // RS copy engine: peer block's partials go here (local)
+  uint32_t* done_counter = nullptr;   // RS copy engine: +1 per finished peer tile (never reset)
+};
+
+// AG copy-engine path: side-stream helpers around cudaMemcpyAsync.
+struct SideSync {
+  Mailbox* mbox = nullptr;
+  int32_t rank = 0, peer = 0;
+  uint32_t seq = 0;
+  uint64_t timeout_ns = 0;
+  uint32_t* flags = nullptr;  // signal: the peer's flag words of our chunks
+  int32_t count = 0;          // signal: number of flag words
+  const uint32_t* counter = nullptr;  // wait also for *counter >= target (local; RS copy engine)
+  uint32_t target = 0;
+  uint64_t* tl = nullptr;     // kTlSide words or null
 };
 
 // AG push: copy this rank's x rows into every peer's gather buffer.

@@ -53,7 +53,36 @@ __global__ void __launch_bounds__(512) PushKernel(PushLaunch a) {
   }
 }
 
+// Copy-engine path (protocol.h): the copy is stream-ordered between these two.
+__global__ void ReadyWaitKernel(SideSync s) {
+  if (threadIdx.x != 0) return;
+  if (s.tl) s.tl[0] = GlobalTimerNs();
+  if (s.counter) WaitGeq(s.counter, s.target, s.mbox, s.timeout_ns, ErrorCode(kWaitOwnTiles, s.rank, s.rank));
+  WaitGeq(&s.mbox->ready[s.peer], s.seq, s.mbox, s.timeout_ns, ErrorCode(kWaitPushReady, s.rank, s.peer));
+  if (s.tl) s.tl[1] = GlobalTimerNs();
+}
+
+__global__ void SignalKernel(SideSync s) {
+  if (threadIdx.x == 0) {
+    if (s.tl) s.tl[2] = GlobalTimerNs();
+    __threadfence_system();  // the preceding copy's writes before any flag
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < s.count; i += blockDim.x) StReleaseSys(s.flags + i, s.seq);
+}
+
 }  // namespace
+
+cudaError_t LaunchReadyWait(const SideSync& s, cudaStream_t stream) {
+  ReadyWaitKernel<<<1, 32, 0, stream>>>(s);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSignal(const SideSync& s, cudaStream_t stream) {
+  if (s.count <= 0) return cudaSuccess;
+  SignalKernel<<<1, 128, 0, stream>>>(s);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchPush(const PushLaunch& a, cudaStream_t stream) {
   if (a.nranks <= 1 || a.m == 0) return cudaSuccess;

@@ -35,7 +35,8 @@ struct Config {
   // peers' XLA buffers in place (device/direct.cuh), no staging; off: staged
   // chunks through pool 1's ring (the protocol that does not need peers' addresses).
   bool direct = true;
-  int large_slots = 16;       // instances in flight with larger messages
+  int large_slots = 16;       // instances in flight with larger messages (staged: each holds staging memory)
+  int direct_slots = 256;     // ... on the direct path (flags and addresses only: a few KiB each)
   int large_lanes = 64;
   int large_depth = 2;
   int64_t large_chunk = 65536;
@@ -68,7 +69,7 @@ struct Config {
     set("idle_us", idle_us); set("stall_us", stall_us); set("relaunch_max_us", relaunch_max_us);
     set("timeout_s", timeout_s); set("trace", trace);
     set("small_slots", small_slots); set("small_lanes", small_lanes); set("small_chunk", small_chunk);
-    set("large_slots", large_slots); set("large_lanes", large_lanes); set("large_depth", large_depth);
+    set("large_slots", large_slots); set("direct_slots", direct_slots); set("large_lanes", large_lanes); set("large_depth", large_depth);
     set("large_chunk", large_chunk); set("large_blocks", large_blocks); set("large_threshold", large_threshold);
     set("wait_kernel_bytes", wait_kernel_bytes);
     if (large_blocks < blocks) large_blocks = blocks;

@@ -49,7 +49,11 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
   const bool direct = c.direct && inst.pool == 1;
   const int64_t unit = direct ? DirectUnitBytes(static_cast<int32_t>(spec.kind), msg_bytes, spec.nranks) : msg_bytes;
   auto [lanes, lane_bytes] = LanePlan(unit, g, workers, cfg_.lane_min_bytes);
-  if (direct) lanes = static_cast<int>(std::min<int64_t>(lanes, (unit + kDirectChunk - 1) / kDirectChunk));
+  if (direct) {  // lane_bytes becomes the chunk: small enough that every lane gets one, at most kDirectChunk
+    const int64_t per_lane = ((unit + lanes - 1) / lanes + 15) / 16 * 16;
+    lane_bytes = std::clamp<int64_t>(per_lane, std::min<int64_t>(4096, kDirectChunk), kDirectChunk);
+    lanes = static_cast<int>(std::min<int64_t>(lanes, (unit + lane_bytes - 1) / lane_bytes));
+  }
   const bool aligned = (reinterpret_cast<uintptr_t>(in) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
   DFCCL_CHECK(inst.pool != 0 || aligned, "dfccl: collective '" << spec.key << "': buffers not 16-byte aligned");
   t.ticket = ticket;
@@ -249,6 +253,9 @@ void Runtime::PollDevice(Device& d, Clock::time_point now) {
     d.next_relaunch = now + std::chrono::microseconds(d.backoff_us);
   }
   const auto limit = std::chrono::duration<double>(cfg_.timeout_s);
+  // Tickets are submitted in order, so the oldest pending one is the first to time out:
+  // the watchdog scan (under the lock every handler needs) runs only once it has.
+  if (now - d.info[d.oldest % kTaskRing].t <= limit) return;
   for (uint64_t t = d.oldest; t < d.next_ticket; ++t) {
     TaskInfo& ti = d.info[t % kTaskRing];
     if (!ti.done && ti.inst && !ti.inst->failed && now - ti.t > limit) {

@@ -75,7 +75,8 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
   c->direct = cfg_.direct;
   const PoolGeom geoms[kNumPools] = {
       PoolGeom{cfg_.small_lanes, 1, cfg_.small_slots, 0, cfg_.small_chunk},
-      PoolGeom{cfg_.large_lanes, cfg_.large_depth, cfg_.large_slots, 0, cfg_.large_chunk}};
+      PoolGeom{cfg_.large_lanes, cfg_.large_depth, cfg_.direct ? cfg_.direct_slots : cfg_.large_slots, 0,
+               cfg_.large_chunk}};
   for (int p = 0; p < kNumPools; ++p) {
     const PoolGeom g = geoms[p];
     c->view.pool[p] = g;
