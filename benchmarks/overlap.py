@@ -17,7 +17,7 @@ op; median over repetitions):
                 ours_lax / ours_dfccl are traced with it turned off
   fused_legacy  ours_fused with overlap_copy_engine=False, overlap_cta_fence=False (the
                 first version: SM push kernel for AG rows, per-thread fences in RS)
-  fused_rsce    RS only: ours_fused with overlap_rs_copy_engine=True (partials moved by
+  fused_rsce    RS only: ours_fused with overlap_rs_copy_engine_min_bytes=0 (partials moved by
                 the copy engine)
   bound         max(t_gemm, bytes moved per rank / 392 GB/s)
 
@@ -150,9 +150,10 @@ def build(kind, M, N, K, names, it):
         setattr(config, k, v)
     return f, (x, w)
   add("ours_fused", make_fused)
-  add("fused_legacy", lambda: make_fused(overlap_copy_engine=False, overlap_cta_fence=False))
+  add("fused_legacy", lambda: make_fused(overlap_copy_engine=False, overlap_cta_fence=False,
+                                         overlap_rs_copy_engine_min_bytes=-1))
   if kind == "rs":
-    add("fused_rsce", lambda: make_fused(overlap_rs_copy_engine=True))
+    add("fused_rsce", lambda: make_fused(overlap_rs_copy_engine_min_bytes=0))
   return out
 
 

@@ -8,7 +8,7 @@ ms per op:
                  (default config: AG rows by the copy engine, RS one fence per
                  CTA; legacy_*: the same with overlap_copy_engine=False and
                  overlap_cta_fence=False, the first version's SM push kernel and
-                 per-thread fences; rs_ce_*: RS with overlap_rs_copy_engine=True)
+                 per-thread fences; rs_ce_*: RS with overlap_rs_copy_engine_min_bytes=0)
   fused_kernel   CUDA-event time of the fused GEMM kernel (median over calls)
   push_kernel    AG: CUDA-event time of the side stream's row transfer (SM push
                  kernel or copy engine: ready wait + copy + signal)
@@ -99,10 +99,10 @@ def run_shape(kind, M, N, K, iters, reps):
     return f
 
   fused_f = build()
-  legacy_f = build(overlap_copy_engine=False, overlap_cta_fence=False)
+  legacy_f = build(overlap_copy_engine=False, overlap_cta_fence=False, overlap_rs_copy_engine_min_bytes=-1)
   variants = [("fused", False, fused_f), ("legacy", False, legacy_f), ("nocomm", True, fused_f)]
   if kind == "rs":
-    variants.insert(2, ("rs_ce", False, build(overlap_rs_copy_engine=True)))
+    variants.insert(2, ("rs_ce", False, build(overlap_rs_copy_engine_min_bytes=0)))
   for mode, no_comm, f in variants:
     pre = "" if mode == "fused" else mode + "_"
     mod._set_diag(no_comm, False)

@@ -53,11 +53,13 @@ class Config:
   #: thread runs its own system fence first (the first version's scheme).
   #: Read at trace time.
   overlap_cta_fence: bool = True
-  #: Fused GEMM+RS on 2 ranks: the peer's partial tiles are stored locally and
-  #: moved by the copy engine once the peer block is complete (side stream,
-  #: gated by a tile counter), instead of NVLink stores from the epilogue.
-  #: Read at trace time.
-  overlap_rs_copy_engine: bool = False
+  #: Fused GEMM+RS on 2 ranks: when the peer's block of partial results is at
+  #: least this many bytes, its tiles are stored locally and moved by the copy
+  #: engine once the block is complete (side stream, gated by a tile counter)
+  #: instead of NVLink stores from the epilogue; 0: always, -1: never.  On
+  #: 2xH200 the copy engine won with 16 MiB blocks (0.48 vs 0.70 ms for
+  #: 4096x4096x14336) and lost with 4 MiB blocks (0.59 vs 0.39 ms).  Read at trace time.
+  overlap_rs_copy_engine_min_bytes: int = 8 << 20
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -21,7 +21,8 @@ extension on CPU.  Every cross-rank wait in the kernels is bounded by
 ``jax_dfccl.config.overlap_wait_timeout_s`` (a custom-call attribute, read at
 trace time); ``overlap_copy_engine`` (AG rows moved by the copy engine instead
 of the SM push kernel), ``overlap_cta_fence`` (RS: one system fence per CTA
-and tile) and ``overlap_rs_copy_engine`` (RS partials moved by the copy engine)
+and tile) and ``overlap_rs_copy_engine_min_bytes`` (RS partial blocks at least
+that large moved by the copy engine)
 travel as the `mode` attribute.
 """
 from __future__ import annotations
@@ -170,14 +171,16 @@ def _lowering(ctx, x, w, *, kind, axis, nranks, gather):
   rule = jax.ffi.ffi_lowering("dfccl_overlap_" + kind, has_side_effect=True)
   cfg = _config()
   timeout_ns = int(max(cfg.overlap_wait_timeout_s, 1e-3) * 1e9)
+  block_bytes = (xa.shape[0] // nranks) * wa.shape[1] * np.dtype(xa.dtype).itemsize  # RS: one rank's rows
   return rule(ctx, x, w, key=key, devices=devs, group_size=np.int32(nranks),
-              timeout_ns=np.int64(timeout_ns), mode=np.int32(_mode(cfg)))
+              timeout_ns=np.int64(timeout_ns), mode=np.int32(_mode(cfg, kind, nranks, block_bytes)))
 
 
-def _mode(cfg) -> int:
+def _mode(cfg, kind, nranks, block_bytes) -> int:
   """The custom call's `mode` bits (xla_ffi/overlap/protocol.h, enum Mode)."""
-  return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0)
-          | (4 if cfg.overlap_rs_copy_engine else 0))
+  lim = cfg.overlap_rs_copy_engine_min_bytes
+  rs_ce = kind == "rs" and nranks == 2 and lim >= 0 and block_bytes >= lim
+  return (1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
 
 
 mlir.register_lowering(fused_p, _lowering, platform="cuda")

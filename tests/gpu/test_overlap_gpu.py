@@ -188,15 +188,16 @@ def test_vmap_per_shard():
 def test_modes(kind, copy_engine, cta_fence, rs_ce):
   """The transfer / fence schemes (jax_dfccl.config, traced into `mode`)."""
   from jax_dfccl.config import config
-  names = ("overlap_copy_engine", "overlap_cta_fence", "overlap_rs_copy_engine")
+  names = ("overlap_copy_engine", "overlap_cta_fence", "overlap_rs_copy_engine_min_bytes")
   old = [getattr(config, k) for k in names]
-  for k, v in zip(names, (copy_engine, cta_fence, rs_ce)):
+  for k, v in zip(names, (copy_engine, cta_fence, 0 if rs_ce else -1)):
     setattr(config, k, v)
   try:
     dtype = jnp.bfloat16
     x, w = _inputs(512, 768, 384, dtype, seed=8)
     f, args = _per_shard(kind, x, w)
-    assert f"mode = {int(copy_engine) | 2 * int(cta_fence) | 4 * int(rs_ce)}" in f.lower(*args).as_text()
+    rs_bit = 4 * int(rs_ce and kind == "rs")
+    assert f"mode = {int(copy_engine) | 2 * int(cta_fence) | rs_bit}" in f.lower(*args).as_text()
   finally:
     for k, v in zip(names, old):
       setattr(config, k, v)
