@@ -21,6 +21,14 @@ import jax_dfccl as dc
 NUM = 8
 
 
+def gpus() -> list:
+  """The GPU devices JAX sees ([] without a GPU backend); for skipping GPU tests."""
+  try:
+    return jax.devices("gpu")
+  except RuntimeError:
+    return []
+
+
 def collectives(axis: str, n: int):
   """[(name, local length, start(x, key) -> handle, jax.lax reference(x))]."""
   ring = [(i, (i + 1) % n) for i in range(n)]

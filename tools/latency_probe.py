@@ -13,6 +13,7 @@ large psum / all_gather chains under a few GPU runtime settings.
 """
 from __future__ import annotations
 
+import pathlib
 import statistics as st
 import sys
 import time
@@ -24,6 +25,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_dfccl as dfccl
 from jax_dfccl import trace
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import common  # noqa: E402  (benchmarks/common.py: median wall-clock time of a jitted call)
 
 N = len(jax.devices())
 MESH = Mesh(np.array(jax.devices()), ("x",))
@@ -39,14 +43,8 @@ def chain(nops):
   return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
 
 
-def per_op_us(f, x, reps=20):
-  jax.block_until_ready(f(x))
-  ts = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(x))
-    ts.append(time.perf_counter() - t0)
-  return st.median(ts) / NOPS * 1e6
+def per_op_us(f, x):
+  return common.median_time(f, x, reps=20, warmup=1) / NOPS * 1e6
 
 
 def breakdown(recs, label=""):
@@ -86,13 +84,7 @@ def bandwidth(settings):
     return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
 
   def seconds(f, x):
-    jax.block_until_ready(f(x))
-    ts = []
-    for _ in range(5):
-      t0 = time.perf_counter()
-      jax.block_until_ready(f(x))
-      ts.append(time.perf_counter() - t0)
-    return st.median(ts)
+    return common.median_time(f, x, reps=5, warmup=1)
 
   for nbytes in (16 << 20, 1024 << 20):
     x = jnp.ones((N, nbytes // 2), jnp.bfloat16)

@@ -14,19 +14,14 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 
-def _gpus():
-  try:
-    return jax.devices("gpu")
-  except RuntimeError:
-    return []
+from jax_dfccl.testing import gpus  # noqa: E402
 
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(gpus()) < 2, reason="needs >= 2 GPUs")]
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(_gpus()) < 2, reason="needs >= 2 GPUs")]
-
-if len(_gpus()) >= 2:
+if len(gpus()) >= 2:
   import jax_dfccl as d
-  N = len(_gpus())
-  MESH = Mesh(np.array(_gpus()), ("x",))
+  N = len(gpus())
+  MESH = Mesh(np.array(gpus()), ("x",))
 
 
 def smap(f):

@@ -16,19 +16,14 @@ from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 
-def _gpus():
-  try:
-    return jax.devices("gpu")
-  except RuntimeError:
-    return []
+from jax_dfccl.testing import gpus  # noqa: E402
 
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(gpus()) < 2, reason="needs >= 2 GPUs")]
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(_gpus()) < 2, reason="needs >= 2 GPUs")]
-
-if len(_gpus()) >= 2:
+if len(gpus()) >= 2:
   from jax_dfccl._src import overlap as ov
   from jax_dfccl._src import overlap_gpu as og
-  MESH = Mesh(np.array(_gpus()[:2]), ("tp",))
+  MESH = Mesh(np.array(gpus()[:2]), ("tp",))
 
 TOL = {jnp.bfloat16: 2.5e-2, jnp.float16: 4e-3}
 SPECS = {"ag": (P("tp", None), P(None, "tp"), P(None, "tp")),
