@@ -331,8 +331,11 @@ def group_table(mesh, axes) -> np.ndarray:
 
 
 def device_ids(mesh) -> np.ndarray:
+  """Per flat mesh position, the device as the runtimes see it: the local hardware
+  id (the CUDA ordinal an FFI handler is called with; equal to ``id`` on CPU)."""
   if isinstance(mesh, jax.sharding.Mesh):
-    return np.asarray([d.id for d in mesh.devices.flat], dtype=np.int64)
+    hw = lambda d: d.local_hardware_id if getattr(d, "local_hardware_id", None) is not None else d.id  # noqa: E731
+    return np.asarray([hw(d) for d in mesh.devices.flat], dtype=np.int64)
   return np.arange(mesh.size, dtype=np.int64)  # abstract mesh: partition ids
 
 

@@ -152,20 +152,12 @@ def _no_impl(*args, **params):
 fused_p.def_impl(_no_impl)
 
 
-def _devices(mesh) -> np.ndarray:
-  """CUDA ordinal of each flat mesh position (single process)."""
-  if isinstance(mesh, jax.sharding.Mesh):
-    return np.asarray([getattr(d, "local_hardware_id", None) if getattr(d, "local_hardware_id", None)
-                       is not None else d.id for d in mesh.devices.flat], dtype=np.int64)
-  return dcore.device_ids(mesh)
-
-
 def _lowering(ctx, x, w, *, kind, axis, nranks, gather):
   mesh = dcore._spmd_mesh(ctx, "overlap")
   groups = dcore.group_table(mesh, (axis,))
   if groups.shape[1] != nranks:
     raise ValueError(f"jax_dfccl overlap: axis {axis!r} has {groups.shape[1]} devices, traced for {nranks}")
-  devs = _devices(mesh)[groups].reshape(-1).astype(np.int64)
+  devs = dcore.device_ids(mesh)[groups].reshape(-1).astype(np.int64)
   xa, wa = ctx.avals_in
   key = f"{kind}:{xa.shape[0]}x{xa.shape[1]}@{wa.shape[0]}x{wa.shape[1]}"
   rule = jax.ffi.ffi_lowering("dfccl_overlap_" + kind, has_side_effect=True)

@@ -106,49 +106,6 @@ def chaos(iters=20, n_coll=8, label="", elems=1024):
         print(f"ok  chaos{label} order: {iters} iterations x {n_coll} collectives, exact", flush=True)
 
 
-def chain_time(n_ops=100, elems=2048, dtype=jnp.bfloat16):
-    def ours(v):
-        y = v[0]
-        for i in range(n_ops):
-            y = fd.collective(y, "all_reduce", "x", N, key=f"chain{i}") * 0.5
-        return y[None]
-    def lax(v):
-        y = v[0]
-        for i in range(n_ops):
-            y = jax.lax.psum(y, "x") * 0.5
-        return y[None]
-    x = jnp.ones((N, elems), dtype)
-    res = {}
-    for name, fn in (("dfccl", ours), ("jax.lax", lax)):
-        f = smap(fn)
-        jax.block_until_ready(f(x))
-        ts = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(x))
-            ts.append(time.perf_counter() - t0)
-        res[name] = np.median(ts) / n_ops * 1e6
-    print(f"chain of {n_ops} psum {elems * 2} B: dfccl {res['dfccl']:.1f} us/op, jax.lax {res['jax.lax']:.1f} us/op",
-          flush=True)
-    # Where the time goes, from the daemon's trace (device 0): exchange = run -> finish
-    # of one op; gap = finish of op i -> run of op i+1 (XLA stream + host enqueue).
-    m = fd.module()
-    m.configure({"trace": 1})
-    time.sleep(0.01)
-    f = smap(ours)
-    jax.block_until_ready(f(x))
-    recs = [r for r in m.trace_records() if r[0] == 0 and r[1].startswith("chain")]
-    run = {r[1]: r[4] for r in recs if r[3] == "run"}
-    fin = {r[1]: r[4] for r in recs if r[3] == "finish"}
-    keys = [f"chain{i}" for i in range(n_ops) if f"chain{i}" in run and f"chain{i}" in fin]
-    exch = [fin[k] - run[k] for k in keys]
-    gaps = [run[keys[i + 1]] - fin[keys[i]] for i in range(len(keys) - 1)]
-    if exch and gaps:
-        print(f"  trace: exchange (run->finish) median {np.median(exch)/1e3:.1f} us, gap (finish->next run) "
-              f"median {np.median(gaps)/1e3:.1f} us over {len(keys)} ops", flush=True)
-    m.configure({"trace": 0})
-
-
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
     print("devices:", jax.devices(), flush=True)
@@ -175,7 +132,6 @@ if __name__ == "__main__":
     fd.module().configure({"ll": 1})
     chaos(iters=30, label="_simple", elems=1025)     # 4100 B: simple path (pool 1)
     chaos(iters=10, label="_big", elems=1 << 18)     # 1 MiB: simple path, 15 lanes
-    chain_time()
     print("stats:", m.stats(), flush=True)
     print("trace records:", len(m.trace_records()), flush=True)
     time.sleep(0.01)

@@ -67,7 +67,7 @@ struct Recorder {  // per-block trace ring and counters in device memory; this b
 __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t e, bool aborted, Recorder& rec) {
   const uint32_t g = Gen(d.ticket);
   __threadfence_system();
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(&P.dev->done[e]), "r"(g) : "memory");
+  StReleaseSys(&P.dev->done[e], g);
   StVol(&P.host->status[e], aborted ? 1u : 0u);  // posted writes, in order: status before done
   StVol(&P.host->done[e], g);
   atomicAdd(&P.dev->progress, 1ull);

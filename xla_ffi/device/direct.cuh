@@ -199,30 +199,35 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   const int64_t chunk = d.lane_bytes;  // direct: the chunk size (host: 4 KiB .. kDirectChunk)
   const int64_t nchunks = (share + chunk - 1) / chunk;
   const int64_t my_chunks = nchunks > lane ? (nchunks - lane + d.lanes - 1) / d.lanes : 0;  // chunks lane, lane + lanes, ...
+  // Every rank p with sel(p) has stored E + 1 into its word of `words` (this rank's copy).
+  auto arrived = [&](const uint64_t* words, auto sel) {
+    return BlockPoll([&] {
+      for (int p = 0; p < n; ++p)
+        if (sel(p) && LdAcquireSys(words + cell(p)) < E + 1) return false;
+      return true;
+    });
+  };
+  auto touches = [&](int p) { return direct::Touches<Op>(d, p); };
+  auto touched_by = [&](int p) { return direct::TouchedBy<Op>(d, p); };
   int result = 0;
   Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
   while (true) {
     if (s.c_send == 0) {  // ready: my addresses, then my credit, to every rank that touches my buffers
       if (threadIdx.x == 0) {
         for (int p = 0; p < n; ++p) {
-          if (!direct::TouchedBy<Op>(d, p)) continue;
+          if (!touched_by(p)) continue;
           volatile uint64_t* m = cm->mail[p] + 2 * row + 2 * me;
           m[0] = reinterpret_cast<uint64_t>(d.in);
           m[1] = reinterpret_cast<uint64_t>(d.out);
         }
         __threadfence_system();
         for (int p = 0; p < n; ++p)
-          if (direct::TouchedBy<Op>(d, p)) StReleaseSys(cm->credits[1][p] + cell(me), E + 1);
+          if (touched_by(p)) StReleaseSys(cm->credits[1][p] + cell(me), E + 1);
       }
       s.c_send = 1;
       result = kMoved;
     } else if (s.c_send == 1) {  // wait until every rank I touch is ready
-      const bool ok = BlockPoll([&] {
-        for (int p = 0; p < n; ++p)
-          if (direct::Touches<Op>(d, p) && LdAcquireSys(cm->credits[1][me] + cell(p)) < E + 1) return false;
-        return true;
-      });
-      if (!ok) {
+      if (!arrived(cm->credits[1][me], touches)) {
         if (!spin.KeepSpinning()) { s.sticky >>= 1; return result | kPreempted; }
         continue;
       }
@@ -233,8 +238,8 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
       if (threadIdx.x == 0) {
         for (int p = 0; p < n; ++p) {
           const volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
-          ad.in[p] = p == me ? d.in : direct::Touches<Op>(d, p) ? reinterpret_cast<const char*>(m[0]) : nullptr;
-          ad.out[p] = p == me ? d.out : direct::Touches<Op>(d, p) ? reinterpret_cast<char*>(m[1]) : nullptr;
+          ad.in[p] = p == me ? d.in : touches(p) ? reinterpret_cast<const char*>(m[0]) : nullptr;
+          ad.out[p] = p == me ? d.out : touches(p) ? reinterpret_cast<char*>(m[1]) : nullptr;
         }
       }
       __syncthreads();
@@ -253,16 +258,11 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
       __syncthreads();
       if (threadIdx.x == 0)
         for (int p = 0; p < n; ++p)
-          if (direct::Touches<Op>(d, p)) StReleaseSys(cm->flags[1][p] + cell(me), E + 1);
+          if (touches(p)) StReleaseSys(cm->flags[1][p] + cell(me), E + 1);
       s.c_send = 4;
       result = kMoved;
     } else {  // wait until every rank that touches my buffers has finished
-      const bool ok = BlockPoll([&] {
-        for (int p = 0; p < n; ++p)
-          if (direct::TouchedBy<Op>(d, p) && LdAcquireSys(cm->flags[1][me] + cell(p)) < E + 1) return false;
-        return true;
-      });
-      if (!ok) {
+      if (!arrived(cm->flags[1][me], touched_by)) {
         if (!spin.KeepSpinning()) { s.sticky >>= 1; return result | kPreempted; }
         continue;
       }

@@ -11,12 +11,7 @@ namespace {
 
 __global__ void StreamWaitKernel(const uint32_t* addr, uint32_t value, TraceRec* rec, TraceRec proto) {
   if (rec) { proto.t_ns = GlobalTimer(); proto.event = kEvStreamWait; rec[0] = proto; }
-  while (true) {
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
-    if (static_cast<int32_t>(v - value) >= 0) break;
-    __nanosleep(200);
-  }
+  while (static_cast<int32_t>(LdAcquireSys(addr) - value) < 0) __nanosleep(200);
   if (rec) { proto.t_ns = GlobalTimer(); proto.event = kEvStreamWoke; rec[1] = proto; }
 }
 

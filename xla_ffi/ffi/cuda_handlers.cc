@@ -73,7 +73,6 @@ ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi
   thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
   const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
                   static_cast<int32_t>(x.element_type())};
-  const auto t_parse = Clock::now();
   auto it = cache.find(k);
   if (it == cache.end()) {
     try {
@@ -89,7 +88,6 @@ ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi
       return ffi::Error::InvalidArgument(e.what());
     }
   }
-  times.parse_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t_parse).count();
   // The ticket buffer stays unwritten: done pairs with start through the
   // per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
   std::string err = Runtime::Get().Start(ordinal, stream, it->second.spec, it->second.signature, x.untyped_data(),

@@ -151,9 +151,9 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
       const TileCoord tc = Decode(l, t, mt, nt);
       if (l.kind == kAllGatherGemm && tc.b != l.rank && !l.no_comm) {
         if (lane == 0) {  // rows of chunk mi of block b pushed by rank b (release.sys)
-          if (l.tl) l.tl[size_t(t) * kTlWords + 4] = GlobalTimerNs();
+          if (l.tl) l.tl[size_t(t) * kTlWords + 4] = GlobalTimer();
           WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitRows, l.rank, tc.b));
-          if (l.tl) l.tl[size_t(t) * kTlWords + 5] = GlobalTimerNs();
+          if (l.tl) l.tl[size_t(t) * kTlWords + 5] = GlobalTimer();
         }
         __syncwarp();
         FenceProxyAsyncGlobal();
@@ -183,13 +183,13 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
     ++sstate;
     if (t >= total) break;
     uint64_t* tl = l.tl != nullptr && mma_tid == 0 ? l.tl + size_t(t) * kTlWords : nullptr;
-    if (tl) tl[0] = GlobalTimerNs();
+    if (tl) tl[0] = GlobalTimer();
     const TileCoord tc = Decode(l, t, mt, nt);
     auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename C::TileShape{}));
     collective.mma(pipeline, state, acc, k_tiles, mma_tid, ss.tensors, p.ml[tc.b]);
     collective.mma_tail(pipeline, state, k_tiles);
     state.advance(k_tiles);
-    if (tl) tl[1] = tl[2] = GlobalTimerNs();
+    if (tl) tl[1] = tl[2] = GlobalTimer();
 
     const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
     const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
         ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
       }
       ConsumerBarrier(C::kMmaThreads);
-      if (tl) tl[2] = GlobalTimerNs();
+      if (tl) tl[2] = GlobalTimer();
       if (ss.extra.peer_recv[tc.b] != 0)
         dst = reinterpret_cast<T*>(ss.extra.peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
     } else if (rs) {  // own block: fold in the peers' partials (waited for below)
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
                 ErrorCode(kWaitPartial, l.rank, mma_tid));
       if (fold && h == 0) {
         ConsumerBarrier(C::kMmaThreads);
-        if (tl) tl[2] = GlobalTimerNs();
+        if (tl) tl[2] = GlobalTimer();
       }
       if (dst != nullptr) {
         constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
       }
     }
     if (tl) {
-      tl[3] = GlobalTimerNs();
+      tl[3] = GlobalTimer();
       uint32_t sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
       tl[6] = sm;

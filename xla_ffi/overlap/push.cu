@@ -56,15 +56,15 @@ __global__ void __launch_bounds__(512) PushKernel(PushLaunch a) {
 // Copy-engine path (protocol.h): the copy is stream-ordered between these two.
 __global__ void ReadyWaitKernel(SideSync s) {
   if (threadIdx.x != 0) return;
-  if (s.tl) s.tl[0] = GlobalTimerNs();
+  if (s.tl) s.tl[0] = GlobalTimer();
   if (s.counter) WaitGeq(s.counter, s.target, s.mbox, s.timeout_ns, ErrorCode(kWaitOwnTiles, s.rank, s.rank));
   WaitGeq(&s.mbox->ready[s.peer], s.seq, s.mbox, s.timeout_ns, ErrorCode(kWaitPushReady, s.rank, s.peer));
-  if (s.tl) s.tl[1] = GlobalTimerNs();
+  if (s.tl) s.tl[1] = GlobalTimer();
 }
 
 __global__ void SignalKernel(SideSync s) {
   if (threadIdx.x == 0) {
-    if (s.tl) s.tl[2] = GlobalTimerNs();
+    if (s.tl) s.tl[2] = GlobalTimer();
     __threadfence_system();  // the preceding copy's writes before any flag
   }
   __syncthreads();

@@ -5,29 +5,20 @@
 
 #include <cstdint>
 
+#include "device/primitives.cuh"
 #include "overlap/protocol.h"
 
 namespace dfccl::overlap {
 
-__device__ __forceinline__ uint32_t LdAcquireSys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void StReleaseSys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+// The project's memory-ordering and clock primitives (device/primitives.cuh).
+using gpu::LdAcquireSys;
+using gpu::StReleaseSys;
+using gpu::GlobalTimer;
 
 // Release/acquire fence at system scope; cumulative: after a bar.sync it also
 // orders the other participating threads' earlier stores (PTX memory model).
 __device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // Generic-proxy writes (by a peer, made visible to us by an acquire) become
 // visible to this thread's later TMA (async-proxy) reads of global memory.
@@ -41,13 +32,13 @@ __device__ __forceinline__ bool Reached(uint32_t value, uint32_t seq) { return i
 __device__ __forceinline__ bool WaitGeq(const uint32_t* p, uint32_t seq, Mailbox* mbox, uint64_t timeout_ns,
                                         uint32_t code) {
   if (Reached(LdAcquireSys(p), seq)) return true;
-  const uint64_t t0 = GlobalTimerNs();
+  const uint64_t t0 = GlobalTimer();
   for (uint32_t it = 0;; ++it) {
     __nanosleep(100);
     if (Reached(LdAcquireSys(p), seq)) return true;
     if ((it & 127) == 0) {
       if (*reinterpret_cast<volatile uint32_t*>(&mbox->error) != 0) return false;
-      if (GlobalTimerNs() - t0 > timeout_ns) {
+      if (GlobalTimer() - t0 > timeout_ns) {
         // Host memory: no system-scope atomics on PCIe hosts; a racing store of
         // another code is harmless (any one of them is reported).
         StReleaseSys(&mbox->error, code);

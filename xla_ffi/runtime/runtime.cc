@@ -86,16 +86,8 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
   try {
     uint64_t ticket = 0;
     Device* dp = nullptr;
-    const auto t_enter = Clock::now();
     {
       std::lock_guard<std::mutex> lk(mu_);
-      const auto t_locked = Clock::now();
-      times_.lock_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t_locked - t_enter).count();
-      struct BodyTimer {
-        std::atomic<int64_t>& ns;
-        Clock::time_point t0;
-        ~BodyTimer() { ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(); }
-      } body_timer{times_.body_ns, t_locked};
       Device& d = GetDevice(ordinal);
       dp = &d;
       if (!d.error.empty()) return d.error;
@@ -380,9 +372,6 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["host_done_us"] = per(times_.done_ns, times_.dones);
   s["host_streamop_us"] = per(times_.streamop_ns, times_.starts + times_.dones);
   s["host_gap_us"] = per(times_.gap_ns, times_.gaps);
-  s["host_start_lock_us"] = per(times_.lock_ns, times_.starts);
-  s["host_start_body_us"] = per(times_.body_ns, times_.starts);
-  s["host_start_parse_us"] = per(times_.parse_ns, times_.starts);
   if (errors) *errors = errors_;
   return s;
 }

@@ -116,7 +116,6 @@ struct TraceOut {
 // between consecutive handler calls on one thread (XLA's own per-op work).
 struct HostTimes {
   std::atomic<int64_t> start_ns{0}, done_ns{0}, streamop_ns{0}, gap_ns{0};
-  std::atomic<int64_t> lock_ns{0}, body_ns{0}, parse_ns{0};  // start: waiting for the lock, under it, spec decoding
   std::atomic<int64_t> starts{0}, dones{0}, gaps{0};
 };
 
