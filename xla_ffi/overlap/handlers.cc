@@ -104,24 +104,24 @@ cudaEvent_t Mark(cudaStream_t s) {
   return e;
 }
 
-void Keep(std::string what, cudaEvent_t a, cudaEvent_t b) {
+void Keep(std::string_view key, const char* what, cudaEvent_t a, cudaEvent_t b) {  // profile only
   if (a == nullptr || b == nullptr) return;
   std::lock_guard<std::mutex> lock(g_mu);
-  g_timed.push_back({std::move(what), a, b});
+  g_timed.push_back({std::string(key) + what, a, b});
 }
 
 class HostTimer {  // "<key>|host": wall time of one handler call (profile only)
  public:
-  explicit HostTimer(std::string_view key) : key_(key), t0_(std::chrono::steady_clock::now()) {}
+  explicit HostTimer(std::string_view key) : key_(key), t0_(std::chrono::steady_clock::now()) {}  // no copy: hot path
   ~HostTimer() {
     if (!g_profile.load()) return;
     const float ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0_).count();
     std::lock_guard<std::mutex> lock(g_mu);
-    g_timed.push_back({key_ + "|host", nullptr, nullptr, ms});
+    g_timed.push_back({std::string(key_) + "|host", nullptr, nullptr, ms});
   }
 
  private:
-  std::string key_;
+  std::string_view key_;  // the custom call's attribute, alive for the whole call
   std::chrono::steady_clock::time_point t0_;
 };
 
@@ -234,11 +234,11 @@ LaunchFn Dispatch(ffi::DataType t) {  // the one dtype table
   }
 }
 
-std::string ChannelKey(std::string_view key, const Group& g, ffi::DataType t) {
-  std::ostringstream os;
-  os << key << "|t" << static_cast<int>(t) << "|g";
-  for (int d : g.devs) os << d << ",";
-  return os.str();
+std::string ChannelKey(std::string_view key, const Group& g, ffi::DataType t) {  // every call: no stream
+  std::string s(key);
+  s += "|t" + std::to_string(static_cast<int>(t)) + "|g";
+  for (int d : g.devs) s += std::to_string(d) + ",";
+  return s;
 }
 
 // Common part: channel, rank init, seq, error check, ready write.
@@ -332,7 +332,7 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
       } else {
         OV_CUDA(LaunchPush(pl, dev.side));
       }
-      Keep(std::string(key) + (ce ? "|copy" : "|push"), p0, Mark(dev.side));
+      Keep(key, ce ? "|copy" : "|push", p0, Mark(dev.side));
       OV_CUDA(cudaEventRecord(dev.done, dev.side));
     }
     GemmLaunch gl;
@@ -349,9 +349,9 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     pro.rs->tiles_taken += uint32_t(tiles + gl.grid);
     cudaEvent_t g0 = Mark(stream);
     OV_CUDA(launch(gl, stream));
-    Keep(std::string(key) + (no_comm ? "|gemm_nocomm" : "|gemm"), g0, Mark(stream));
+    Keep(key, no_comm ? "|gemm_nocomm" : "|gemm", g0, Mark(stream));
     if (push) OV_CUDA(cudaStreamWaitEvent(stream, dev.done, 0));
-    KeepTimeline({std::string(key), ordinal, kAllGatherGemm, g.rank, P, tiles / P, tiles, gl.grid,
+    if (tl) KeepTimeline({std::string(key), ordinal, kAllGatherGemm, g.rank, P, tiles / P, tiles, gl.grid,
                   push && ce ? P - 1 : 0, tl, nullptr}, stream);
     if (xg->element_count() > 0) {  // all_gather(x) for the VJP: own rows + received slots
       char* dst = static_cast<char*>(xg->untyped_data());
@@ -411,7 +411,7 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
       SideCopy(dev.side, pro, g.rank, d, gl.send, size_t(g.rank) * blk, blk, size_t(g.rank) * per_block, per_block,
                gl.done_counter, target, uint64_t(timeout_ns),
                gl.tl ? gl.tl + size_t(P) * per_block * kTlWords : nullptr);
-      Keep(std::string(key) + "|copy", p0, Mark(dev.side));
+      Keep(key, "|copy", p0, Mark(dev.side));
       OV_CUDA(cudaEventRecord(dev.done, dev.side));
     }
     // Copy engine: one SM stays free for the side stream's wait / signal kernels.
@@ -420,9 +420,9 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     pro.rs->tiles_taken += uint32_t(P * per_block + gl.grid);
     cudaEvent_t g0 = Mark(stream);
     OV_CUDA(launch(gl, stream));
-    Keep(std::string(key) + (gl.no_comm ? "|gemm_nocomm" : "|gemm"), g0, Mark(stream));
+    Keep(key, gl.no_comm ? "|gemm_nocomm" : "|gemm", g0, Mark(stream));
     if (ce) OV_CUDA(cudaStreamWaitEvent(stream, dev.done, 0));
-    KeepTimeline({std::string(key), ordinal, kGemmReduceScatter, g.rank, P, per_block, P * per_block, gl.grid,
+    if (gl.tl) KeepTimeline({std::string(key), ordinal, kGemmReduceScatter, g.rank, P, per_block, P * per_block, gl.grid,
                   ce ? 1 : 0, gl.tl, nullptr}, stream);
     return ffi::Error::Success();
   } catch (const std::exception& e) {
