@@ -30,6 +30,16 @@ class Config:
   stall_quit_us: float = 50000.0
   #: GPU: thread blocks (SMs) of the daemon kernel.
   max_blocks: int = 16
+  #: GPU: collectives whose per-rank buffer (the larger of input and output)
+  #: has at least this many bytes are moved by the GPUs' copy engines, driven
+  #: by a host thread once every rank's input is ready (no daemon, no SMs held
+  #: but a short combine kernel for reductions); smaller ones run on the daemon
+  #: kernel.  Reductions (psum/pmax/pmin/psum_scatter) take it on 2-GPU groups
+  #: only.  -1: never.  The mover's pipelining unit and combine-kernel blocks
+  #: are ``copy_engine_chunk_bytes`` and ``copy_engine_blocks``.
+  copy_engine_min_bytes: int = 4 << 20
+  copy_engine_chunk_bytes: int = 8 << 20
+  copy_engine_blocks: int = 32
   #: Record start/preempt/resume/finish events for :func:`jax_dfccl.export_trace`.
   trace: bool = False
   #: Trace ring-buffer capacity (events per runtime).

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
-#   tools/gpu_check.sh [smoke] [probe] [bench] [tests] [demo] [sanitize]   (default: all; a hung smoke stops the rest)
+#   tools/gpu_check.sh [smoke] [probe] [crossover] [bench] [tests] [demo] [sanitize]
+#   (default: all but crossover; a hung smoke stops the rest)
 # probe: link rates (tools/nvlink_probe.py, needs CuPy) and the small-collective latency breakdown.
+# crossover: daemon vs copy-engine per-op time from 1 to 64 MiB (tools/latency_probe.py --crossover).
 # Run from the repository root with the built extension modules in jax_dfccl/
 # (_dfccl_cuda*.so, _dfccl_cpu*.so) or with the package installed.
 # Every step runs under `timeout` (a hung persistent kernel must not hang the run);
@@ -30,6 +32,10 @@ for step in $steps; do
       timeout ${PROBE_TIMEOUT:-90} $PY tools/nvlink_probe.py > "$OUT/nvlink_probe.log" 2>&1; echo "nvlink probe rc=$?"
       for b in ${PROBE_BYTES:-4096 65536 --bw}; do timeout 150 $PY tools/latency_probe.py $b >> "$OUT/latency_probe.log" 2>&1; done
       echo "latency probe rc=$?"; grep -v "^W0000\|^I0000" "$OUT/nvlink_probe.log" "$OUT/latency_probe.log" | tail -30 ;;
+    crossover)
+      log crossover
+      timeout ${CROSS_TIMEOUT:-200} $PY tools/latency_probe.py --crossover > "$OUT/crossover.log" 2>&1
+      echo "crossover rc=$?"; grep -v "^W0000\|^I0000" "$OUT/crossover.log" | tail -22 ;;
     bench)
       log benchmark
       timeout ${BENCH_TIMEOUT:-360} $PY benchmarks/collectives.py --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1

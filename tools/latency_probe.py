@@ -10,6 +10,8 @@ per device, medians (means) over the chain of:
 and the per-op time with tracing off, and the host-side handler times.  Usage: python tools/latency_probe.py [bytes]
 `--bw`: per-op time, busbw and the daemon's exchange time (run -> finish) of
 large psum / all_gather chains under a few GPU runtime settings.
+`--crossover`: marginal per-op time of psum / all_gather / psum_scatter chains from
+1 to 64 MiB on the daemon and on the copy-engine path (config.copy_engine_min_bytes).
 """
 from __future__ import annotations
 
@@ -106,7 +108,38 @@ def bandwidth(settings):
   print({k: round(v, 2) for k, v in s.items() if k.startswith("host_")}, flush=True)
 
 
+def crossover():
+  ops = {"psum": lambda y: dfccl.psum(y, "x") * 0.5,
+         "all_gather": lambda y: dfccl.all_gather(y, "x", tiled=True)[: y.shape[0]],
+         "psum_scatter": lambda y: jnp.tile(dfccl.psum_scatter(y, "x", tiled=True), N)}
+
+  def program(op, nops):
+    def body(v):
+      y = v[0]
+      for _ in range(nops):
+        y = op(y)
+      return y[None]
+    return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+  print("marginal us/op (chain of 12 minus chain of 2, / 10): daemon | copy engine", flush=True)
+  for mib in (1, 2, 4, 8, 16, 64):
+    x = jnp.ones((N, (mib << 20) // 2), jnp.bfloat16)
+    for name, op in ops.items():
+      f2, f12 = program(op, 2), program(op, 12)
+      row = []
+      for path in (-1, 0):
+        dfccl.configure(copy_engine_min_bytes=path)
+        t2 = common.median_time(f2, x, reps=5, warmup=1)
+        t12 = common.median_time(f12, x, reps=5, warmup=1)
+        row.append((t12 - t2) / 10 * 1e6)
+      print(f"{name:12s} {mib:3d} MiB: daemon {row[0]:8.1f}  copy engine {row[1]:8.1f} us/op", flush=True)
+  dfccl.configure(copy_engine_min_bytes=4 << 20)
+
+
 def main():
+  if "--crossover" in sys.argv:
+    crossover()
+    return
   if "--bw" in sys.argv:  # --bw [name=value,...]: GPU runtime settings
     i = sys.argv.index("--bw")
     kv = sys.argv[i + 1] if len(sys.argv) > i + 1 else ""

@@ -75,6 +75,28 @@ def test_parity(op, dtype, elems):
   assert np.max(np.abs(got - want)) <= tol * (np.max(np.abs(want)) + 1e-30)
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("path", ["copy_engine", "daemon"])
+@pytest.mark.parametrize("elems", [(1 << 21) + 3, 1 << 22])
+def test_large_paths(op, path, elems):
+  """Both transports of large messages (copy engines / daemon direct path), odd sizes included."""
+  if op in ("psum_scatter", "all_to_all"):
+    elems = elems * N
+  d.configure(copy_engine_min_bytes=0 if path == "copy_engine" else -1)
+  try:
+    before = d.stats()["cuda"]["copy_engine_ops"]
+    x = data(elems, jnp.float32, elems + len(op) + len(path))
+    ours, ref = pair(op)
+    got = np.asarray(ours(x))
+    moved = d.stats()["cuda"]["copy_engine_ops"] - before
+  finally:
+    d.configure(copy_engine_min_bytes=4 << 20)
+  want = np.asarray(ref(x))
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+  reduction = op in ("psum", "pmax", "pmin", "psum_scatter")
+  assert moved == (1 if path == "copy_engine" and (N == 2 or not reduction) else 0)
+
+
 @pytest.mark.parametrize("mib", [1024])
 def test_parity_1gib(mib):
   x = jnp.asarray(np.random.default_rng(3).integers(-8, 8, (N, mib * 1024 * 1024 // 2)), jnp.bfloat16)

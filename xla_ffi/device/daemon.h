@@ -1,4 +1,5 @@
-// Host entry points into the daemon kernel (implemented in daemon_kernel.cu).
+// Host entry points into the device code: the daemon (daemon_kernel.cu), the
+// done-wait kernel (stream_wait.cu) and the copy-engine path's combine (reduce_kernel.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,5 +17,10 @@ cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 // and stamped kEvStreamWoke at its end into rec[1].
 cudaError_t LaunchStreamWait(cudaStream_t stream, const uint32_t* addr, uint32_t value, TraceRec* rec,
                              const TraceRec& proto);
+
+// Enqueues on `stream`: out = reduce(out, in) element-wise over `bytes` (a whole
+// number of elements), with at most `max_blocks` blocks.
+cudaError_t LaunchReduceInto(cudaStream_t stream, DType dtype, ReduceOp reduce, char* out, const char* in,
+                             int64_t bytes, int max_blocks);
 
 }  // namespace dfccl::gpu

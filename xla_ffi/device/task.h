@@ -52,8 +52,9 @@ inline constexpr int kMaxBlocks = 64;       // worker blocks of a daemon
 inline constexpr int kThreads = 512;        // threads per daemon block
 inline constexpr int kTracePerBlock = 2048; // trace ring entries per block
 inline constexpr int kNumPools = 2;         // 0: small messages (LL protocol), 1: the rest (simple protocol)
+inline constexpr int kCeRing = 256;         // copy-engine collectives in flight per device (runtime/copy_engine.h)
 
-DFCCL_TASK_HD uint32_t Gen(uint64_t ticket) { return static_cast<uint32_t>(ticket / kTaskRing + 1); }
+DFCCL_TASK_HD uint32_t Gen(uint64_t ticket, uint64_t ring = kTaskRing) { return static_cast<uint32_t>(ticket / ring + 1); }
 
 inline constexpr int64_t kDirectChunk = 64 << 10;  // direct path: largest chunk of the unit (lanes take turns)
 
@@ -153,6 +154,14 @@ struct HostShared {
   volatile uint32_t done[kTaskRing];    // mirror of DeviceShared::done
   volatile uint32_t status[kTaskRing];  // 0 ok, 1 aborted (valid once done[e] == Gen)
   TaskDesc desc[kTaskRing];
+  // Copy-engine collectives (runtime/copy_engine.h), entry e = ticket % kCeRing:
+  // XLA's stream writes ce_ready[e] = Gen(ticket) (stream memory write, after its
+  // input is complete) and waits for ce_done[e] >= Gen(ticket); the copy streams
+  // write ce_done[e] once every rank's copies that touch this rank's buffers are
+  // complete (the host writes it when it aborts the collective).
+  volatile uint32_t ce_ready[kCeRing];
+  volatile uint32_t ce_done[kCeRing];
+  volatile uint32_t ce_status[kCeRing];  // 0 ok, 1 aborted
 };
 
 // Device memory, one per device.

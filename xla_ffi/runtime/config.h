@@ -48,6 +48,13 @@ struct Config {
   // or for messages of at least this many bytes a one-thread polling kernel
   // (wakes up promptly after long waits); -1: never the kernel.
   int64_t wait_kernel_bytes = 1 << 20;
+  // Copy-engine path (runtime/copy_engine.h): collectives whose per-rank buffer
+  // (the larger of input and output) has at least this many bytes are moved by
+  // the copy engines, driven by a host thread, without the daemon; -1: never.
+  // Reductions take it on 2-GPU groups only.
+  int64_t copy_engine_min_bytes = 4 << 20;
+  int64_t copy_engine_chunk_bytes = 8 << 20;  // pipelining unit of the reductions' combine
+  int copy_engine_blocks = 32;                // blocks of the combine kernel
 
   void Apply(const std::map<std::string, double>& kv) {
     auto set = [&](const char* name, auto& field) {
@@ -72,6 +79,10 @@ struct Config {
     set("large_slots", large_slots); set("direct_slots", direct_slots); set("large_lanes", large_lanes); set("large_depth", large_depth);
     set("large_chunk", large_chunk); set("large_blocks", large_blocks); set("large_threshold", large_threshold);
     set("wait_kernel_bytes", wait_kernel_bytes);
+    set("copy_engine_min_bytes", copy_engine_min_bytes); set("copy_engine_chunk_bytes", copy_engine_chunk_bytes);
+    set("copy_engine_blocks", copy_engine_blocks);
+    if (copy_engine_chunk_bytes < (1 << 16)) copy_engine_chunk_bytes = 1 << 16;
+    if (copy_engine_blocks < 1) copy_engine_blocks = 1;
     if (large_blocks < blocks) large_blocks = blocks;
     if (large_blocks > 63) large_blocks = 63;
     if (blocks < 1) blocks = 1;

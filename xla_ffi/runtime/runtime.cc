@@ -22,6 +22,7 @@ Runtime& Runtime::Get() {
       Runtime& g = Get();
       { std::lock_guard<std::mutex> lk(g.mu_); g.stop_ = true; }
       if (g.proxy_.joinable()) g.proxy_.join();
+      g.ce_.Stop();
     });
     return r;
   }();
@@ -81,11 +82,42 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
   t.direct = direct ? 1 : 0;
 }
 
+bool Runtime::UseCopyEngine(const CollectiveSpec& spec, const Comm& c) const {
+  const int64_t bytes = std::max(spec.in_bytes(), spec.out_elems * spec.elem_bytes);
+  return cfg_.copy_engine_min_bytes >= 0 && bytes >= cfg_.copy_engine_min_bytes && c.n > 1 &&
+         CopyEngine::Supports(spec.kind, c.n);
+}
+
+// Copy-engine path: a ticket of the device's second ring; the instance goes to
+// the mover once its last rank has started.
+void Runtime::StartCopyEngine(Device& d, Comm& c, Instance& inst, const CollectiveSpec& spec, const void* in,
+                              void* out, uint64_t ticket) {
+  const uint32_t e = ticket % kCeRing;
+  inst.ce_ranks.resize(c.n);
+  inst.ce_ranks[spec.rank] = CeRank{d.ordinal, static_cast<const char*>(in), static_cast<char*>(out), spec.recv_from,
+                                    &d.host->ce_ready[e], const_cast<uint32_t*>(&d.host_dev->ce_done[e]),
+                                    &d.host->ce_done[e], &d.host->ce_status[e], Gen(ticket, kCeRing)};
+  d.host->ce_status[e] = 0;
+  if (inst.started != (1u << c.n) - 1) return;
+  CeOp op;
+  op.comm = &c;
+  op.key_hash = inst.key_hash;
+  op.seq = inst.seq;
+  op.kind = spec.kind;
+  op.reduce = spec.reduce;
+  op.dtype = spec.dtype;
+  op.elem_bytes = spec.elem_bytes;
+  op.elems = spec.elems_per_block;
+  op.ranks = inst.ce_ranks;
+  ce_.Submit(std::move(op));
+}
+
 std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
                            const void* in, void* out) {
   try {
     uint64_t ticket = 0;
     Device* dp = nullptr;
+    bool ce = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       Device& d = GetDevice(ordinal);
@@ -97,34 +129,50 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
       Comm& c = GetComm(spec.group_devices);
       const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
       const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
+      ce = UseCopyEngine(spec, c);
       std::string err;
-      Instance* inst = Join(c, spec, sig, seq, msg_bytes, &err);
+      Instance* inst = Join(c, spec, sig, seq, msg_bytes, ce, &err);
       if (!inst) return err;
-      ticket = d.next_ticket;
-      const uint32_t e = ticket % kTaskRing;
-      if (!d.info[e].done)
-        return "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(ordinal);
       if (key_names_.find(spec.key_hash) == key_names_.end()) key_names_.emplace(spec.key_hash, spec.key);
-      FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
-      inst->tasks.emplace_back(&d, ticket);
-      inst->started |= 1u << spec.rank;
-      const bool large = msg_bytes >= cfg_.large_threshold;
-      d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false, large, msg_bytes, spec.key_hash, inst->seq};
-      d.pending_large += large ? 1 : 0;
-      d.next_ticket = ticket + 1;
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      d.host->submitted = ticket + 1;
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      d.fifo[spec.site].push_back(ticket);
-      if (large && Running(d) && d.workers < cfg_.large_blocks) {
-        d.host->resize = d.launch_id;  // the running daemon quits; a larger one is queued behind it
-        Launch(d);
+      if (ce) {
+        ticket = d.ce_next;
+        TaskInfo& ti = d.ce_info[ticket % kCeRing];
+        if (!ti.done)
+          return "dfccl: more than " + std::to_string(kCeRing) + " copy-engine collectives in flight on GPU " +
+                 std::to_string(ordinal);
+        inst->tasks.emplace_back(&d, ticket | kCeTicket);
+        inst->started |= 1u << spec.rank;
+        ti = TaskInfo{inst, &c, ticket, Clock::now(), false, false, msg_bytes, spec.key_hash, inst->seq};
+        d.ce_next = ticket + 1;
+        d.fifo[spec.site].push_back(ticket | kCeTicket);
+        StartCopyEngine(d, c, *inst, spec, in, out, ticket);
+      } else {
+        ticket = d.next_ticket;
+        const uint32_t e = ticket % kTaskRing;
+        if (!d.info[e].done)
+          return "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(ordinal);
+        FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
+        inst->tasks.emplace_back(&d, ticket);
+        inst->started |= 1u << spec.rank;
+        const bool large = msg_bytes >= cfg_.large_threshold;
+        d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false, large, msg_bytes, spec.key_hash, inst->seq};
+        d.pending_large += large ? 1 : 0;
+        d.next_ticket = ticket + 1;
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        d.host->submitted = ticket + 1;
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        d.fifo[spec.site].push_back(ticket);
+        if (large && Running(d) && d.workers < cfg_.large_blocks) {
+          d.host->resize = d.launch_id;  // the running daemon quits; a larger one is queued behind it
+          Launch(d);
+        }
+        EnsureRunning(d);
       }
-      EnsureRunning(d);
     }
     // Outside the lock: an enqueue on XLA's stream may block while its queue is full.
     const auto t0 = Clock::now();
-    StreamOps::Write32(stream, &dp->dev->ready[ticket % kTaskRing], Gen(ticket));
+    if (ce) StreamOps::Write32(stream, const_cast<uint32_t*>(&dp->host_dev->ce_ready[ticket % kCeRing]), Gen(ticket, kCeRing));
+    else StreamOps::Write32(stream, &dp->dev->ready[ticket % kTaskRing], Gen(ticket));
     times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     return "";
   } catch (const std::exception& ex) {
@@ -136,7 +184,7 @@ std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
   try {
     uint64_t ticket = 0;
     Device* d = nullptr;
-    bool kernel_wait = false, trace = false;
+    bool kernel_wait = false, trace = false, ce = false;
     TraceRec proto{};
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -146,19 +194,23 @@ std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
       if (q.empty()) return "dfccl: dfccl_done at site " + std::to_string(site) + " has no pending start";
       ticket = q.front();
       q.pop_front();
-      const TaskInfo& ti = d->info[ticket % kTaskRing];
-      trace = cfg_.trace;
+      ce = (ticket & kCeTicket) != 0;
+      ticket &= ~kCeTicket;
+      const TaskInfo& ti = ce ? d->ce_info[ticket % kCeRing] : d->info[ticket % kTaskRing];
+      trace = cfg_.trace && !ce;  // the wait records are per daemon ring entry
       if (trace) proto = TraceRec{0, ti.key_hash, ticket, static_cast<uint32_t>(ti.seq), 0, 0};
       kernel_wait = trace || (cfg_.wait_kernel_bytes >= 0 && ti.msg_bytes >= cfg_.wait_kernel_bytes);
     }
     const auto t0 = Clock::now();
-    uint32_t* word = &d->dev->done[ticket % kTaskRing];
+    const uint32_t* word = ce ? const_cast<const uint32_t*>(&d->host_dev->ce_done[ticket % kCeRing])
+                              : &d->dev->done[ticket % kTaskRing];
+    const uint32_t gen = ce ? Gen(ticket, kCeRing) : Gen(ticket);
     if (kernel_wait) {
       const cudaError_t e =
-          LaunchStreamWait(stream, word, Gen(ticket), trace ? d->dev->stream_trace[ticket % kTaskRing] : nullptr, proto);
+          LaunchStreamWait(stream, word, gen, trace ? d->dev->stream_trace[ticket % kTaskRing] : nullptr, proto);
       DFCCL_CHECK(e == cudaSuccess, "dfccl: done wait kernel on GPU " << ordinal << ": " << cudaGetErrorString(e));
     } else {
-      StreamOps::WaitGeq32(stream, word, Gen(ticket));
+      StreamOps::WaitGeq32(stream, word, gen);
     }
     times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     return "";
@@ -217,6 +269,11 @@ void Runtime::ProxyLoop() {
         }
       }
     }
+    if (std::string e = ce_.error(); !e.empty()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& [ord, d] : devices_)
+        if (d->error.empty()) d->error = e;
+    }
     // Short sleeps while collectives are pending (slots recycle promptly), longer when idle.
     bool busy = false;
     {
@@ -228,28 +285,36 @@ void Runtime::ProxyLoop() {
 }
 
 void Runtime::PollDevice(Device& d, Clock::time_point now) {
-  for (uint64_t t = d.oldest; t < d.next_ticket; ++t) {
-    TaskInfo& ti = d.info[t % kTaskRing];
-    if (!ti.done && d.host->done[t % kTaskRing] == Gen(t)) {
-      ti.done = true;
-      d.pending_large -= ti.large ? 1 : 0;
-      OnTaskDone(d, ti);
-    }
-  }
-  while (d.oldest < d.next_ticket && d.info[d.oldest % kTaskRing].done) d.oldest++;
-  const bool pending = d.oldest < d.next_ticket;
-  if (!pending) { d.backoff_us = 20; return; }
+  PollRing(d, d.info, d.oldest, d.next_ticket, d.host->done, now);
+  PollRing(d, d.ce_info, d.ce_oldest, d.ce_next, d.host->ce_done, now);
+  if (d.oldest >= d.next_ticket) { d.backoff_us = 20; return; }
   if (!Running(d) && now >= d.next_relaunch) {
     Launch(d);
     d.backoff_us = std::min<int64_t>(d.backoff_us * 2, cfg_.relaunch_max_us);
     d.next_relaunch = now + std::chrono::microseconds(d.backoff_us);
   }
+}
+
+// Completions of one ticket ring (daemon or copy engine), then the watchdog.
+template <size_t N>
+void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest, uint64_t next,
+                       const volatile uint32_t* done, Clock::time_point now) {
+  for (uint64_t t = oldest; t < next; ++t) {
+    TaskInfo& ti = info[t % N];
+    if (!ti.done && done[t % N] == Gen(t, N)) {
+      ti.done = true;
+      d.pending_large -= ti.large ? 1 : 0;
+      OnTaskDone(d, ti);
+    }
+  }
+  while (oldest < next && info[oldest % N].done) oldest++;
+  if (oldest >= next) return;
   const auto limit = std::chrono::duration<double>(cfg_.timeout_s);
   // Tickets are submitted in order, so the oldest pending one is the first to time out:
   // the watchdog scan (under the lock every handler needs) runs only once it has.
-  if (now - d.info[d.oldest % kTaskRing].t <= limit) return;
-  for (uint64_t t = d.oldest; t < d.next_ticket; ++t) {
-    TaskInfo& ti = d.info[t % kTaskRing];
+  if (now - info[oldest % N].t <= limit) return;
+  for (uint64_t t = oldest; t < next; ++t) {
+    TaskInfo& ti = info[t % N];
     if (!ti.done && ti.inst && !ti.inst->failed && now - ti.t > limit) {
       std::ostringstream why;
       why << "timed out after " << cfg_.timeout_s << " s: ";
@@ -300,18 +365,31 @@ void Runtime::Abort(Comm& c, Instance& inst, const std::string& why) {
     Device& d = *devices_[ord];
     if (d.error.empty()) d.error = msg.str();
   }
-  for (auto& [d, ticket] : inst.tasks) {
+  // Copy-engine instances: once issued, their copies complete on their own (all
+  // inputs were ready); otherwise the host releases the ranks' done waits.
+  const bool all_started = inst.started == (1u << c.n) - 1;
+  const bool release_ce = inst.ce && (!all_started || ce_.Cancel(&c, inst.key_hash, inst.seq));
+  for (auto& [d, tagged] : inst.tasks) {
+    const uint64_t ticket = tagged & ~kCeTicket;
+    if (tagged & kCeTicket) {
+      if (!release_ce) continue;
+      d->host->ce_status[ticket % kCeRing] = 1;
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      d->host->ce_done[ticket % kCeRing] = Gen(ticket, kCeRing);
+      continue;
+    }
     reinterpret_cast<volatile int32_t&>(d->host->desc[ticket % kTaskRing].abort) = 1;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     d->host->abort_gen = d->host->abort_gen + 1;
     EnsureRunning(*d);
   }
-  if (inst.slot < 0) ReleaseSlot(c, inst);  // leave the waiting queue
+  if (inst.slot < 0 && !inst.ce) ReleaseSlot(c, inst);  // leave the waiting queue
 }
 
 void Runtime::Configure(const std::map<std::string, double>& kv) {
   std::lock_guard<std::mutex> lk(mu_);
   cfg_.Apply(kv);
+  ce_.Configure(CeSettings{cfg_.copy_engine_chunk_bytes, cfg_.copy_engine_blocks});
 }
 
 std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
@@ -366,6 +444,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["instances_live"] = live;
   s["slots_in_use"] = slots_used;
   s["instances_waiting_for_slot"] = waiting;
+  s["copy_engine_ops"] = static_cast<double>(ce_.issued());  // instances moved by the copy engines
   s["errors"] = static_cast<double>(errors_.size());
   const auto per = [](int64_t ns, int64_t n) { return n > 0 ? static_cast<double>(ns) / n / 1e3 : 0.0; };
   s["host_start_us"] = per(times_.start_ns, times_.starts);

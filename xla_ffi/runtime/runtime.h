@@ -29,6 +29,7 @@
 #include "dfccl/collective.h"
 #include "device/task.h"
 #include "runtime/config.h"
+#include "runtime/copy_engine.h"
 
 namespace dfccl::gpu {
 
@@ -42,8 +43,12 @@ struct Instance {
   int pool = 0, slot = -1, nranks = 0, done = 0;
   uint32_t epoch = 0, started = 0;
   bool failed = false;
-  std::vector<std::pair<Device*, uint64_t>> tasks;  // (device, ticket)
+  bool ce = false;                                  // copy-engine path (pool -1, no slot)
+  std::vector<std::pair<Device*, uint64_t>> tasks;  // (device, ticket); kCeTicket marks the copy-engine ring
+  std::vector<CeRank> ce_ranks;                     // per rank, filled as ranks start (copy-engine path)
 };
+
+inline constexpr uint64_t kCeTicket = uint64_t{1} << 63;  // tickets of the copy-engine ring carry this bit
 
 struct Comm {
   std::vector<int> ordinals;
@@ -86,6 +91,8 @@ struct Device {
   Clock::time_point next_relaunch;
   int64_t backoff_us = 20;
   std::array<TaskInfo, kTaskRing> info;
+  std::array<TaskInfo, kCeRing> ce_info;  // copy-engine collectives (tickets ce_oldest .. ce_next)
+  uint64_t ce_next = 0, ce_oldest = 0;
   std::map<std::pair<Comm*, uint64_t>, uint64_t> seq;
   std::unordered_map<int64_t, std::deque<uint64_t>> fifo;  // start/done pairing per site
   std::string error;                                       // surfaced at the next handler call
@@ -139,8 +146,14 @@ class Runtime {
   Runtime() = default;
   Device& GetDevice(int ordinal);
   Comm& GetComm(const std::vector<int64_t>& group);
-  Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes,
+  Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes, bool ce,
                  std::string* err);
+  bool UseCopyEngine(const CollectiveSpec& spec, const Comm& c) const;
+  void StartCopyEngine(Device& d, Comm& c, Instance& inst, const CollectiveSpec& spec, const void* in, void* out,
+                       uint64_t ticket);
+  template <size_t N>
+  void PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest, uint64_t next,
+                const volatile uint32_t* done, Clock::time_point now);
   void FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, const Comm& c, const Instance& inst,
                 const void* in, void* out, int64_t msg_bytes);
   bool Running(Device& d);
@@ -162,6 +175,7 @@ class Runtime {
   std::vector<std::string> errors_;
   std::thread proxy_;
   bool stop_ = false;
+  CopyEngine ce_;
 };
 
 }  // namespace dfccl::gpu

@@ -127,7 +127,7 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
 }
 
 Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes,
-                        std::string* err) {
+                        bool ce, std::string* err) {
   const auto id = std::make_pair(spec.key_hash, seq);
   if (auto f = c.failed.find(id); f != c.failed.end()) {
     *err = "dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + ") already failed on another rank";
@@ -141,12 +141,15 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
     inst->key = spec.key;
     inst->signature = sig;
     inst->nranks = c.n;
+    inst->ce = ce;
     // Pool 0 (LL protocol) takes messages whose lanes fit one LL chunk (8 data
     // bytes per 16-byte line) and are 16-byte multiples; the rest use pool 1.
     const PoolGeom& small = c.view.pool[0];
     const auto plan = LanePlan(msg_bytes, small, cfg_.blocks, cfg_.lane_min_bytes);
-    inst->pool = (cfg_.ll && msg_bytes % 16 == 0 && plan.second * 2 <= small.chunk_bytes) ? 0 : 1;
-    if (!c.free_slots[inst->pool].empty()) {
+    inst->pool = ce ? -1 : (cfg_.ll && msg_bytes % 16 == 0 && plan.second * 2 <= small.chunk_bytes) ? 0 : 1;
+    if (ce) {
+      // copy-engine path: no pool slot
+    } else if (!c.free_slots[inst->pool].empty()) {
       inst->slot = c.free_slots[inst->pool].back();
       c.free_slots[inst->pool].pop_back();
       inst->epoch = ++c.epochs[inst->pool][inst->slot];
@@ -161,6 +164,11 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
            std::to_string(spec.rank) + " started it as " + sig + " but another rank as " + inst->signature;
     return nullptr;
   }
+  if (inst->ce != ce) {
+    *err = "dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + "): rank " +
+           std::to_string(spec.rank) + " and another rank chose different transports (copy_engine_min_bytes differs)";
+    return nullptr;
+  }
   if (inst->started & (1u << spec.rank)) {
     *err = "dfccl: collective '" + spec.key + "' started twice by rank " + std::to_string(spec.rank);
     return nullptr;
@@ -169,6 +177,7 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
 }
 
 void Runtime::ReleaseSlot(Comm& c, Instance& inst) {
+  if (inst.ce) return;  // the copy-engine path holds no slot
   if (inst.slot < 0) {
     auto& w = c.waiting[inst.pool];
     for (auto i = w.begin(); i != w.end(); ++i)

@@ -1,0 +1,223 @@
+// The mover: readiness polling and the issue of copy-engine collectives
+// (protocol in copy_engine.h).
+#include "runtime/copy_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+
+#include "device/daemon.h"
+#include "dfccl/check.h"
+#include "runtime/driver.h"
+
+namespace dfccl::gpu {
+namespace {
+
+#define DFCCL_CE(call)                                                                                \
+  do {                                                                                                \
+    cudaError_t dfccl_err_ = (call);                                                                  \
+    DFCCL_CHECK(dfccl_err_ == cudaSuccess, "dfccl: copy engine: " #call ": " << cudaGetErrorString(dfccl_err_)); \
+  } while (0)
+
+// [off, off+len) pieces of a byte range cut into at most kMaxChunks chunks of
+// at least chunk_bytes (whole elements).
+std::vector<std::pair<int64_t, int64_t>> Chunks(int64_t bytes, int64_t chunk_bytes, int64_t elem) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (bytes <= 0) return out;
+  int64_t per = std::max<int64_t>(chunk_bytes, (bytes + CopyEngine::kMaxChunks - 1) / CopyEngine::kMaxChunks);
+  per = (per + elem - 1) / elem * elem;
+  for (int64_t off = 0; off < bytes; off += per) out.emplace_back(off, std::min(per, bytes - off));
+  return out;
+}
+
+}  // namespace
+
+void CopyEngine::Submit(CeOp op) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    pending_.push_back(std::move(op));
+  }
+  cv_.notify_one();
+}
+
+bool CopyEngine::Cancel(const void* comm, uint64_t key_hash, uint64_t seq) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->comm == comm && it->key_hash == key_hash && it->seq == seq) {
+      pending_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string CopyEngine::error() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
+}
+
+void CopyEngine::Stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool CopyEngine::Ready(const CeOp& op) {
+  for (const CeRank& r : op.ranks)
+    if (static_cast<int32_t>(*r.ready - r.gen) < 0) return false;
+  return true;
+}
+
+// Spins while instances wait for their inputs (an XLA stream reaches the ready
+// write within microseconds in a busy program), yields the core after a while,
+// and sleeps on the condition variable when nothing is pending.
+void CopyEngine::Loop() {
+  using Clock = std::chrono::steady_clock;
+  auto last_issue = Clock::now();
+  std::vector<CeOp> batch;
+  while (true) {
+    CeSettings s;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+      if (stop_) return;
+      s = settings_;
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (Ready(*it)) { batch.push_back(std::move(*it)); it = pending_.erase(it); }
+        else ++it;
+      }
+    }
+    if (batch.empty()) {
+      if (Clock::now() - last_issue > std::chrono::milliseconds(20)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else std::this_thread::yield();
+      continue;
+    }
+    for (const CeOp& op : batch) {
+      try {
+        Issue(op, s);
+      } catch (const std::exception& ex) {
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (error_.empty()) error_ = ex.what();
+        }
+        for (const CeRank& r : op.ranks) {  // the error reaches the program at its next collective
+          *r.status_host = 1;
+          std::atomic_thread_fence(std::memory_order_seq_cst);
+          *r.done_host = r.gen;
+        }
+      }
+      issued_++;
+    }
+    batch.clear();
+    last_issue = Clock::now();
+  }
+}
+
+CopyEngine::Dev& CopyEngine::GetDev(int ordinal) {
+  auto it = devs_.find(ordinal);
+  if (it != devs_.end()) return it->second;
+  Dev& d = devs_[ordinal];
+  DFCCL_CE(cudaSetDevice(ordinal));
+  for (cudaStream_t* s : {&d.pull, &d.pull2, &d.comp}) DFCCL_CE(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+  for (int c = 0; c < kMaxChunks; ++c) {
+    DFCCL_CE(cudaEventCreateWithFlags(&d.pulled[c], cudaEventDisableTiming));
+    DFCCL_CE(cudaEventCreateWithFlags(&d.reduced[c], cudaEventDisableTiming));
+  }
+  DFCCL_CE(cudaEventCreateWithFlags(&d.joined, cudaEventDisableTiming));
+  DFCCL_CE(cudaEventCreateWithFlags(&d.fin, cudaEventDisableTiming));
+  return d;
+}
+
+// Every rank's work is enqueued in phases across ranks, so that an event a
+// rank waits on (a peer's reduced chunk, a peer's finish) is always recorded
+// before the wait is enqueued.
+void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
+  const int n = static_cast<int>(op.ranks.size());
+  const int64_t B = op.elems * op.elem_bytes;
+  std::vector<Dev*> dv(n);
+  for (int r = 0; r < n; ++r) dv[r] = &GetDev(op.ranks[r].ordinal);
+  auto on = [&](int r) { DFCCL_CE(cudaSetDevice(op.ranks[r].ordinal)); return dv[r]; };
+  auto copy = [](cudaStream_t st, void* dst, const void* src, int64_t bytes) {
+    if (bytes > 0 && dst != src) DFCCL_CE(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st));
+  };
+  // The range of rank r's output that it reduces itself (all-reduce: its segment; reduce-scatter: all of it).
+  const int64_t seg = op.kind == OpKind::kAllReduce ? ((op.elems + n - 1) / n + 7) / 8 * 8 * op.elem_bytes : B;
+  auto seg_of = [&](int r) -> std::pair<int64_t, int64_t> {
+    if (op.kind != OpKind::kAllReduce) return {0, B};
+    const int64_t lo = std::min<int64_t>(r * seg, B);
+    return {lo, std::min<int64_t>(lo + seg, B) - lo};
+  };
+
+  // Phase 1: pulls (and for reductions the combine of each pulled chunk).
+  for (int r = 0; r < n; ++r) {
+    const CeRank& me = op.ranks[r];
+    Dev* d = on(r);
+    switch (op.kind) {
+      case OpKind::kAllGather:
+        for (int k = 1; k < n; ++k) { const int p = (r + k) % n; copy(d->pull, me.out + p * B, op.ranks[p].in, B); }
+        copy(d->comp, me.out + r * B, me.in, B);
+        break;
+      case OpKind::kAllToAll:
+        for (int k = 1; k < n; ++k) { const int p = (r + k) % n; copy(d->pull, me.out + p * B, op.ranks[p].in + r * B, B); }
+        copy(d->comp, me.out + r * B, me.in + r * B, B);
+        break;
+      case OpKind::kPermute:
+        if (me.recv_from >= 0) copy(d->pull, me.out, op.ranks[me.recv_from].in, B);
+        else DFCCL_CE(cudaMemsetAsync(me.out, 0, B, d->comp));
+        break;
+      case OpKind::kReduceScatter:
+      case OpKind::kAllReduce: {
+        const int p = 1 - r;  // Supports(): 2 ranks
+        const auto [lo, len] = seg_of(r);
+        const int64_t in_off = op.kind == OpKind::kReduceScatter ? r * B : lo;
+        const int64_t out_off = op.kind == OpKind::kReduceScatter ? 0 : lo;
+        const auto chunks = Chunks(len, s.chunk_bytes, op.elem_bytes);
+        for (size_t c = 0; c < chunks.size(); ++c) {
+          const auto [o, l] = chunks[c];
+          copy(d->pull, me.out + out_off + o, op.ranks[p].in + in_off + o, l);
+          DFCCL_CE(cudaEventRecord(d->pulled[c], d->pull));
+          DFCCL_CE(cudaStreamWaitEvent(d->comp, d->pulled[c], 0));
+          DFCCL_CE(LaunchReduceInto(d->comp, op.dtype, op.reduce, me.out + out_off + o, me.in + in_off + o, l,
+                                    s.reduce_blocks));
+          DFCCL_CE(cudaEventRecord(d->reduced[c], d->comp));
+        }
+        break;
+      }
+    }
+  }
+  // Phase 2 (all-reduce): pull the peer's reduced segment, chunk by chunk as it is reduced.
+  if (op.kind == OpKind::kAllReduce) {
+    for (int r = 0; r < n; ++r) {
+      const int p = 1 - r;
+      Dev* d = on(r);
+      const auto [lo, len] = seg_of(p);
+      const auto chunks = Chunks(len, s.chunk_bytes, op.elem_bytes);
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        DFCCL_CE(cudaStreamWaitEvent(d->pull2, dv[p]->reduced[c], 0));
+        copy(d->pull2, op.ranks[r].out + lo + chunks[c].first, op.ranks[p].out + lo + chunks[c].first, chunks[c].second);
+      }
+    }
+  }
+  // Join each rank's streams into `pull`, record its finish ...
+  for (int r = 0; r < n; ++r) {
+    Dev* d = on(r);
+    for (cudaStream_t st : {d->comp, d->pull2}) {
+      DFCCL_CE(cudaEventRecord(d->joined, st));
+      DFCCL_CE(cudaStreamWaitEvent(d->pull, d->joined, 0));
+    }
+    DFCCL_CE(cudaEventRecord(d->fin, d->pull));
+  }
+  // ... and release its XLA stream once every peer is done reading its buffers.
+  for (int r = 0; r < n; ++r) {
+    Dev* d = on(r);
+    for (int p = 0; p < n; ++p)
+      if (p != r) DFCCL_CE(cudaStreamWaitEvent(d->pull, dv[p]->fin, 0));
+    StreamOps::Write32(d->pull, op.ranks[r].done, op.ranks[r].gen);
+  }
+}
+
+}  // namespace dfccl::gpu

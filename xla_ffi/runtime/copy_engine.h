@@ -1,0 +1,101 @@
+// Large collectives on the GPUs' copy engines, driven by a host thread (the
+// mover).  Once every rank has started an instance (host-side matching, as for
+// the daemon) the instance is submitted here; the mover waits until every
+// rank's XLA stream has written its *ready* word (host-mapped, polled), then
+// issues the whole collective on per-device side streams: each rank *pulls*
+// what it needs from the peers' buffers over NVLink (cudaMemcpyAsync, UVA peer
+// access), folds pulled chunks into its output with a small combine kernel
+// (reductions, pipelined chunk by chunk on a second stream), and writes its
+// *done* word after every peer finished reading its buffers (cross-device
+// events).  Nothing is issued before all inputs are ready, so the side streams
+// never wait on an XLA stream: instances complete in any order and the path
+// stays deadlock-free.  No SMs are held (the combine kernel runs briefly).
+//
+//   ALL_GATHER, ALL_TO_ALL, PPERMUTE   any group size: pulls, plus a local copy
+//   REDUCE_SCATTER, ALL_REDUCE         2 ranks (one pulled operand per element;
+//                                      all-reduce: reduce-scatter, then each
+//                                      rank pulls the peer's reduced half)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dfccl/collective.h"
+
+namespace dfccl::gpu {
+
+struct CeRank {
+  int ordinal = 0;
+  const char* in = nullptr;
+  char* out = nullptr;
+  int32_t recv_from = -1;                    // PPERMUTE
+  const volatile uint32_t* ready = nullptr;  // host address, written by XLA's stream
+  uint32_t* done = nullptr;                  // device address of the host-mapped done word
+  volatile uint32_t* done_host = nullptr;    // ... its host address, and the status word
+  volatile uint32_t* status_host = nullptr;  //     (a failed issue releases the ranks with status 1)
+  uint32_t gen = 0;                          // value of both words for this instance
+};
+
+struct CeOp {
+  const void* comm = nullptr;  // identity, for Cancel
+  uint64_t key_hash = 0, seq = 0;
+  OpKind kind = OpKind::kAllGather;
+  ReduceOp reduce = ReduceOp::kSum;
+  DType dtype = DType::kF32;
+  int64_t elem_bytes = 0, elems = 0;  // E of collective.h's canonical layout
+  std::vector<CeRank> ranks;
+};
+
+struct CeSettings {
+  int64_t chunk_bytes = 8 << 20;  // pipelining unit of the reductions (at most kMaxChunks per rank)
+  int reduce_blocks = 32;         // blocks of the combine kernel
+};
+
+class CopyEngine {
+ public:
+  static constexpr int kMaxChunks = 16;
+  static bool Supports(OpKind kind, int nranks) {
+    return nranks == 2 || !(kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter);
+  }
+
+  ~CopyEngine() { Stop(); }
+  void Configure(const CeSettings& s) { std::lock_guard<std::mutex> lk(mu_); settings_ = s; }
+  // Every rank has started `op`; it is issued once every rank's ready word is set.
+  void Submit(CeOp op);
+  // Drops `op` if it was not issued yet (true); false once its copies are enqueued.
+  bool Cancel(const void* comm, uint64_t key_hash, uint64_t seq);
+  int64_t issued() const { return issued_; }
+  std::string error();  // the first CUDA failure of the mover, "" if none
+  void Stop();
+
+ private:
+  struct Dev {
+    cudaStream_t pull = nullptr, pull2 = nullptr, comp = nullptr;
+    cudaEvent_t pulled[kMaxChunks]{}, reduced[kMaxChunks]{}, joined = nullptr, fin = nullptr;
+  };
+  void Loop();
+  static bool Ready(const CeOp& op);
+  void Issue(const CeOp& op, const CeSettings& s);
+  Dev& GetDev(int ordinal);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<CeOp> pending_;
+  CeSettings settings_;
+  std::map<int, Dev> devs_;  // touched by the mover thread only
+  std::thread thread_;
+  bool stop_ = false;
+  std::string error_;
+  std::atomic<int64_t> issued_{0};
+};
+
+}  // namespace dfccl::gpu
