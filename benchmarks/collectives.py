@@ -166,6 +166,8 @@ def main():
   ap.add_argument("--quick", action="store_true")
   ap.add_argument("--max-mib", type=float, default=1024)
   ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--sizes", default=None, help="comma-separated sizes per device, e.g. 16M,1G (default: 4K..1G)")
+  ap.add_argument("--no-chaos", action="store_true", help="skip the chaos-order workloads and the jax.lax hang check")
   ap.add_argument("--hang-timeout", type=float, default=20)
   a = ap.parse_args()
   sizes = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
@@ -173,11 +175,14 @@ def main():
   ops_names = ["psum", "all_gather", "psum_scatter", "all_to_all"]
   if a.quick:
     sizes = [s for s in sizes if s in (4 * KiB, 64 * KiB, 16 * MiB, 1024 * MiB)]
+  if a.sizes:
+    unit = {"K": KiB, "M": MiB, "G": 1024 * MiB}
+    sizes = [int(float(t[:-1]) * unit[t[-1].upper()]) if t[-1].upper() in unit else int(t) for t in a.sizes.split(",")]
   rows, how = bench_ops(sizes, ops_names, a.reps)
   chaos = {}
   try:
     import jax_dfccl as d
-    for nbytes in (64 * KiB, 4 * MiB):
+    for nbytes in (() if a.no_chaos else (64 * KiB, 4 * MiB)):
       x = jnp.asarray(np.random.default_rng(2).standard_normal((N, nbytes // 2)), jnp.bfloat16)
       ours, ref = chaos_program("dfccl", nbytes), chaos_program("lax", nbytes)
       ok = bool(np.allclose(np.asarray(ours(x), np.float32), np.asarray(ref(x), np.float32), rtol=2e-2, atol=2e-2))
@@ -191,7 +196,7 @@ def main():
   except Exception as e:  # noqa: BLE001
     chaos["error"] = repr(e)[:400]
     print("chaos benchmark failed:", repr(e)[:400], flush=True)
-  hang = lax_hang(a.hang_timeout)
+  hang = "not run (--no-chaos)" if a.no_chaos else lax_hang(a.hang_timeout)
   print("jax.lax chaos program in a subprocess:", hang, flush=True)
   payload = {"header": common.header(), "implementation": how, "n_devices": N, "dtype": "bfloat16",
              "rows": rows, "chaos": chaos, "lax_chaos_subprocess": hang}

@@ -35,9 +35,13 @@ class Config:
   #: by a host thread once every rank's input is ready (no daemon, no SMs held
   #: but a short combine kernel for reductions); smaller ones run on the daemon
   #: kernel.  Reductions (psum/pmax/pmin/psum_scatter) take it on 2-GPU groups
-  #: only.  -1: never.  The mover's pipelining unit and combine-kernel blocks
-  #: are ``copy_engine_chunk_bytes`` and ``copy_engine_blocks``.
+  #: only, from ``copy_engine_reduce_min_bytes`` (on 2xH200 the daemon's direct
+  #: path was faster for a 16 MiB psum, 150 vs 130 GB/s, and level at 64 MiB,
+  #: while all_gather gained 2x from 16 MiB).  -1: never.  The mover's
+  #: pipelining unit and combine-kernel blocks are ``copy_engine_chunk_bytes``
+  #: and ``copy_engine_blocks``.
   copy_engine_min_bytes: int = 4 << 20
+  copy_engine_reduce_min_bytes: int = 64 << 20
   copy_engine_chunk_bytes: int = 8 << 20
   copy_engine_blocks: int = 32
   #: Record start/preempt/resume/finish events for :func:`jax_dfccl.export_trace`.

@@ -129,10 +129,16 @@ def crossover():
       row = []
       for path in (-1, 0):
         dfccl.configure(copy_engine_min_bytes=path)
+        s0 = dfccl.stats()["cuda"]
         t2 = common.median_time(f2, x, reps=5, warmup=1)
         t12 = common.median_time(f12, x, reps=5, warmup=1)
+        s1 = dfccl.stats()["cuda"]
         row.append((t12 - t2) / 10 * 1e6)
-      print(f"{name:12s} {mib:3d} MiB: daemon {row[0]:8.1f}  copy engine {row[1]:8.1f} us/op", flush=True)
+      dn = lambda k: s1[k] - s0[k]
+      ops_n, timed = max(dn("copy_engine_ops"), 1), max(dn("copy_engine_timed"), 1)
+      print(f"{name:12s} {mib:3d} MiB: daemon {row[0]:8.1f}  copy engine {row[1]:8.1f} us/op "
+            f"(per op: host issue {dn('copy_engine_issue_us') / ops_n:.1f} us, "
+            f"rank-0 GPU {dn('copy_engine_gpu_us') / timed:.1f} us)", flush=True)
   dfccl.configure(copy_engine_min_bytes=4 << 20)
 
 

@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# GPU check of the fused overlap kernels (_dfccl_overlap) on a machine with 2+
+# GPU check of the fused overlap kernels (_dfccl_overlap) on a machine with 2
 # NVIDIA GPUs (sm90), from the repository root with the built modules in
-# jax_dfccl/.  Logs and benchmark JSON/markdown go to $OUT.  Whole run < 6 min:
-#   1. pytest -m gpu tests/gpu/test_overlap_gpu.py          (timeout 200 s)
-#   1b. benchmarks/overlap_diag.py: fused kernel time vs its GEMM alone (no_comm)
-#      vs XLA's dot, push kernel time                        (timeout <= 100 s)
-#   2. benchmark, LLaMA TP=2 shapes (AG M in {1024,4096}, (N,K)=(14336,4096);
-#      RS M in {1024,4096}, (N,K)=(4096,14336); global sizes), fused kernel side
-#      by side with the GEMM alone, sequential GEMM + collective, XLA and the
-#      jax.lax-collective schedule, and the fused kernel under the previous
-#      scheme (fused_legacy) and with the RS copy engine (fused_rsce) (timeout <= 200 s)
-#   3. compute-sanitizer memcheck on a tiny fused-op program, if time is left
-#      (timeout <= 120 s).  If the sanitizer serializes kernels, the ranks'
-#      kernels cannot meet: expect the bounded-wait timeout message then (not a hang).
-# OVERLAP_STEPS (default tests,diag,bench,memcheck) picks the steps.  The fused
-# kernels' settings come from jax_dfccl.config (overlap_fused,
-# overlap_wait_timeout_s), not from environment variables.
+# jax_dfccl/.  Everything goes to $OUT; the whole run stays within
+# OVERLAP_BUDGET_S (default 470 s), every step under `timeout`:
+#   tests     pytest -m gpu tests/gpu/test_overlap_gpu.py            (timeout 120 s)
+#   timeline  benchmarks/overlap_diag.py on AG 1024x14336x4096 and RS 1024x4096x14336
+#             (variants fused, mailbox, nocomm, legacy, rs_ce): per-variant wall /
+#             kernel / copy / host times -> overlap_<date>_<tag>_diag.jsonl, and the
+#             whole per-tile device timelines of fused, mailbox and nocomm ->
+#             overlap_timeline_<date>_<tag>.json (notebooks/03_overlap.ipynb)  (timeout 100 s);
+#             then RS 4096x4096x14336: fused (copy engine), rs_sm, mailbox  (timeout 40 s)
+#   bench     benchmarks/overlap.py, every shape of the issue (AG and RS, M in
+#             {1024, 4096, 8192}, three (N, K) pairs), XLA windowed einsum in a
+#             child process, within the time left (at most 330 s)
+#             -> overlap_<date>_<tag>.{json,md}
+#   memcheck  (only if listed in OVERLAP_STEPS) compute-sanitizer memcheck of a tiny
+#             fused-op program (timeout <= 120 s)
+# OVERLAP_STEPS (default tests,timeline,bench) picks the steps, OVERLAP_TAG (default
+# h200x2) names the results.  The kernels' settings come from jax_dfccl.config.
 set -u
-STEPS=${OVERLAP_STEPS:-tests,diag,bench,memcheck}
+STEPS=${OVERLAP_STEPS:-tests,timeline,bench}
 step() { [[ ",$STEPS," == *",$1,"* ]]; }
 T0=$SECONDS
-BUDGET=${OVERLAP_BUDGET_S:-340}
+BUDGET=${OVERLAP_BUDGET_S:-470}
+TAG=${OVERLAP_TAG:-h200x2}
+DATE=$(date +%F)  # the date in the result names (local, as the scripts use)
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} TF_CPP_MIN_LOG_LEVEL=2
@@ -32,31 +36,41 @@ filt() { grep -v "^W0000\|^I0000\|UserWarning\|warnings.warn"; }
 log machine
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ls -la jax_dfccl/*.so
-$PY -c "import jax, jax_dfccl._src.overlap_gpu as g; print('jax', jax.__version__, jax.devices()); print('fused module available:', g.available())" 2>&1 | filt | tail -3
+timeout 60 $PY -c "import jax, jax_dfccl._src.overlap_gpu as g; print('jax', jax.__version__, jax.devices()); print('fused module available:', g.available())" 2>&1 | filt | tail -3
 
 if step tests; then
-  log "pytest -m gpu tests/gpu/test_overlap_gpu.py"
-  timeout 200 $PY -m pytest -m gpu -q tests/gpu/test_overlap_gpu.py -p no:cacheprovider -rfE \
+  log "pytest -m gpu tests/gpu/test_overlap_gpu.py (timeout 120 s)"
+  timeout 120 $PY -m pytest -m gpu -q tests/gpu/test_overlap_gpu.py -p no:cacheprovider -rfE \
     > "$OUT/overlap_tests.log" 2>&1
-  echo "tests rc=$?"; filt < "$OUT/overlap_tests.log" | tail -60
+  echo "tests rc=$?"; filt < "$OUT/overlap_tests.log" | tail -40
 fi
 
-dt=$(( $(left) - 60 )); (( dt > 100 )) && dt=100
-if step diag && (( dt >= 30 )); then
-  log "diagnostic (timeout $dt s)"
-  timeout $dt $PY benchmarks/overlap_diag.py --m 1024,4096 --out "$OUT/overlap_diag.jsonl" \
+tt=$(( $(left) - 200 )); (( tt > 100 )) && tt=100
+if step timeline && (( tt >= 40 )); then
+  log "timeline + diagnostic (timeout $tt s)"
+  timeout $tt $PY benchmarks/overlap_diag.py --shapes ag:1024:14336:4096,rs:1024:4096:14336 \
+    --variants fused,mailbox,nocomm,legacy,rs_ce --iters 4 \
+    --out "$OUT/overlap_${DATE}_${TAG}_diag.jsonl" --timeline "$OUT/overlap_timeline_${DATE}_${TAG}.json" \
     > "$OUT/overlap_diag.log" 2>&1
-  echo "diag rc=$?"; filt < "$OUT/overlap_diag.log" | tail -8
+  echo "timeline rc=$?"; filt < "$OUT/overlap_diag.log" | tail -4 | cut -c1-1500
+  ls -la "$OUT"/overlap_timeline_*.json 2>/dev/null
+  dt=$(( $(left) - 260 )); (( dt > 40 )) && dt=40
+  if (( dt >= 20 )); then  # RS with 16 MiB blocks: copy engine (default) against epilogue stores
+    timeout $dt $PY benchmarks/overlap_diag.py --shapes rs:4096:4096:14336 --variants fused,rs_sm,mailbox \
+      --iters 4 --out "$OUT/overlap_${DATE}_${TAG}_diag.jsonl" >> "$OUT/overlap_diag.log" 2>&1
+    echo "diag rs 4096 rc=$?"; filt < "$OUT/overlap_diag.log" | tail -1 | cut -c1-1500
+  fi
+else
+  log "timeline skipped (no time left)"
 fi
 
-bt=$(( $(left) - 40 )); (( bt > 200 )) && bt=200
-if step bench && (( bt >= 30 )); then
-  log "benchmark (timeout $bt s)"
-  timeout $bt $PY benchmarks/overlap.py --m 1024,4096 --ops ag,rs --limit 4 --no-windowed \
-    --variants ${OVERLAP_VARIANTS:-t_gemm,xla_plain,ours_fused,fused_legacy,fused_rsce} --iters 5 --reps 3 \
-    --tag h200x2_fused --outdir "$OUT" > "$OUT/overlap_bench.log" 2>&1
-  echo "bench rc=$?"; filt < "$OUT/overlap_bench.log" | tail -30
-  cat "$OUT"/overlap_*h200x2_fused*.md 2>/dev/null | tail -20
+bb=$(( $(left) - 40 )); (( bb > 330 )) && bb=330
+if step bench && (( bb >= 60 )); then
+  log "benchmark, all shapes (budget $bb s)"
+  timeout $(( bb + 30 )) $PY benchmarks/overlap.py --budget-s $bb --tag "$TAG" --outdir "$OUT" \
+    ${OVERLAP_BENCH_ARGS:-} > "$OUT/overlap_bench.log" 2>&1
+  echo "bench rc=$?"; filt < "$OUT/overlap_bench.log" | grep -v '^{"shape"' | tail -10
+  cat "$OUT/overlap_${DATE}_${TAG}.md" 2>/dev/null | tail -30
 else
   log "benchmark skipped (no time left)"
 fi
@@ -75,7 +89,8 @@ x = jnp.ones((136, 72), jnp.bfloat16); w = jnp.ones((72, 40), jnp.bfloat16)
 for name, op, xs, ws, os_ in (("ag", ov.all_gather_matmul, P("tp"), P(None, "tp"), P(None, "tp")),
                               ("rs", ov.matmul_reduce_scatter, P(None, "tp"), P("tp"), P("tp"))):
   f = jax.jit(jax.shard_map(lambda x, w: op(x, w, "tp"), mesh=mesh, in_specs=(xs, ws), out_specs=os_))
-  y = np.asarray(f(put(x, xs), put(w, ws)).astype(jnp.float32))
+  for _ in range(3):  # from the second call on: addresses from the host, announcements in device memory
+    y = np.asarray(f(put(x, xs), put(w, ws)).astype(jnp.float32))
   print(name, y.shape, "max", y.max(), "min", y.min(), "errors:", og.errors(), flush=True)
 PYEOF
   XLA_PYTHON_CLIENT_PREALLOCATE=false \
@@ -83,7 +98,5 @@ PYEOF
     timeout $mt compute-sanitizer --tool memcheck --print-limit 20 $PY "$OUT/overlap_memcheck.py" \
     > "$OUT/overlap_memcheck.log" 2>&1
   echo "memcheck rc=$?"; filt < "$OUT/overlap_memcheck.log" | grep -v "^=========  *Host Frame\|^=========     " | tail -30
-else
-  log "memcheck skipped (no time left or no compute-sanitizer)"
 fi
 log done

@@ -24,10 +24,18 @@ of the SM push kernel), ``overlap_cta_fence`` (RS: one system fence per CTA
 and tile) and ``overlap_rs_copy_engine_min_bytes`` (RS partial blocks at least
 that large moved by the copy engine)
 travel as the `mode` attribute.
+
+Diagnostics (benchmarks/overlap_diag.py): ``profile(True)`` makes the kernels
+record CUDA-event times and a per-tile device timeline of every fused launch,
+``profile_results()`` collects them (summaries and whole timelines, see
+xla_ffi/overlap/profile.cc); ``diag_mode(MODE_MAILBOX_ONLY)`` traces ops that
+exchange readiness and addresses through the host-mapped mailbox only (the
+first version's handshake), for comparisons.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 
 import jax
@@ -40,12 +48,14 @@ from jax_dfccl._src import compat
 from jax_dfccl._src import core as dcore
 
 __all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_scatter", "errors",
-           "check"]
+           "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY"]
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANKS = 8
 
 _enabled: list = [None]  # None: jax_dfccl.config.overlap_fused
+_diag_bits: list = [0]   # extra `mode` bits of ops traced inside diag_mode()
+MODE_MAILBOX_ONLY = 8    # protocol.h kModeMailboxOnly
 _lock = threading.Lock()
 _mod: list = []  # [module or None] once tried
 
@@ -122,6 +132,56 @@ def check():
 
 
 # ---------------------------------------------------------------------------
+# Diagnostics
+
+
+@contextlib.contextmanager
+def diag_mode(bits: int):
+  """Ops traced inside the block carry these extra `mode` bits (e.g. MODE_MAILBOX_ONLY)."""
+  old, _diag_bits[0] = _diag_bits[0], int(bits)
+  try:
+    yield
+  finally:
+    _diag_bits[0] = old
+
+
+def profile(on: bool, no_comm: bool = False):
+  """Turns profiling of the fused launches on or off (every launch from then on).
+
+  no_comm runs the fused GEMMs without waits or remote stores (their GEMM
+  alone; results invalid).  Raises RuntimeError without the GPU module.
+  """
+  mod = module()
+  if mod is None:
+    raise RuntimeError("jax_dfccl fused overlap module not available (needs sm90 GPUs and _dfccl_overlap)")
+  mod._set_diag(bool(no_comm), bool(on))
+
+
+def profile_results() -> dict:
+  """Collects (and clears) what the profiled launches recorded.
+
+  Returns {"events": [(name, ms), ...], "timelines": [dict, ...]}: events are
+  the CUDA-event times ("<key>|gemm", "|copy", "|push"), handler wall times
+  ("|host") and per-launch summaries ("|tl_<what>"); every timeline is one
+  launch on one rank: key, rank, kind, per_block, tiles, grid, side, host_ns
+  (handler entry, host clock), base_ns (earliest device time of the launch,
+  globaltimer), kernel [start, announced], tile rows [tile, sm, got, mma_done,
+  waits_done, done, row_wait_start, row_wait_end] and side rows [peer,
+  wait_start, ready_seen, signal], in ns from base_ns (-1: not recorded).
+  """
+  mod = module()
+  if mod is None:
+    return {"events": [], "timelines": []}
+  events, timelines = [], []
+  for name, ms in mod._profile_results():
+    if "|tlraw|" in name:
+      timelines.append(json.loads(name.split("|tlraw|", 1)[1]))
+    else:
+      events.append((name, ms))
+  return {"events": events, "timelines": timelines}
+
+
+# ---------------------------------------------------------------------------
 # Primitive: one custom call per op instance and rank.
 
 fused_p = jcore.Primitive("dfccl_overlap_fused")
@@ -172,7 +232,8 @@ def _mode(cfg, kind, nranks, block_bytes) -> int:
   """The custom call's `mode` bits (xla_ffi/overlap/protocol.h, enum Mode)."""
   lim = cfg.overlap_rs_copy_engine_min_bytes
   rs_ce = kind == "rs" and nranks == 2 and lim >= 0 and block_bytes >= lim
-  return (1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
+  return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
+          | _diag_bits[0])
 
 
 mlir.register_lowering(fused_p, _lowering, platform="cuda")

@@ -82,7 +82,7 @@ def test_large_paths(op, path, elems):
   """Both transports of large messages (copy engines / daemon direct path), odd sizes included."""
   if op in ("psum_scatter", "all_to_all"):
     elems = elems * N
-  d.configure(copy_engine_min_bytes=0 if path == "copy_engine" else -1)
+  d.configure(copy_engine_min_bytes=-1 if path == "daemon" else 0, copy_engine_reduce_min_bytes=0)
   try:
     before = d.stats()["cuda"]["copy_engine_ops"]
     x = data(elems, jnp.float32, elems + len(op) + len(path))
@@ -90,11 +90,11 @@ def test_large_paths(op, path, elems):
     got = np.asarray(ours(x))
     moved = d.stats()["cuda"]["copy_engine_ops"] - before
   finally:
-    d.configure(copy_engine_min_bytes=4 << 20)
+    d.configure(copy_engine_min_bytes=4 << 20, copy_engine_reduce_min_bytes=64 << 20)
   want = np.asarray(ref(x))
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
   reduction = op in ("psum", "pmax", "pmin", "psum_scatter")
-  assert moved == (1 if path == "copy_engine" and (N == 2 or not reduction) else 0)
+  assert moved == (1 if path != "daemon" and (N == 2 or not reduction) else 0)
 
 
 @pytest.mark.parametrize("mib", [1024])
@@ -119,6 +119,28 @@ def test_chaos_order():
     got = np.asarray(f(x))
     assert np.array_equal(got, np.stack([want] * N))
   assert np.array_equal(np.asarray(out), np.stack([want] * N))
+
+
+def test_chaos_order_copy_engine():
+  """The chaos-order program with 8 MiB collectives (copy engines), exact."""
+  from jax_dfccl import testing as T
+  ncoll, elems = T.NUM, 1 << 21
+  chaos = T.alternating_chaos("x", N, elems, seed=0)
+  f = smap(lambda v: chaos(v[0])[None])
+  x = jnp.asarray(np.random.default_rng(1).integers(-50, 50, (N, elems)), jnp.float32)
+  xs = np.asarray(x, np.float64)
+  want = sum((xs.sum(0) if i % 2 == 0 else xs[0]) * (i + 1) for i in range(ncoll))
+  d.configure(copy_engine_reduce_min_bytes=0)  # the psums too
+  try:
+    before = d.stats()["cuda"]["copy_engine_ops"]
+    for _ in range(10):
+      out = f(x)
+    got = np.asarray(out)
+    moved = d.stats()["cuda"]["copy_engine_ops"] - before
+  finally:
+    d.configure(copy_engine_reduce_min_bytes=64 << 20)
+  assert np.array_equal(got, np.stack([want] * N))
+  assert moved == 10 * ncoll
 
 
 def test_fori_loop_reentry():

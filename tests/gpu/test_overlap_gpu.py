@@ -210,18 +210,51 @@ def test_profile_timeline(kind):
   f, args = _per_shard(kind, x, w)
   ref = _ref(kind, x, w)
   _close(f(*args), ref, dtype, f"{kind} warm-up")
-  mod = og.module()
-  mod._set_diag(False, True)
+  og.profile(True)
   try:
     outs = [f(*args) for _ in range(2)]
     jax.block_until_ready(outs)
   finally:
-    mod._set_diag(False, False)
-  res = mod._profile_results()
+    og.profile(False)
+  res = og.profile_results()
   for out in outs:
     _close(out, ref, dtype, f"{kind} profiled")
-  spans = [ms for k, ms in res if k.endswith("|tl_span")]
-  assert len(spans) == 4 and all(0 < s < 1e3 for s in spans), res  # 2 calls x 2 ranks
+  ev = res["events"]
+  spans = [ms for k, ms in ev if k.endswith("|tl_span")]
+  assert len(spans) == 4 and all(0 < s < 1e3 for s in spans), ev  # 2 calls x 2 ranks
   if kind == "ag":
-    assert any(k.endswith("|tl_copy") for k, _ in res), res
+    assert any(k.endswith("|tl_copy") for k, _ in ev), ev
+  tls = res["timelines"]
+  assert len(tls) == 4 and {t["rank"] for t in tls} == {0, 1}, [t.get("rank") for t in tls]
+  for t in tls:
+    assert t["kind"] == kind and len(t["tile"]) == t["tiles"], (t["kind"], len(t["tile"]), t["tiles"])
+    assert t["kernel"][0] >= 0 and t["kernel"][1] >= t["kernel"][0], t["kernel"]
+    assert all(0 <= row[2] <= row[3] <= row[4] <= row[5] for row in t["tile"]), t["tile"][:4]
+    assert t["host_ns"] > 0
+  og.check()
+
+
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("rs_ce", [False, True], ids=["sm", "ce"])
+def test_mailbox_only_and_back(kind, rs_ce):
+  """The host-mailbox handshake (diag_mode) and the device-memory announcements give the same
+  results, also when programs of both kinds alternate on one channel."""
+  from jax_dfccl.config import config
+  dtype = jnp.bfloat16
+  x, w = _inputs(512, 768, 384, dtype, seed=11)
+  old = config.overlap_rs_copy_engine_min_bytes
+  config.overlap_rs_copy_engine_min_bytes = 0 if rs_ce else -1
+  try:
+    f, args = _per_shard(kind, x, w)
+    f.lower(*args)
+    with og.diag_mode(og.MODE_MAILBOX_ONLY):
+      g = jax.jit(jax.shard_map(lambda x, w: OPS[kind]()(x, w, "tp"), mesh=MESH,
+                                in_specs=SPECS[kind][:2], out_specs=SPECS[kind][2]))
+      bits = 1 | 2 | 8 | (4 if rs_ce and kind == "rs" else 0)  # copy engine, CTA fence, mailbox only
+      assert f"mode = {bits}" in g.lower(*args).as_text()
+  finally:
+    config.overlap_rs_copy_engine_min_bytes = old
+  ref = _ref(kind, x, w)
+  for it in range(6):  # same op key: one channel, instances of both schemes interleaved
+    _close((f if it % 3 else g)(*args), ref, dtype, f"{kind} iter {it}")
   og.check()

@@ -23,4 +23,9 @@ cudaError_t LaunchStreamWait(cudaStream_t stream, const uint32_t* addr, uint32_t
 cudaError_t LaunchReduceInto(cudaStream_t stream, DType dtype, ReduceOp reduce, char* out, const char* in,
                              int64_t bytes, int max_blocks);
 
+// Load the side kernels on the current device now (lazy loading would load them
+// at first launch, synchronizing the context while other kernels spin).
+cudaError_t PreloadStreamWait();
+cudaError_t PreloadReduceKernels();
+
 }  // namespace dfccl::gpu

@@ -24,7 +24,27 @@ __global__ void __launch_bounds__(kThreads) ReduceIntoKernel(char* out, const ch
   BlockReduce<T, R>(out + off, srcs, 2, len, vec);
 }
 
+template <class T>
+cudaError_t LoadType() {
+  cudaFuncAttributes a;
+  for (cudaError_t e : {cudaFuncGetAttributes(&a, ReduceIntoKernel<T, SumOp>), cudaFuncGetAttributes(&a, ReduceIntoKernel<T, MaxOp>),
+                        cudaFuncGetAttributes(&a, ReduceIntoKernel<T, MinOp>)})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
 }  // namespace
+
+// With lazy module loading, the first launch of a kernel loads it, and loading
+// synchronizes the context: it would wait for a done-wait kernel spinning on
+// XLA's stream for this very combine -- a deadlock.  Loaded up front instead.
+cudaError_t PreloadReduceKernels() {
+  for (DType t : {DType::kS32, DType::kF16, DType::kF32, DType::kF64, DType::kBF16}) {
+    const cudaError_t e = DispatchDType<CudaTypes>(t, [&]<class T>() { return LoadType<T>(); });
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 
 cudaError_t LaunchReduceInto(cudaStream_t stream, DType dtype, ReduceOp reduce, char* out, const char* in,
                              int64_t bytes, int max_blocks) {

@@ -17,6 +17,11 @@ __global__ void StreamWaitKernel(const uint32_t* addr, uint32_t value, TraceRec*
 
 }  // namespace
 
+cudaError_t PreloadStreamWait() {
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, StreamWaitKernel);
+}
+
 cudaError_t LaunchStreamWait(cudaStream_t stream, const uint32_t* addr, uint32_t value, TraceRec* rec,
                              const TraceRec& proto) {
   StreamWaitKernel<<<1, 1, 0, stream>>>(addr, value, rec, proto);

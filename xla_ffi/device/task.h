@@ -52,7 +52,7 @@ inline constexpr int kMaxBlocks = 64;       // worker blocks of a daemon
 inline constexpr int kThreads = 512;        // threads per daemon block
 inline constexpr int kTracePerBlock = 2048; // trace ring entries per block
 inline constexpr int kNumPools = 2;         // 0: small messages (LL protocol), 1: the rest (simple protocol)
-inline constexpr int kCeRing = 256;         // copy-engine collectives in flight per device (runtime/copy_engine.h)
+inline constexpr int kCeRing = 1024;        // copy-engine collectives in flight per device (runtime/copy_engine.h)
 
 DFCCL_TASK_HD uint32_t Gen(uint64_t ticket, uint64_t ring = kTaskRing) { return static_cast<uint32_t>(ticket / ring + 1); }
 

@@ -108,6 +108,18 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
   if (warp_idx == 0 && cute::elect_one_sync())
     for (int b = 0; b < l.nranks; ++b) Mainloop::prefetch_tma_descriptors(p.ml[b]);
   if (thread_idx < kMaxRanks) ss.extra.ready_ok[thread_idx] = 0;
+  if (blockIdx.x == 0 && thread_idx == 0) {
+    // Announce this instance to the peers in their own memory (protocol.h): all
+    // prior work of this stream, the previous instance included, is complete.
+    const uint64_t t_start = l.tl != nullptr ? GlobalTimer() : 0;
+    for (int q = 0; q < l.nranks && !l.no_comm; ++q)
+      if (q != l.rank && l.peer_ready[q] != nullptr) StReleaseSys(l.peer_ready[q] + l.rank, l.seq);
+    if (l.tl != nullptr) {
+      uint64_t* lr = l.tl + size_t(total) * kTlWords + size_t(kTlLaunch) * kTlSide;
+      lr[0] = t_start;
+      lr[1] = GlobalTimer();
+    }
+  }
 
   typename C::Pipeline::Params pp;
   if (warp_group == 0 && warp_idx == 0) pp.role = C::Pipeline::ThreadCategory::Producer;
@@ -199,10 +211,15 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
     if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
       dst = static_cast<T*>(l.send) + tile_off;
     } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
-      if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {
-        const bool ok = WaitGeq(&l.mbox->ready[tc.b], l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
-        ss.extra.peer_recv[tc.b] = ok ? LoadMailboxPtr(&l.mbox->recv[tc.b]) : 0;
-        ss.extra.peer_flags[tc.b] = ok ? LoadMailboxPtr(&l.mbox->flags[tc.b]) : 0;
+      if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {  // once per CTA and peer
+        const bool ok = WaitReady(l.ready_in != nullptr ? l.ready_in + tc.b : nullptr, &l.mbox->ready[tc.b], l.seq,
+                                  l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
+        // Addresses from the host once known there, else from the mailbox
+        // (published before the peer's first ready write).
+        const uint64_t recv = l.peer_recv[tc.b] != 0 ? l.peer_recv[tc.b] : LoadMailboxPtr(&l.mbox->recv[tc.b]);
+        const uint64_t flags = l.peer_flags[tc.b] != 0 ? l.peer_flags[tc.b] : LoadMailboxPtr(&l.mbox->flags[tc.b]);
+        ss.extra.peer_recv[tc.b] = ok ? recv : 0;
+        ss.extra.peer_flags[tc.b] = ok ? flags : 0;
         ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
       }
       ConsumerBarrier(C::kMmaThreads);
@@ -294,8 +311,13 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
       if (l.thread_fences) __threadfence_system();  // every storing thread: its remote stores before the flag
       ConsumerBarrier(C::kMmaThreads);              // all stores of the tile issued (CTA-ordered before ...)
       if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0) {
-        if (!l.thread_fences) FenceAcqRelSys();  // ... this one cumulative system fence
-        StReleaseSys(reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx, l.seq);
+        uint32_t* flag = reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx;
+        if (l.thread_fences) {
+          StReleaseSys(flag, l.seq);
+        } else {  // ... this one cumulative system fence, then a strong store (release pattern)
+          FenceAcqRelSys();
+          StRelaxedSys(flag, l.seq);
+        }
       }
     }
     if (tl) {

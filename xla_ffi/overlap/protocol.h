@@ -12,12 +12,31 @@
 //                         orders it after all prior work of that stream) at the
 //                         start of p's instance `seq`: from then on p's previous
 //                         instance no longer reads recv[p], so peers may write it.
+//      ready_in[p]        address of rank p's device-memory announcement words
+//                         (kMaxRanks u32): slot q holds the latest instance that
+//                         rank q announced to p (see below).
 //      error              first timeout code (kernel writes, host reports).
+//  * Announcements in device memory: once the host of rank q knows p's
+//    ready_in (from q's second call on, as a rule), the first thread of q's
+//    fused GEMM kernel of instance seq stores seq into ready_in_p[q]
+//    (st.release.sys over NVLink).  The kernel starts after all prior work of
+//    q's stream, so this says the same as ready[q] >= seq, but p polls it in
+//    its own memory instead of host memory over PCIe.  A waiter for a peer's
+//    readiness polls its local slot and, every kHostPollEvery polls, the host
+//    word ready[q] as well: either one suffices, so a rank whose peer does not
+//    know its address yet (first calls) is served by the host word.  The
+//    ready_in words are zeroed once (stream-ordered, before the rank's first
+//    ready write); a peer's store lost to that zeroing only sends the waiter
+//    to the host word.
+//  * Peers' buffer addresses come from the host (kernel parameters) once
+//    every rank of the group initialized; before that a kernel reads them from
+//    the mailbox after seeing ready[p] >= seq.
 //  * A writer waits ready[p] >= seq (ld.acquire.sys, bounded) before its first
 //    remote store into recv[p] for instance seq, stores the data, syncs the
 //    storing threads (bar.sync) and then one thread executes fence.acq_rel.sys
 //    (cumulative: it orders the CTA's stores that the barrier ordered before
-//    it) and sets the flag word flags[p][...] = seq with st.release.sys.
+//    it) and sets the flag word flags[p][...] = seq with st.relaxed.sys (the
+//    fence and the strong store form a release pattern).
 //    Without kModeCtaFence (config overlap_cta_fence=False) every storing
 //    thread runs fence.sc.sys (__threadfence_system) before the barrier
 //    instead (the first version's scheme; the AG SM push kernel always does).
@@ -41,6 +60,8 @@
 //  * Every wait is bounded (globaltimer); on timeout the waiter writes `error`
 //    and proceeds (the result is then garbage); the host turns the code into
 //    an error naming the op key and ranks at the next call and in errors().
+//    A waiter reads `error` (host memory) only every kErrorPollEvery polls,
+//    the first time after that many, so a short wait makes no PCIe read.
 #pragma once
 
 #include <cstdint>
@@ -54,16 +75,26 @@ constexpr int kTileN = 256;
 enum Kind : int32_t { kAllGatherGemm = 0, kGemmReduceScatter = 1 };
 
 // Bits of the custom call's `mode` attribute (jax_dfccl.config).
-enum Mode : int32_t { kModeCopyEngine = 1, kModeCtaFence = 2, kModeRsCopyEngine = 4 };
+// kModeMailboxOnly (diagnostic, no config entry): announcements and addresses
+// only through the host-mapped mailbox (the first version's handshake).
+enum Mode : int32_t { kModeCopyEngine = 1, kModeCtaFence = 2, kModeRsCopyEngine = 4, kModeMailboxOnly = 8 };
 
 // Profile timeline (globaltimer ns, written only when GemmLaunch::tl is set):
 // per tile t of the launch kTlWords words at tl[t * kTlWords]: consumer got the
 // tile, MMA done, waits done (RS: ready / peers' partials), epilogue done
 // (flag raised), AG producer row-flag wait start, its end, SM id.  After the
-// tiles, per peer j = 1..P-1 (AG copy engine) kTlSide words: ready wait start,
-// ready seen, signal (copy done).
+// tiles, per peer j = 1..P-1 (AG copy engine; RS copy engine: j = 1) kTlSide
+// words: ready wait start, ready seen, signal (copy done).  The last side
+// slot (kTlLaunch) holds the kernel's start (first thread of block 0) and the
+// time its announcements to the peers were stored.
 constexpr int kTlWords = 8;
 constexpr int kTlSide = 4;
+constexpr int kTlLaunch = kMaxRanks - 1;  // side slot of the launch record (P - 1 < kMaxRanks)
+
+// Poll periods of the bounded waits (sync.cuh), in polls of ~100 ns or more.
+constexpr uint32_t kHostPollEvery = 256;    // host word ready[q] (first calls) beside the local announcement
+constexpr uint32_t kTimerPollEvery = 128;   // the timeout (GPU clock)
+constexpr uint32_t kErrorPollEvery = 2048;  // the mailbox error word (a peer timed out); a multiple of the above
 
 // What a timed-out waiter was waiting for (bits 24..31 of the error code).
 enum WaitWhat : uint32_t { kWaitReady = 1, kWaitPartial = 2, kWaitRows = 3, kWaitPushReady = 4, kWaitOwnTiles = 5 };
@@ -74,6 +105,7 @@ struct Mailbox {
   uint32_t pad[7];
   uint64_t recv[kMaxRanks];
   uint64_t flags[kMaxRanks];
+  uint64_t ready_in[kMaxRanks];
 };
 
 constexpr uint32_t ErrorCode(uint32_t what, int waiter, int peer) {
@@ -101,6 +133,11 @@ struct GemmLaunch {
   uint64_t* tl = nullptr;     // profile timeline (see kTlWords) or null
   void* send = nullptr;               // RS copy engine: peer block's partials go here (local)
   uint32_t* done_counter = nullptr;   // RS copy engine: +1 per finished peer tile (never reset)
+  // Known to the host once every rank initialized (else 0 / null: mailbox and host words).
+  uint64_t peer_recv[kMaxRanks] = {};    // RS: rank p's recv buffer
+  uint64_t peer_flags[kMaxRanks] = {};   // RS: rank p's flag array
+  uint32_t* peer_ready[kMaxRanks] = {};  // rank p's ready_in: announce `seq` in its slot `rank`
+  const uint32_t* ready_in = nullptr;    // this rank's ready_in (the peers' announcements)
 };
 
 // AG copy-engine path: side-stream helpers around cudaMemcpyAsync.
@@ -113,6 +150,7 @@ struct SideSync {
   int32_t count = 0;          // signal: number of flag words
   const uint32_t* counter = nullptr;  // wait also for *counter >= target (local; RS copy engine)
   uint32_t target = 0;
+  const uint32_t* ready_local = nullptr;  // our ready_in slot of `peer` (null: host word only)
   uint64_t* tl = nullptr;     // kTlSide words or null
 };
 
@@ -121,6 +159,7 @@ struct PushLaunch {
   const void* x = nullptr;  // [m, k]
   int32_t m = 0, row_bytes = 0, rank = 0, nranks = 1;
   uint32_t* counters = nullptr;  // local [P-1][m tiles] piece arrival counters (zeroed once)
+  const uint32_t* ready_in = nullptr;  // our ready_in (the peers' announcements) or null
   Mailbox* mbox = nullptr;
   uint32_t seq = 0;
   uint64_t timeout_ns = 0;

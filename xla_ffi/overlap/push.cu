@@ -26,7 +26,8 @@ __global__ void __launch_bounds__(512) PushKernel(PushLaunch a) {
     const int d = (a.rank - j + a.nranks) % a.nranks;
     if (threadIdx.x == 0) {
       // d's stream reached instance seq: its gather buffer is free for us.
-      const bool ok = WaitGeq(&a.mbox->ready[d], a.seq, a.mbox, a.timeout_ns, ErrorCode(kWaitPushReady, a.rank, d));
+      const bool ok = WaitReady(a.ready_in != nullptr ? a.ready_in + d : nullptr, &a.mbox->ready[d], a.seq, a.mbox,
+                                a.timeout_ns, ErrorCode(kWaitPushReady, a.rank, d));
       s_dst = ok ? LoadMailboxPtr(&a.mbox->recv[d]) : 0;
       s_flags = ok ? reinterpret_cast<uint32_t*>(LoadMailboxPtr(&a.mbox->flags[d])) : nullptr;
     }
@@ -58,7 +59,8 @@ __global__ void ReadyWaitKernel(SideSync s) {
   if (threadIdx.x != 0) return;
   if (s.tl) s.tl[0] = GlobalTimer();
   if (s.counter) WaitGeq(s.counter, s.target, s.mbox, s.timeout_ns, ErrorCode(kWaitOwnTiles, s.rank, s.rank));
-  WaitGeq(&s.mbox->ready[s.peer], s.seq, s.mbox, s.timeout_ns, ErrorCode(kWaitPushReady, s.rank, s.peer));
+  WaitReady(s.ready_local, &s.mbox->ready[s.peer], s.seq, s.mbox, s.timeout_ns,
+            ErrorCode(kWaitPushReady, s.rank, s.peer));
   if (s.tl) s.tl[1] = GlobalTimer();
 }
 

@@ -19,16 +19,37 @@ using gpu::GlobalTimer;
 // orders the other participating threads' earlier stores (PTX memory model).
 __device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
-
 // Generic-proxy writes (by a peer, made visible to us by an acquire) become
 // visible to this thread's later TMA (async-proxy) reads of global memory.
 __device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 __device__ __forceinline__ bool Reached(uint32_t value, uint32_t seq) { return int32_t(value - seq) >= 0; }
 
+// Strong (relaxed, system scope) store: after FenceAcqRelSys a release pattern.
+__device__ __forceinline__ void StRelaxedSys(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Bounded-wait bookkeeping: the timeout every kTimerPollEvery polls (the GPU's
+// clock), the mailbox's error word (host memory, a PCIe read) every
+// kErrorPollEvery polls, the first time only after that many.  False once an
+// error is recorded or after timeout_ns, when the waiter records `code` in the
+// mailbox (if no error is there yet).
+__device__ __forceinline__ bool KeepWaiting(uint32_t it, uint64_t t0, Mailbox* mbox, uint64_t timeout_ns,
+                                            uint32_t code) {
+  if ((it % kTimerPollEvery) != kTimerPollEvery - 1) return true;
+  if ((it % kErrorPollEvery) == kErrorPollEvery - 1 && *reinterpret_cast<volatile uint32_t*>(&mbox->error) != 0)
+    return false;
+  if (GlobalTimer() - t0 <= timeout_ns) return true;
+  // Host memory: no system-scope atomics on PCIe hosts; a racing store of
+  // another code is harmless (any one of them is reported).
+  StReleaseSys(&mbox->error, code);
+  return false;
+}
+
 // Waits (acquire, system scope) until *p >= seq.  Bounded: after timeout_ns the
 // waiter records `code` in the mailbox (if no error is there yet) and returns
-// false; once any error is recorded every wait returns false at once.
+// false; once any error is recorded every wait returns false soon after.
 __device__ __forceinline__ bool WaitGeq(const uint32_t* p, uint32_t seq, Mailbox* mbox, uint64_t timeout_ns,
                                         uint32_t code) {
   if (Reached(LdAcquireSys(p), seq)) return true;
@@ -36,15 +57,23 @@ __device__ __forceinline__ bool WaitGeq(const uint32_t* p, uint32_t seq, Mailbox
   for (uint32_t it = 0;; ++it) {
     __nanosleep(100);
     if (Reached(LdAcquireSys(p), seq)) return true;
-    if ((it & 127) == 0) {
-      if (*reinterpret_cast<volatile uint32_t*>(&mbox->error) != 0) return false;
-      if (GlobalTimer() - t0 > timeout_ns) {
-        // Host memory: no system-scope atomics on PCIe hosts; a racing store of
-        // another code is harmless (any one of them is reported).
-        StReleaseSys(&mbox->error, code);
-        return false;
-      }
-    }
+    if (!KeepWaiting(it, t0, mbox, timeout_ns, code)) return false;
+  }
+}
+
+// Waits until peer q announced instance seq: its store into our ready_in slot
+// (`local`, device memory; may be null) or its stream's host word ready[q]
+// (`host`, polled every kHostPollEvery polls).  Either suffices (protocol.h).
+__device__ __forceinline__ bool WaitReady(const uint32_t* local, const uint32_t* host, uint32_t seq, Mailbox* mbox,
+                                          uint64_t timeout_ns, uint32_t code) {
+  if (local == nullptr) return WaitGeq(host, seq, mbox, timeout_ns, code);
+  if (Reached(LdAcquireSys(local), seq)) return true;
+  const uint64_t t0 = GlobalTimer();
+  for (uint32_t it = 0;; ++it) {
+    __nanosleep(100);
+    if (Reached(LdAcquireSys(local), seq)) return true;
+    if ((it % kHostPollEvery) == kHostPollEvery - 1 && Reached(LdAcquireSys(host), seq)) return true;
+    if (!KeepWaiting(it, t0, mbox, timeout_ns, code)) return false;
   }
 }
 

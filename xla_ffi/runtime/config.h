@@ -53,6 +53,7 @@ struct Config {
   // the copy engines, driven by a host thread, without the daemon; -1: never.
   // Reductions take it on 2-GPU groups only.
   int64_t copy_engine_min_bytes = 4 << 20;
+  int64_t copy_engine_reduce_min_bytes = 64 << 20;  // ... and for reductions at least this many
   int64_t copy_engine_chunk_bytes = 8 << 20;  // pipelining unit of the reductions' combine
   int copy_engine_blocks = 32;                // blocks of the combine kernel
 
@@ -79,7 +80,7 @@ struct Config {
     set("large_slots", large_slots); set("direct_slots", direct_slots); set("large_lanes", large_lanes); set("large_depth", large_depth);
     set("large_chunk", large_chunk); set("large_blocks", large_blocks); set("large_threshold", large_threshold);
     set("wait_kernel_bytes", wait_kernel_bytes);
-    set("copy_engine_min_bytes", copy_engine_min_bytes); set("copy_engine_chunk_bytes", copy_engine_chunk_bytes);
+    set("copy_engine_min_bytes", copy_engine_min_bytes); set("copy_engine_reduce_min_bytes", copy_engine_reduce_min_bytes); set("copy_engine_chunk_bytes", copy_engine_chunk_bytes);
     set("copy_engine_blocks", copy_engine_blocks);
     if (copy_engine_chunk_bytes < (1 << 16)) copy_engine_chunk_bytes = 1 << 16;
     if (copy_engine_blocks < 1) copy_engine_blocks = 1;

@@ -52,6 +52,13 @@ bool CopyEngine::Cancel(const void* comm, uint64_t key_hash, uint64_t seq) {
   return false;
 }
 
+bool CopyEngine::Pending(const void* comm, uint64_t key_hash, uint64_t seq) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const CeOp& op : pending_)
+    if (op.comm == comm && op.key_hash == key_hash && op.seq == seq) return true;
+  return false;
+}
+
 std::string CopyEngine::error() {
   std::lock_guard<std::mutex> lk(mu_);
   return error_;
@@ -72,9 +79,9 @@ bool CopyEngine::Ready(const CeOp& op) {
   return true;
 }
 
-// Spins while instances wait for their inputs (an XLA stream reaches the ready
-// write within microseconds in a busy program), yields the core after a while,
-// and sleeps on the condition variable when nothing is pending.
+// Spins while instances wait for their inputs (an XLA stream reaches its ready
+// write within microseconds in a busy program), yields the core after a
+// while, and sleeps on the condition variable when nothing is pending.
 void CopyEngine::Loop() {
   using Clock = std::chrono::steady_clock;
   auto last_issue = Clock::now();
@@ -91,12 +98,14 @@ void CopyEngine::Loop() {
         else ++it;
       }
     }
+    ReadTimers();
     if (batch.empty()) {
       if (Clock::now() - last_issue > std::chrono::milliseconds(20)) std::this_thread::sleep_for(std::chrono::microseconds(50));
       else std::this_thread::yield();
       continue;
     }
     for (const CeOp& op : batch) {
+      const auto t0 = Clock::now();
       try {
         Issue(op, s);
       } catch (const std::exception& ex) {
@@ -111,6 +120,7 @@ void CopyEngine::Loop() {
         }
       }
       issued_++;
+      issue_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     }
     batch.clear();
     last_issue = Clock::now();
@@ -127,9 +137,29 @@ CopyEngine::Dev& CopyEngine::GetDev(int ordinal) {
     DFCCL_CE(cudaEventCreateWithFlags(&d.pulled[c], cudaEventDisableTiming));
     DFCCL_CE(cudaEventCreateWithFlags(&d.reduced[c], cudaEventDisableTiming));
   }
+  for (int t = 0; t < Dev::kTimers; ++t) {
+    DFCCL_CE(cudaEventCreate(&d.t0[t]));
+    DFCCL_CE(cudaEventCreate(&d.t1[t]));
+  }
   DFCCL_CE(cudaEventCreateWithFlags(&d.joined, cudaEventDisableTiming));
   DFCCL_CE(cudaEventCreateWithFlags(&d.fin, cudaEventDisableTiming));
   return d;
+}
+
+void CopyEngine::ReadTimers() {
+  for (auto& [ord, d] : devs_) {
+    while (!d.timing.empty()) {
+      const int t = d.timing.front();
+      if (cudaEventQuery(d.t1[t]) != cudaSuccess) break;
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, d.t0[t], d.t1[t]) == cudaSuccess) {
+        gpu_ns_ += static_cast<int64_t>(ms * 1e6);
+        timed_++;
+      }
+      d.timing.pop_front();
+    }
+    cudaGetLastError();
+  }
 }
 
 // Every rank's work is enqueued in phases across ranks, so that an event a
@@ -151,11 +181,17 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
     const int64_t lo = std::min<int64_t>(r * seg, B);
     return {lo, std::min<int64_t>(lo + seg, B) - lo};
   };
-
+  // Rank 0's part is timed (first copy .. done write) while a timer is free.
+  int timer = -1;
+  if (dv[0]->timing.size() < static_cast<size_t>(Dev::kTimers)) {
+    timer = dv[0]->timer_head;
+    dv[0]->timer_head = (timer + 1) % Dev::kTimers;
+  }
   // Phase 1: pulls (and for reductions the combine of each pulled chunk).
   for (int r = 0; r < n; ++r) {
     const CeRank& me = op.ranks[r];
     Dev* d = on(r);
+    if (r == 0 && timer >= 0) DFCCL_CE(cudaEventRecord(dv[0]->t0[timer], d->pull));
     switch (op.kind) {
       case OpKind::kAllGather:
         for (int k = 1; k < n; ++k) { const int p = (r + k) % n; copy(d->pull, me.out + p * B, op.ranks[p].in, B); }
@@ -179,11 +215,11 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
         for (size_t c = 0; c < chunks.size(); ++c) {
           const auto [o, l] = chunks[c];
           copy(d->pull, me.out + out_off + o, op.ranks[p].in + in_off + o, l);
-          DFCCL_CE(cudaEventRecord(d->pulled[c], d->pull));
-          DFCCL_CE(cudaStreamWaitEvent(d->comp, d->pulled[c], 0));
+          DFCCL_CE(cudaEventRecord(dv[r]->pulled[c], d->pull));
+          DFCCL_CE(cudaStreamWaitEvent(d->comp, dv[r]->pulled[c], 0));
           DFCCL_CE(LaunchReduceInto(d->comp, op.dtype, op.reduce, me.out + out_off + o, me.in + in_off + o, l,
                                     s.reduce_blocks));
-          DFCCL_CE(cudaEventRecord(d->reduced[c], d->comp));
+          DFCCL_CE(cudaEventRecord(dv[r]->reduced[c], d->comp));
         }
         break;
       }
@@ -205,17 +241,24 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
   // Join each rank's streams into `pull`, record its finish ...
   for (int r = 0; r < n; ++r) {
     Dev* d = on(r);
+    const bool used_comp = op.kind != OpKind::kPermute || op.ranks[r].recv_from < 0;
+    const bool used_pull2 = op.kind == OpKind::kAllReduce;
     for (cudaStream_t st : {d->comp, d->pull2}) {
-      DFCCL_CE(cudaEventRecord(d->joined, st));
-      DFCCL_CE(cudaStreamWaitEvent(d->pull, d->joined, 0));
+      if ((st == d->comp && !used_comp) || (st == d->pull2 && !used_pull2)) continue;
+      DFCCL_CE(cudaEventRecord(dv[r]->joined, st));
+      DFCCL_CE(cudaStreamWaitEvent(d->pull, dv[r]->joined, 0));
     }
-    DFCCL_CE(cudaEventRecord(d->fin, d->pull));
+    DFCCL_CE(cudaEventRecord(dv[r]->fin, d->pull));
   }
   // ... and release its XLA stream once every peer is done reading its buffers.
   for (int r = 0; r < n; ++r) {
     Dev* d = on(r);
     for (int p = 0; p < n; ++p)
       if (p != r) DFCCL_CE(cudaStreamWaitEvent(d->pull, dv[p]->fin, 0));
+    if (r == 0 && timer >= 0) {
+      DFCCL_CE(cudaEventRecord(dv[0]->t1[timer], d->pull));
+      dv[0]->timing.push_back(timer);
+    }
     StreamOps::Write32(d->pull, op.ranks[r].done, op.ranks[r].gen);
   }
 }

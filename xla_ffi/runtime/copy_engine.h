@@ -1,15 +1,16 @@
 // Large collectives on the GPUs' copy engines, driven by a host thread (the
 // mover).  Once every rank has started an instance (host-side matching, as for
-// the daemon) the instance is submitted here; the mover waits until every
-// rank's XLA stream has written its *ready* word (host-mapped, polled), then
-// issues the whole collective on per-device side streams: each rank *pulls*
-// what it needs from the peers' buffers over NVLink (cudaMemcpyAsync, UVA peer
-// access), folds pulled chunks into its output with a small combine kernel
-// (reductions, pipelined chunk by chunk on a second stream), and writes its
-// *done* word after every peer finished reading its buffers (cross-device
-// events).  Nothing is issued before all inputs are ready, so the side streams
-// never wait on an XLA stream: instances complete in any order and the path
-// stays deadlock-free.  No SMs are held (the combine kernel runs briefly).
+// the daemon) the instance is submitted here and the mover enqueues the whole
+// collective on per-device side streams: each rank *pulls* what it needs from
+// the peers' buffers over NVLink (cudaMemcpyAsync, UVA peer access), folds
+// pulled chunks into its output with a small combine kernel (reductions), and
+// writes its *done* word after every peer finished reading its buffers
+// (cross-device events).  No SMs are held (the combine kernel runs briefly).
+//
+// Nothing is enqueued before every rank's *ready* word is set (host-mapped,
+// written by the XLA streams, polled by the mover), so the side streams never
+// wait on an XLA stream: instances complete in any order and the path stays
+// deadlock-free.
 //
 //   ALL_GATHER, ALL_TO_ALL, PPERMUTE   any group size: pulls, plus a local copy
 //   REDUCE_SCATTER, ALL_REDUCE         2 ranks (one pulled operand per element;
@@ -71,9 +72,15 @@ class CopyEngine {
   void Configure(const CeSettings& s) { std::lock_guard<std::mutex> lk(mu_); settings_ = s; }
   // Every rank has started `op`; it is issued once every rank's ready word is set.
   void Submit(CeOp op);
-  // Drops `op` if it was not issued yet (true); false once its copies are enqueued.
+  // Drops `op` if it was not enqueued yet (true); false once its copies are enqueued.
   bool Cancel(const void* comm, uint64_t key_hash, uint64_t seq);
+  bool Pending(const void* comm, uint64_t key_hash, uint64_t seq);  // submitted, not issued yet
   int64_t issued() const { return issued_; }
+  // Totals: host time enqueueing instances (all ranks), and GPU time of rank 0's
+  // part from its first copy to its done write over the `timed` instances.
+  double issue_s() const { return issue_ns_ / 1e9; }
+  double gpu_s() const { return gpu_ns_ / 1e9; }
+  int64_t timed() const { return timed_; }
   std::string error();  // the first CUDA failure of the mover, "" if none
   void Stop();
 
@@ -81,10 +88,15 @@ class CopyEngine {
   struct Dev {
     cudaStream_t pull = nullptr, pull2 = nullptr, comp = nullptr;
     cudaEvent_t pulled[kMaxChunks]{}, reduced[kMaxChunks]{}, joined = nullptr, fin = nullptr;
+    static constexpr int kTimers = 32;
+    cudaEvent_t t0[kTimers]{}, t1[kTimers]{};  // timing events, used round-robin
+    int timer_head = 0;
+    std::deque<int> timing;                    // timers recorded, not yet read
   };
   void Loop();
   static bool Ready(const CeOp& op);
   void Issue(const CeOp& op, const CeSettings& s);
+  void ReadTimers();
   Dev& GetDev(int ordinal);
 
   std::mutex mu_;
@@ -95,7 +107,7 @@ class CopyEngine {
   std::thread thread_;
   bool stop_ = false;
   std::string error_;
-  std::atomic<int64_t> issued_{0};
+  std::atomic<int64_t> issued_{0}, issue_ns_{0}, gpu_ns_{0}, timed_{0};
 };
 
 }  // namespace dfccl::gpu

@@ -84,8 +84,9 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
 
 bool Runtime::UseCopyEngine(const CollectiveSpec& spec, const Comm& c) const {
   const int64_t bytes = std::max(spec.in_bytes(), spec.out_elems * spec.elem_bytes);
+  const bool reduction = spec.kind == OpKind::kAllReduce || spec.kind == OpKind::kReduceScatter;
   return cfg_.copy_engine_min_bytes >= 0 && bytes >= cfg_.copy_engine_min_bytes && c.n > 1 &&
-         CopyEngine::Supports(spec.kind, c.n);
+         (!reduction || bytes >= cfg_.copy_engine_reduce_min_bytes) && CopyEngine::Supports(spec.kind, c.n);
 }
 
 // Copy-engine path: a ticket of the device's second ring; the instance goes to
@@ -95,8 +96,8 @@ void Runtime::StartCopyEngine(Device& d, Comm& c, Instance& inst, const Collecti
   const uint32_t e = ticket % kCeRing;
   inst.ce_ranks.resize(c.n);
   inst.ce_ranks[spec.rank] = CeRank{d.ordinal, static_cast<const char*>(in), static_cast<char*>(out), spec.recv_from,
-                                    &d.host->ce_ready[e], const_cast<uint32_t*>(&d.host_dev->ce_done[e]),
-                                    &d.host->ce_done[e], &d.host->ce_status[e], Gen(ticket, kCeRing)};
+                                    &d.host->ce_ready[e], const_cast<uint32_t*>(&d.host_dev->ce_done[e]), &d.host->ce_done[e],
+                                    &d.host->ce_status[e], Gen(ticket, kCeRing)};
   d.host->ce_status[e] = 0;
   if (inst.started != (1u << c.n) - 1) return;
   CeOp op;
@@ -321,7 +322,22 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
       std::vector<int> missing;
       for (int r = 0; r < ti.inst->nranks; ++r)
         if (!(ti.inst->started & (1u << r))) missing.push_back(r);
-      if (missing.empty()) {
+      if (missing.empty() && ti.inst->ce) {
+        std::vector<int> not_ready;
+        for (int r = 0; r < ti.inst->nranks; ++r) {
+          const CeRank& cr = ti.inst->ce_ranks[r];
+          if (static_cast<int32_t>(*cr.ready - cr.gen) < 0) not_ready.push_back(r);
+        }
+        why << "every rank started it (copy engine; ";
+        if (!not_ready.empty()) {
+          why << "the stream of rank(s) [";
+          for (size_t i = 0; i < not_ready.size(); ++i) why << (i ? ", " : "") << not_ready[i];
+          why << "] never reached it)";
+        } else {
+          why << (ce_.Pending(ti.comm, ti.inst->key_hash, ti.inst->seq) ? "all inputs ready, not issued)"
+                                                                           : "issued, copies not complete)");
+        }
+      } else if (missing.empty()) {
         why << "every rank started it but it did not complete";
       } else {
         why << "rank(s) [";
@@ -445,6 +461,9 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["slots_in_use"] = slots_used;
   s["instances_waiting_for_slot"] = waiting;
   s["copy_engine_ops"] = static_cast<double>(ce_.issued());  // instances moved by the copy engines
+  s["copy_engine_issue_us"] = ce_.issue_s() * 1e6;          // host time enqueueing them (all ranks), total
+  s["copy_engine_gpu_us"] = ce_.gpu_s() * 1e6;              // rank 0's GPU time, first copy .. done, total
+  s["copy_engine_timed"] = static_cast<double>(ce_.timed()); // ... over this many of them
   s["errors"] = static_cast<double>(errors_.size());
   const auto per = [](int64_t ns, int64_t n) { return n > 0 ? static_cast<double>(ns) / n / 1e3 : 0.0; };
   s["host_start_us"] = per(times_.start_ns, times_.starts);

@@ -43,6 +43,8 @@ Device& Runtime::GetDevice(int ordinal) {
   DFCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&d->dev), sizeof(DeviceShared)));
   DFCCL_CUDA(cudaMemsetAsync(d->dev, 0, sizeof(DeviceShared), d->aux));
   DFCCL_CUDA(cudaStreamSynchronize(d->aux));
+  DFCCL_CUDA(PreloadStreamWait());
+  DFCCL_CUDA(PreloadReduceKernels());
   auto& ref = *d;
   devices_[ordinal] = std::move(d);
   if (!proxy_.joinable()) proxy_ = std::thread([this] { ProxyLoop(); });

@@ -1,0 +1,98 @@
+"""CPU tests of the overlap tooling: mode bits, profile-result parsing, the benchmark's shape
+grid, chain sizing and target columns (the GPU paths themselves run under `pytest -m gpu`)."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import types
+
+import pytest
+
+from jax_dfccl._src import overlap_gpu as og
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _bench():
+  spec = importlib.util.spec_from_file_location("overlap_bench", ROOT / "benchmarks" / "overlap.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def _cfg(**kw):
+  base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20)
+  base.update(kw)
+  return types.SimpleNamespace(**base)
+
+
+def test_mode_bits():
+  assert og._mode(_cfg(), "ag", 2, 1 << 30) == 1 | 2
+  assert og._mode(_cfg(), "rs", 2, 4 << 20) == 1 | 2            # 4 MiB block: SM stores
+  assert og._mode(_cfg(), "rs", 2, 8 << 20) == 1 | 2 | 4        # 8 MiB: copy engine
+  assert og._mode(_cfg(), "rs", 4, 1 << 30) == 1 | 2            # copy engine only for 2 ranks
+  assert og._mode(_cfg(overlap_rs_copy_engine_min_bytes=-1), "rs", 2, 1 << 30) == 1 | 2
+  with og.diag_mode(og.MODE_MAILBOX_ONLY):
+    assert og._mode(_cfg(overlap_copy_engine=False, overlap_cta_fence=False), "ag", 2, 0) == 8
+  assert og._mode(_cfg(overlap_copy_engine=False, overlap_cta_fence=False), "ag", 2, 0) == 0
+
+
+def test_profile_results_parsing(monkeypatch):
+  raw = {"key": "rs:1024x7168@7168x4096", "rank": 1, "kind": "rs", "tiles": 2, "base_ns": 5,
+         "kernel": [0, 10], "tile": [[0, 3, 0, 50, 60, 70, -1, -1]], "side_rec": []}
+
+  class Fake:
+    def _profile_results(self):
+      return [("rs:1024x7168@7168x4096|gemm", 0.1), ("rs:1024x7168@7168x4096|tl_span", 0.07),
+              ("rs:1024x7168@7168x4096|tlraw|" + json.dumps(raw), 0.07)]
+
+  monkeypatch.setattr(og, "module", lambda: Fake())
+  res = og.profile_results()
+  assert res["events"] == [("rs:1024x7168@7168x4096|gemm", 0.1), ("rs:1024x7168@7168x4096|tl_span", 0.07)]
+  assert res["timelines"] == [raw]
+
+
+def test_profile_needs_the_module(monkeypatch):
+  monkeypatch.setattr(og, "module", lambda: None)
+  with pytest.raises(RuntimeError, match="not available"):
+    og.profile(True)
+  assert og.profile_results() == {"events": [], "timelines": []}
+
+
+def _args(**kw):
+  base = dict(ops=["ag", "rs"], m=[1024, 4096, 8192], nk=[0, 1, 2], scale=1, limit=0)
+  base.update(kw)
+  return argparse.Namespace(**base)
+
+
+def test_benchmark_covers_the_issue_grid():
+  b = _bench()
+  s = b.shapes(_args())
+  assert len(s) == 18 and len(set(s)) == 18
+  assert s[:6] == [("ag", 1024, 14336, 4096), ("rs", 1024, 4096, 14336), ("ag", 4096, 14336, 4096),
+                   ("rs", 4096, 4096, 14336), ("ag", 8192, 14336, 4096), ("rs", 8192, 4096, 14336)]
+  assert ("ag", 8192, 49152, 12288) in s and ("rs", 1024, 12288, 49152) in s
+  assert b.shapes(_args(ops=["rs"], m=[1024], nk=[0], scale=64)) == [("rs", 16, 64, 224)]
+
+
+def test_benchmark_chain_sizes():
+  b = _bench()
+  small, est_small = b.plan("ag", 1024, 14336 // 2, 4096)
+  big, est_big = b.plan("ag", 8192, 49152 // 2, 12288)
+  assert 2 <= big <= small <= 8 and est_big > 10 * est_small
+
+
+def test_benchmark_row_targets():
+  b = _bench()
+  r = b._row(("rs", 1024, 4096, 14336), {"t_gemm": 0.10, "t_comm": 0.05, "xla_plain": 0.30,
+                                        "xla_windowed": 0.25, "ours_fused": 0.104})
+  assert r["bytes_moved_per_rank"] == 512 * 4096 * 2
+  assert r["bound"] == pytest.approx(0.10)
+  assert r["ours_over_max"] == pytest.approx(1.04) and r["xla_over_ours"] == pytest.approx(0.25 / 0.104)
+  assert b._md(("rs", 1024, 4096, 14336), r, llama=True)[-1] == "✓✓"
+  slow = b._row(("ag", 1024, 14336, 4096), {"t_gemm": 0.1, "xla_plain": 0.11, "ours_fused": 0.12})
+  assert b._md(("ag", 1024, 14336, 4096), slow, llama=True)[-1] == "✗✗"
+  none = b._row(("ag", 1024, 14336, 4096), {"t_gemm": 0.1})
+  assert none["ours"] is None and b._md(("ag", 1024, 14336, 4096), none, llama=True)[-1] == "—"
