@@ -36,11 +36,12 @@ MESH = Mesh(np.array(jax.devices()), ("x",))
 NOPS = 100
 
 
-def chain(nops):
+def chain(nops, op=lambda y: dfccl.psum(y, "x") * 0.5):
+  """A jitted unrolled chain of `nops` dependent collectives `op`."""
   def body(v):
     y = v[0]
     for _ in range(nops):
-      y = dfccl.psum(y, "x") * 0.5
+      y = op(y)
     return y[None]
   return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
 
@@ -77,21 +78,13 @@ def bandwidth(settings):
   ops = {"psum": lambda y: dfccl.psum(y, "x") * 0.5,
          "all_gather": lambda y: dfccl.all_gather(y, "x", tiled=True)[: y.shape[0]]}
 
-  def program(op, nops):
-    def body(v):
-      y = v[0]
-      for _ in range(nops):
-        y = op(y)
-      return y[None]
-    return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
-
   def seconds(f, x):
     return common.median_time(f, x, reps=5, warmup=1)
 
   for nbytes in (16 << 20, 1024 << 20):
     x = jnp.ones((N, nbytes // 2), jnp.bfloat16)
     for name, op in ops.items():
-      f2, f10 = program(op, 2), program(op, 10)
+      f2, f10 = chain(2, op), chain(10, op)
       t2, t10 = seconds(f2, x), seconds(f10, x)
       t = (t10 - t2) / 8  # marginal cost of one more collective (program overhead cancels)
       print(f"{settings or 'default'} {name:10s} {nbytes >> 20:5d} MiB: {t * 1e6:8.1f} us/op marginal "
@@ -112,34 +105,28 @@ def crossover():
   ops = {"psum": lambda y: dfccl.psum(y, "x") * 0.5,
          "all_gather": lambda y: dfccl.all_gather(y, "x", tiled=True)[: y.shape[0]],
          "psum_scatter": lambda y: jnp.tile(dfccl.psum_scatter(y, "x", tiled=True), N)}
-
-  def program(op, nops):
-    def body(v):
-      y = v[0]
-      for _ in range(nops):
-        y = op(y)
-      return y[None]
-    return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
-
-  print("marginal us/op (chain of 12 minus chain of 2, / 10): daemon | copy engine", flush=True)
+  # Long chains and many repetitions: a program launch varies by ~0.5 ms, which
+  # chains of 12 and 2 turned into +-50 us per op.
+  long, short = 42, 2
+  print(f"marginal us/op (chain of {long} minus chain of {short}): daemon | copy engine", flush=True)
   for mib in (1, 2, 4, 8, 16, 64):
     x = jnp.ones((N, (mib << 20) // 2), jnp.bfloat16)
     for name, op in ops.items():
-      f2, f12 = program(op, 2), program(op, 12)
+      f_short, f_long = chain(short, op), chain(long, op)
       row = []
       for path in (-1, 0):
-        dfccl.configure(copy_engine_min_bytes=path)
+        dfccl.configure(copy_engine_min_bytes=path, copy_engine_reduce_min_bytes=0)
         s0 = dfccl.stats()["cuda"]
-        t2 = common.median_time(f2, x, reps=5, warmup=1)
-        t12 = common.median_time(f12, x, reps=5, warmup=1)
+        t_short = common.median_time(f_short, x, reps=11, warmup=1)
+        t_long = common.median_time(f_long, x, reps=11, warmup=1)
         s1 = dfccl.stats()["cuda"]
-        row.append((t12 - t2) / 10 * 1e6)
+        row.append((t_long - t_short) / (long - short) * 1e6)
       dn = lambda k: s1[k] - s0[k]
       ops_n, timed = max(dn("copy_engine_ops"), 1), max(dn("copy_engine_timed"), 1)
       print(f"{name:12s} {mib:3d} MiB: daemon {row[0]:8.1f}  copy engine {row[1]:8.1f} us/op "
             f"(per op: host issue {dn('copy_engine_issue_us') / ops_n:.1f} us, "
             f"rank-0 GPU {dn('copy_engine_gpu_us') / timed:.1f} us)", flush=True)
-  dfccl.configure(copy_engine_min_bytes=4 << 20)
+  dfccl.configure(copy_engine_min_bytes=4 << 20, copy_engine_reduce_min_bytes=64 << 20)
 
 
 def main():
