@@ -10,7 +10,7 @@
 #             whole per-tile device timelines of fused, mailbox and nocomm ->
 #             overlap_timeline_<date>_<tag>.json (notebooks/03_overlap.ipynb)  (timeout 100 s);
 #             then RS 4096x4096x14336: fused (copy engine), rs_sm, mailbox  (timeout 40 s)
-#   bench     benchmarks/overlap.py, every shape of the issue (AG and RS, M in
+#   bench     benchmarks/overlap.py, every listed shape (AG and RS, M in
 #             {1024, 4096, 8192}, three (N, K) pairs), XLA windowed einsum in a
 #             child process, within the time left (at most 330 s)
 #             -> overlap_<date>_<tag>.{json,md}
