@@ -200,7 +200,9 @@ std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
       const TaskInfo& ti = ce ? d->ce_info[ticket % kCeRing] : d->info[ticket % kTaskRing];
       trace = cfg_.trace && !ce;  // the wait records are per daemon ring entry
       if (trace) proto = TraceRec{0, ti.key_hash, ticket, static_cast<uint32_t>(ti.seq), 0, 0};
-      kernel_wait = trace || (cfg_.wait_kernel_bytes >= 0 && ti.msg_bytes >= cfg_.wait_kernel_bytes);
+      // Copy-engine done words live in host memory: always the polling kernel (the
+      // stream memory wait on host memory is not relied on).
+      kernel_wait = trace || ce || (cfg_.wait_kernel_bytes >= 0 && ti.msg_bytes >= cfg_.wait_kernel_bytes);
     }
     const auto t0 = Clock::now();
     const uint32_t* word = ce ? const_cast<const uint32_t*>(&d->host_dev->ce_done[ticket % kCeRing])
