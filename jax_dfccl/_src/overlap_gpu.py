@@ -61,13 +61,18 @@ _mod: list = []  # [module or None] once tried
 
 
 @contextlib.contextmanager
-def fused(enabled: bool):
-  """Whether ops traced inside the block use the fused GPU kernels (when they apply)."""
-  old, _enabled[0] = _enabled[0], bool(enabled)
+def _setting(cell: list, value):
+  """Sets the trace-time setting `cell[0]` inside the block."""
+  old, cell[0] = cell[0], value
   try:
     yield
   finally:
-    _enabled[0] = old
+    cell[0] = old
+
+
+def fused(enabled: bool):
+  """Whether ops traced inside the block use the fused GPU kernels (when they apply)."""
+  return _setting(_enabled, bool(enabled))
 
 
 def _config():
@@ -135,14 +140,9 @@ def check():
 # Diagnostics
 
 
-@contextlib.contextmanager
 def diag_mode(bits: int):
   """Ops traced inside the block carry these extra `mode` bits (e.g. MODE_MAILBOX_ONLY)."""
-  old, _diag_bits[0] = _diag_bits[0], int(bits)
-  try:
-    yield
-  finally:
-    _diag_bits[0] = old
+  return _setting(_diag_bits, int(bits))
 
 
 def profile(on: bool, no_comm: bool = False):

@@ -22,20 +22,12 @@ namespace {
 
 constexpr int kMaxCand = 64;
 
-struct CudaTypes {
-  using f16 = __half;
-  using bf16 = __nv_bfloat16;
-};
-
 // The one step dispatch: (op kind, reduce op) here, the element type through DispatchDType.
 __device__ int Step(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
   return DispatchDType<CudaTypes>(static_cast<DType>(d.dtype), [&]<class T>() -> int {
     auto reduced = [&]<class Op>() -> int {
-      switch (static_cast<ReduceOp>(d.reduce)) {
-        case ReduceOp::kMax: return RunLane<Op, T, MaxOp>(d, s, lane, P);
-        case ReduceOp::kMin: return RunLane<Op, T, MinOp>(d, s, lane, P);
-        default: return RunLane<Op, T, SumOp>(d, s, lane, P);
-      }
+      return DispatchReduce(static_cast<ReduceOp>(d.reduce),
+                            [&]<class R>() -> int { return RunLane<Op, T, R>(d, s, lane, P); });
     };
     switch (static_cast<OpKind>(d.kind)) {
       case OpKind::kAllReduce: return reduced.template operator()<AllReduceOp>();

@@ -80,6 +80,23 @@ struct SumOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { retur
 struct MaxOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { return a > b ? a : b; } };
 struct MinOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { return a < b ? a : b; } };
 
+// The CUDA 16-bit float types for dfccl::DispatchDType (dfccl/dtype.h).
+struct CudaTypes {
+  using f16 = __half;
+  using bf16 = __nv_bfloat16;
+};
+
+// The one reduce-op dispatch (host and device): f.template operator()<R>() with
+// R the functor for `op`.
+template <class F>
+__host__ __device__ __forceinline__ decltype(auto) DispatchReduce(ReduceOp op, F&& f) {
+  switch (op) {
+    case ReduceOp::kMax: return f.template operator()<MaxOp>();
+    case ReduceOp::kMin: return f.template operator()<MinOp>();
+    default: return f.template operator()<SumOp>();
+  }
+}
+
 // dst[0:n) = src[0:n), by the whole block.  vec: both 16-byte aligned and n % 16 == 0.
 DFCCL_DEV void BlockCopy(char* dst, const char* src, int64_t n, bool vec, int elem_bytes) {
   if (vec) {

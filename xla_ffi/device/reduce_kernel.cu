@@ -9,11 +9,6 @@
 namespace dfccl::gpu {
 namespace {
 
-struct CudaTypes {
-  using f16 = __half;
-  using bf16 = __nv_bfloat16;
-};
-
 template <class T, class R>
 __global__ void __launch_bounds__(kThreads) ReduceIntoKernel(char* out, const char* in, int64_t bytes, int64_t slice,
                                                              bool vec) {
@@ -24,13 +19,12 @@ __global__ void __launch_bounds__(kThreads) ReduceIntoKernel(char* out, const ch
   BlockReduce<T, R>(out + off, srcs, 2, len, vec);
 }
 
-template <class T>
-cudaError_t LoadType() {
-  cudaFuncAttributes a;
-  for (cudaError_t e : {cudaFuncGetAttributes(&a, ReduceIntoKernel<T, SumOp>), cudaFuncGetAttributes(&a, ReduceIntoKernel<T, MaxOp>),
-                        cudaFuncGetAttributes(&a, ReduceIntoKernel<T, MinOp>)})
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
+// The kernel instance for (dtype, reduce op): the one dispatch of this file.
+using ReduceIntoFn = void (*)(char*, const char*, int64_t, int64_t, bool);
+ReduceIntoFn KernelFor(DType dtype, ReduceOp reduce) {
+  return DispatchDType<CudaTypes>(dtype, [&]<class T>() {
+    return DispatchReduce(reduce, [&]<class R>() -> ReduceIntoFn { return ReduceIntoKernel<T, R>; });
+  });
 }
 
 }  // namespace
@@ -40,8 +34,10 @@ cudaError_t LoadType() {
 // XLA's stream for this very combine -- a deadlock.  Loaded up front instead.
 cudaError_t PreloadReduceKernels() {
   for (DType t : {DType::kS32, DType::kF16, DType::kF32, DType::kF64, DType::kBF16}) {
-    const cudaError_t e = DispatchDType<CudaTypes>(t, [&]<class T>() { return LoadType<T>(); });
-    if (e != cudaSuccess) return e;
+    for (ReduceOp r : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+      cudaFuncAttributes a;
+      if (const cudaError_t e = cudaFuncGetAttributes(&a, KernelFor(t, r)); e != cudaSuccess) return e;
+    }
   }
   return cudaSuccess;
 }
@@ -59,14 +55,8 @@ cudaError_t LaunchReduceInto(cudaStream_t stream, DType dtype, ReduceOp reduce, 
   if (blocks < 1) blocks = 1;
   const int64_t slice = ((bytes + blocks - 1) / blocks + unit - 1) / unit * unit;
   blocks = (bytes + slice - 1) / slice;
-  return DispatchDType<CudaTypes>(dtype, [&]<class T>() -> cudaError_t {
-    switch (reduce) {
-      case ReduceOp::kMax: ReduceIntoKernel<T, MaxOp><<<blocks, kThreads, 0, stream>>>(out, in, bytes, slice, vec); break;
-      case ReduceOp::kMin: ReduceIntoKernel<T, MinOp><<<blocks, kThreads, 0, stream>>>(out, in, bytes, slice, vec); break;
-      default: ReduceIntoKernel<T, SumOp><<<blocks, kThreads, 0, stream>>>(out, in, bytes, slice, vec); break;
-    }
-    return cudaGetLastError();
-  });
+  KernelFor(dtype, reduce)<<<blocks, kThreads, 0, stream>>>(out, in, bytes, slice, vec);
+  return cudaGetLastError();
 }
 
 }  // namespace dfccl::gpu

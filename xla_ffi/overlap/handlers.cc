@@ -153,6 +153,17 @@ Group FindGroup(ffi::Span<const int64_t> devices, int32_t group_size, int32_t or
   DFCCL_FAIL("dfccl overlap: GPU " << ordinal << " is in no group of the op");
 }
 
+// The local GEMM x @ w of a fused op: rows of x, inner and outer dimension.
+struct GemmDims {
+  int rows, inner, cols;
+};
+GemmDims CheckOperands(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const char* op, std::string_view key) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  DFCCL_CHECK(xd.size() == 2 && wd.size() == 2 && xd[1] == wd[0] && x.element_type() == w.element_type(),
+              "dfccl overlap " << op << " '" << key << "': bad operand shapes");
+  return {static_cast<int>(xd[0]), static_cast<int>(xd[1]), static_cast<int>(wd[1])};
+}
+
 using LaunchFn = cudaError_t (*)(const GemmLaunch&, cudaStream_t);
 
 LaunchFn Dispatch(ffi::DataType t) {  // the one dtype table
@@ -237,10 +248,7 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     const Group g = FindGroup(devices, group_size, ordinal);
     const int P = static_cast<int>(g.devs.size());
     const bool no_comm = prof::NoComm();
-    auto xd = x.dimensions(), wd = w.dimensions();
-    DFCCL_CHECK(xd.size() == 2 && wd.size() == 2 && xd[1] == wd[0] && x.element_type() == w.element_type(),
-                "dfccl overlap AG '" << key << "': bad operand shapes");
-    const int m = static_cast<int>(xd[0]), K = static_cast<int>(xd[1]), n = static_cast<int>(wd[1]);
+    const auto [m, K, n] = CheckOperands(x, w, "AG", key);
     DFCCL_CHECK(K % 8 == 0 && n % 8 == 0 && m > 0, "dfccl overlap AG '" << key << "': K and n must be multiples of 8");
     const LaunchFn launch = Dispatch(x.element_type());
     const size_t esz = 2, mtiles = (m + kTileM - 1) / kTileM;
@@ -320,10 +328,7 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     DeviceGuard guard(ordinal);
     const Group g = FindGroup(devices, group_size, ordinal);
     const int P = static_cast<int>(g.devs.size());
-    auto xd = x.dimensions(), wd = w.dimensions();
-    DFCCL_CHECK(xd.size() == 2 && wd.size() == 2 && xd[1] == wd[0] && x.element_type() == w.element_type(),
-                "dfccl overlap RS '" << key << "': bad operand shapes");
-    const int M = static_cast<int>(xd[0]), k = static_cast<int>(xd[1]), N = static_cast<int>(wd[1]);
+    const auto [M, k, N] = CheckOperands(x, w, "RS", key);
     DFCCL_CHECK(M % P == 0 && k % 8 == 0 && N % 8 == 0,
                 "dfccl overlap RS '" << key << "': M must divide by the ranks, k and N be multiples of 8");
     const int mb = M / P;
