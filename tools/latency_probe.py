@@ -12,6 +12,9 @@ and the per-op time with tracing off, and the host-side handler times.  Usage: p
 large psum / all_gather chains under a few GPU runtime settings.
 `--crossover`: marginal per-op time of psum / all_gather / psum_scatter chains from
 1 to 64 MiB on the daemon and on the copy-engine path (config.copy_engine_min_bytes).
+`--large`: large all_gather / psum chains (64 MiB .. 1 GiB), unrolled and in fori_loop,
+wall time per op next to the copy-engine GPU time per op (first copy .. done write on
+rank 0, from stats()), and one all_gather per size checked against numpy on every rank.
 """
 from __future__ import annotations
 
@@ -129,7 +132,42 @@ def crossover():
   dfccl.configure(copy_engine_min_bytes=4 << 20, copy_engine_reduce_min_bytes=64 << 20)
 
 
+def large():
+  ops = {"all_gather": lambda y: dfccl.all_gather(y, "x", tiled=True)[: y.shape[0]],
+         "psum": lambda y: dfccl.psum(y, "x") * 0.5}
+  n = 10
+  for mib in (64, 256, 1024):
+    elems = (mib << 20) // 2
+    x = jnp.asarray(np.arange(N * elems, dtype=np.float32).reshape(N, elems) % 251, jnp.bfloat16)
+    g = jax.jit(jax.shard_map(lambda v: dfccl.all_gather(v[0], "x", tiled=True)[None], mesh=MESH,
+                              in_specs=P("x"), out_specs=P("x"), check_vma=False))
+    got = np.asarray(g(x), np.float32)
+    want = np.asarray(x, np.float32).reshape(-1)
+    print(f"all_gather {mib} MiB exact on every rank: {all(np.array_equal(got[r], want) for r in range(N))}",
+          flush=True)
+    del got
+    for name, op in ops.items():
+      for mode in ("unrolled", "fori_loop"):
+        if mode == "unrolled":
+          f = chain(n, op)
+        else:
+          f = jax.jit(jax.shard_map(lambda v, op=op: jax.lax.fori_loop(0, n, lambda i, y: op(y), v[0])[None],
+                                    mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+        jax.block_until_ready(f(x))
+        s0 = dfccl.stats()["cuda"]
+        t = common.median_time(f, x, reps=3, warmup=0) / n
+        s1 = dfccl.stats()["cuda"]
+        dn = lambda k: s1[k] - s0[k]  # noqa: E731
+        gpu = dn("copy_engine_gpu_us") / max(dn("copy_engine_timed"), 1)
+        print(f"{name:10s} {mib:5d} MiB {mode:9s}: wall {t * 1e6:9.1f} us/op  busbw {(mib << 20) / t / 1e9:6.1f} GB/s"
+              f"  copy-engine ops {dn('copy_engine_ops'):.0f}, rank-0 GPU {gpu:9.1f} us/op, host issue "
+              f"{dn('copy_engine_issue_us') / max(dn('copy_engine_ops'), 1):.1f} us/op", flush=True)
+
+
 def main():
+  if "--large" in sys.argv:
+    large()
+    return
   if "--crossover" in sys.argv:
     crossover()
     return

@@ -258,3 +258,40 @@ def test_mailbox_only_and_back(kind, rs_ce):
   for it in range(6):  # same op key: one channel, instances of both schemes interleaved
     _close((f if it % 3 else g)(*args), ref, dtype, f"{kind} iter {it}")
   og.check()
+
+
+_FIRST_CALL = r"""
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax_dfccl._src import overlap as ov, overlap_gpu as og
+from jax_dfccl.config import config
+config.overlap_rs_copy_engine_min_bytes = 0  # the copy engine from the first instance on
+config.overlap_wait_timeout_s = 5.0
+mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+rng = np.random.default_rng(0)
+x = rng.standard_normal((1024, 768)).astype(np.float32)
+w = (rng.standard_normal((768, 1024)) / 28).astype(np.float32)
+f = jax.jit(jax.shard_map(lambda x, w: ov.matmul_reduce_scatter(x, w, "tp"), mesh=mesh,
+                          in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+xb = jax.device_put(jnp.asarray(x, jnp.bfloat16), NamedSharding(mesh, P(None, "tp")))
+wb = jax.device_put(jnp.asarray(w, jnp.bfloat16), NamedSharding(mesh, P("tp", None)))
+ref = np.asarray(xb, np.float32) @ np.asarray(wb, np.float32)
+for _ in range(3):
+  got = np.asarray(f(xb, wb), np.float32)
+  err = np.abs(got - ref).max() / np.abs(ref).max()
+  assert err < 2.5e-2, err
+og.check()
+print("OK")
+"""
+
+
+def test_rs_copy_engine_first_call_in_fresh_process():
+  """The copy-engine RS as the very first fused op of a process: its side stream's wait kernel
+  spins while the GEMM launches; the kernels are loaded beforehand, so the launch does not wait
+  for the device to go idle (lazy module loading) and the op does not time out."""
+  import os
+  import subprocess
+  import sys
+  r = subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True, text=True, timeout=120,
+                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+  assert r.returncode == 0 and "OK" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])

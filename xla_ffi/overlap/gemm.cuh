@@ -329,6 +329,19 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
   }
 }
 
+// Loads the kernel on the current device and sets its shared-memory size.
+// Called when a device is first used (handlers.cc): with lazy module loading
+// the first launch of a kernel loads it, which waits for the whole device to
+// be idle -- including a side stream's wait kernel that spins until this very
+// GEMM has made progress (RS copy engine): a deadlock until the wait times out.
+template <class T>
+cudaError_t PreloadGemm() {
+  cudaFuncAttributes a;
+  const cudaError_t e = cudaFuncSetAttribute(OverlapGemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(sizeof(typename GemmCfg<T>::SharedStorage)));
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T>);
+}
+
 // Host: builds the per-block TMA descriptors (cached for the last operands of
 // each device: XLA reuses buffer addresses, so steady-state calls encode
 // nothing) and launches on `stream`.
@@ -356,8 +369,8 @@ cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
   {
     std::lock_guard<std::mutex> lock(mu);
     Cached& c = cache[dev & 63];
-    if (!c.attr) {  // per device
-      e = cudaFuncSetAttribute(OverlapGemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (!c.attr) {  // per device (normally done by PreloadGemm already)
+      e = PreloadGemm<T>();
       if (e != cudaSuccess) return e;
       c.attr = true;
     }

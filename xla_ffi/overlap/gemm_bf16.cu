@@ -3,4 +3,5 @@
 
 namespace dfccl::overlap {
 cudaError_t LaunchGemmBF16(const GemmLaunch& l, cudaStream_t s) { return LaunchGemm<cutlass::bfloat16_t>(l, s); }
+cudaError_t PreloadGemmBF16() { return PreloadGemm<cutlass::bfloat16_t>(); }
 }  // namespace dfccl::overlap

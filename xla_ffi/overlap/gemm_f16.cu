@@ -3,4 +3,5 @@
 
 namespace dfccl::overlap {
 cudaError_t LaunchGemmF16(const GemmLaunch& l, cudaStream_t s) { return LaunchGemm<cutlass::half_t>(l, s); }
+cudaError_t PreloadGemmF16() { return PreloadGemm<cutlass::half_t>(); }
 }  // namespace dfccl::overlap

@@ -72,6 +72,10 @@ DeviceState& Device(int ordinal) {
     OV_CUDA(cudaEventCreateWithFlags(&d->start, cudaEventDisableTiming));
     OV_CUDA(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming));
     OV_CUDA(cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, ordinal));
+    // Before anything of ours runs on the device (launch.h): every kernel loaded.
+    OV_CUDA(PreloadGemmBF16());
+    OV_CUDA(PreloadGemmF16());
+    OV_CUDA(PreloadSideKernels());
   }
   return *d;
 }

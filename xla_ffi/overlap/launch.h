@@ -17,4 +17,11 @@ cudaError_t LaunchSignal(const SideSync& s, cudaStream_t stream);
 cudaError_t LaunchGemmBF16(const GemmLaunch& l, cudaStream_t stream);
 cudaError_t LaunchGemmF16(const GemmLaunch& l, cudaStream_t stream);
 
+// Load every overlap kernel on the current device before any of them runs
+// (lazy module loading would otherwise wait for the device to be idle at a
+// kernel's first launch, while a wait kernel of ours spins: gemm.cuh).
+cudaError_t PreloadGemmBF16();
+cudaError_t PreloadGemmF16();
+cudaError_t PreloadSideKernels();  // push, ready wait, signal
+
 }  // namespace dfccl::overlap

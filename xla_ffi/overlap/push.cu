@@ -86,6 +86,14 @@ cudaError_t LaunchSignal(const SideSync& s, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+cudaError_t PreloadSideKernels() {
+  cudaFuncAttributes a;
+  for (const void* f : {reinterpret_cast<const void*>(PushKernel), reinterpret_cast<const void*>(ReadyWaitKernel),
+                        reinterpret_cast<const void*>(SignalKernel)})
+    if (const cudaError_t e = cudaFuncGetAttributes(&a, f); e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
 cudaError_t LaunchPush(const PushLaunch& a, cudaStream_t stream) {
   if (a.nranks <= 1 || a.m == 0) return cudaSuccess;
   PushKernel<<<a.grid, 512, 0, stream>>>(a);
