@@ -169,7 +169,13 @@ def main():
   ap.add_argument("--sizes", default=None, help="comma-separated sizes per device, e.g. 16M,1G (default: 4K..1G)")
   ap.add_argument("--no-chaos", action="store_true", help="skip the chaos-order workloads and the jax.lax hang check")
   ap.add_argument("--hang-timeout", type=float, default=20)
+  ap.add_argument("--config", default="", help="jax_dfccl.config entries for this run, e.g. "
+                  "copy_engine_min_bytes=4194304,copy_engine_reduce_min_bytes=4194304")
+  ap.add_argument("--tag", default="h200x2", help="suffix of the result files' names")
   a = ap.parse_args()
+  if a.config:
+    import jax_dfccl as d  # noqa: PLC0415
+    d.configure(**{k: float(v) for k, v in (kv.split("=") for kv in a.config.split(","))})
   sizes = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
   sizes = [s for s in sizes if s <= a.max_mib * MiB]
   ops_names = ["psum", "all_gather", "psum_scatter", "all_to_all"]
@@ -198,7 +204,7 @@ def main():
     print("chaos benchmark failed:", repr(e)[:400], flush=True)
   hang = "not run (--no-chaos)" if a.no_chaos else lax_hang(a.hang_timeout)
   print("jax.lax chaos program in a subprocess:", hang, flush=True)
-  payload = {"header": common.header(), "implementation": how, "n_devices": N, "dtype": "bfloat16",
+  payload = {"header": common.header(), "config": a.config, "implementation": how, "n_devices": N, "dtype": "bfloat16",
              "rows": rows, "chaos": chaos, "lax_chaos_subprocess": hang}
   md = ["| op | bytes/device | ops | dfccl unrolled us | dfccl fori us | lax unrolled us | lax fori us |"
         " dfccl busbw GB/s | lax busbw GB/s |", "|---|---|---|---|---|---|---|---|---|"]
@@ -211,7 +217,7 @@ def main():
   for k, v in chaos.items():
     md.append(f"- chaos {k}: {v}")
   md.append(f"- jax.lax chaos program (subprocess): {hang}")
-  name = "collectives_" + time.strftime("%Y-%m-%d") + "_h200x2"
+  name = "collectives_" + time.strftime("%Y-%m-%d") + "_" + a.tag
   common.write_results(name, payload, "\n".join(md), a.out)
   print("\n".join(md), flush=True)
 

@@ -21,9 +21,11 @@ smoke.check("reduce_scatter", jnp.float32, 70000 * smoke.N)
 smoke.check("all_to_all", jnp.bfloat16, 1 << 20)
 smoke.check("ppermute", jnp.float32, 1 << 18, perm=[(i, (i + 1) % smoke.N) for i in range(smoke.N)])
 smoke.check("all_reduce", jnp.float32, 1000003)
-# The copy-engine path (messages of copy_engine_min_bytes and more).
+# The copy-engine path (opt-in: messages of copy_engine_min_bytes and more).
+smoke.fd.module().configure({"copy_engine_min_bytes": 4 << 20, "copy_engine_reduce_min_bytes": 4 << 20})
 smoke.check("all_reduce", jnp.float32, 3000001)
 smoke.check("all_gather", jnp.float32, 1 << 21)
+smoke.fd.module().configure({"copy_engine_min_bytes": -1})
 smoke.chaos(iters=3, n_coll=4)
 smoke.chaos(iters=3, n_coll=4, label="_simple", elems=1025)
 print("CHAOS_SMALL", "FAILED" if smoke.FAIL else "PASSED", smoke.FAIL, flush=True)

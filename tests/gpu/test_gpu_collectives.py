@@ -82,6 +82,7 @@ def test_large_paths(op, path, elems):
   """Both transports of large messages (copy engines / daemon direct path), odd sizes included."""
   if op in ("psum_scatter", "all_to_all"):
     elems = elems * N
+  saved = {k: getattr(d.config, k) for k in ("copy_engine_min_bytes", "copy_engine_reduce_min_bytes")}
   d.configure(copy_engine_min_bytes=-1 if path == "daemon" else 0, copy_engine_reduce_min_bytes=0)
   try:
     before = d.stats()["cuda"]["copy_engine_ops"]
@@ -90,7 +91,7 @@ def test_large_paths(op, path, elems):
     got = np.asarray(ours(x))
     moved = d.stats()["cuda"]["copy_engine_ops"] - before
   finally:
-    d.configure(copy_engine_min_bytes=4 << 20, copy_engine_reduce_min_bytes=64 << 20)
+    d.configure(**saved)
   want = np.asarray(ref(x))
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
   reduction = op in ("psum", "pmax", "pmin", "psum_scatter")
@@ -130,7 +131,8 @@ def test_chaos_order_copy_engine():
   x = jnp.asarray(np.random.default_rng(1).integers(-50, 50, (N, elems)), jnp.float32)
   xs = np.asarray(x, np.float64)
   want = sum((xs.sum(0) if i % 2 == 0 else xs[0]) * (i + 1) for i in range(ncoll))
-  d.configure(copy_engine_reduce_min_bytes=0)  # the psums too
+  saved = {k: getattr(d.config, k) for k in ("copy_engine_min_bytes", "copy_engine_reduce_min_bytes")}
+  d.configure(copy_engine_min_bytes=4 << 20, copy_engine_reduce_min_bytes=0)  # every collective, psums too
   try:
     before = d.stats()["cuda"]["copy_engine_ops"]
     for _ in range(10):
@@ -138,7 +140,7 @@ def test_chaos_order_copy_engine():
     got = np.asarray(out)
     moved = d.stats()["cuda"]["copy_engine_ops"] - before
   finally:
-    d.configure(copy_engine_reduce_min_bytes=64 << 20)
+    d.configure(**saved)
   assert np.array_equal(got, np.stack([want] * N))
   assert moved == 10 * ncoll
 
