@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
-#   tools/gpu_check.sh [smoke] [probe] [crossover] [bench] [tests] [demo] [sanitize]
-#   (default: all but crossover; a hung smoke stops the rest)
+#   tools/gpu_check.sh [smoke] [probe] [crossover] [mixed] [bench] [tests] [demo] [sanitize]
+#   (default: all but crossover and mixed; a hung smoke stops the rest)
 # probe: link rates (tools/nvlink_probe.py, needs CuPy) and the small-collective latency breakdown.
 # crossover: daemon vs copy-engine per-op time from 1 to 64 MiB (tools/latency_probe.py --crossover).
+# mixed: the chaos-order workload with the opt-in copy engines on (4 MiB psums on the daemon, 4 MiB
+#   all_gathers on the copy engines; watchdog at 20 s), with the default CUDA_DEVICE_MAX_CONNECTIONS
+#   and with 32 (whether streams sharing a hardware queue explain the stall).
 # Run from the repository root with the built extension modules in jax_dfccl/
 # (_dfccl_cuda*.so, _dfccl_cpu*.so) or with the package installed.
 # Every step runs under `timeout` (a hung persistent kernel must not hang the run);
@@ -36,6 +39,15 @@ for step in $steps; do
       log crossover
       timeout ${CROSS_TIMEOUT:-200} $PY tools/latency_probe.py --crossover > "$OUT/crossover.log" 2>&1
       echo "crossover rc=$?"; grep -v "^W0000\|^I0000" "$OUT/crossover.log" | tail -22 ;;
+    mixed)
+      for conn in default 32; do
+        log "chaos workload, copy engines on, CUDA_DEVICE_MAX_CONNECTIONS=$conn"
+        ( [[ $conn == default ]] || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
+          timeout ${MIXED_TIMEOUT:-150} $PY benchmarks/collectives.py --sizes 4K --reps 1 --tag "h200x2_mixed_$conn" \
+            --config copy_engine_min_bytes=4194304,timeout_s=20 --out "$OUT" > "$OUT/mixed_$conn.log" 2>&1
+          echo "mixed ($conn) rc=$?" )
+        grep -v "^W0000\|^I0000" "$OUT/mixed_$conn.log" | grep "chaos\|rror" | tail -6 | cut -c1-600
+      done ;;
     bench)
       log benchmark
       timeout ${BENCH_TIMEOUT:-360} $PY benchmarks/collectives.py --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
