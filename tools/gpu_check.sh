@@ -6,7 +6,8 @@
 # crossover: daemon vs copy-engine per-op time from 1 to 64 MiB (tools/latency_probe.py --crossover).
 # mixed: the chaos-order workload with the opt-in copy engines on (4 MiB psums on the daemon, 4 MiB
 #   all_gathers on the copy engines; watchdog at 20 s), with the default CUDA_DEVICE_MAX_CONNECTIONS
-#   and with 32 (whether streams sharing a hardware queue explain the stall).
+#   and with 32 (whether streams sharing a hardware queue explain the stall); first
+#   tools/queue_probe.py (which streams wait behind another stream's in-stream dependency).
 # Run from the repository root with the built extension modules in jax_dfccl/
 # (_dfccl_cuda*.so, _dfccl_cpu*.so) or with the package installed.
 # Every step runs under `timeout` (a hung persistent kernel must not hang the run);
@@ -40,6 +41,11 @@ for step in $steps; do
       timeout ${CROSS_TIMEOUT:-200} $PY tools/latency_probe.py --crossover > "$OUT/crossover.log" 2>&1
       echo "crossover rc=$?"; grep -v "^W0000\|^I0000" "$OUT/crossover.log" | tail -22 ;;
     mixed)
+      for conn in default 32; do
+        ( [[ $conn == default ]] || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
+          timeout 60 $PY tools/queue_probe.py > "$OUT/queue_probe_$conn.log" 2>&1; echo "queue probe ($conn) rc=$?" )
+        tail -2 "$OUT/queue_probe_$conn.log"
+      done
       for conn in default 32; do
         log "chaos workload, copy engines on, CUDA_DEVICE_MAX_CONNECTIONS=$conn"
         ( [[ $conn == default ]] || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
