@@ -158,10 +158,10 @@ struct HostShared {
   // XLA's stream writes ce_ready[e] = Gen(ticket) (stream memory write, after its
   // input is complete) and waits for ce_done[e] >= Gen(ticket); the copy streams
   // write ce_done[e] once every rank's copies that touch this rank's buffers are
-  // complete (the host writes it when it aborts the collective).
+  // complete (the host writes it when it aborts the collective or fails to issue
+  // it; the error then reaches the program through the runtime's device error).
   volatile uint32_t ce_ready[kCeRing];
   volatile uint32_t ce_done[kCeRing];
-  volatile uint32_t ce_status[kCeRing];  // 0 ok, 1 aborted
 };
 
 // Device memory, one per device.

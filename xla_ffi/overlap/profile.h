@@ -16,11 +16,7 @@
 
 #include "dfccl/check.h"
 
-#define OV_CUDA(call)                                                                      \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    DFCCL_CHECK(e_ == cudaSuccess, "dfccl overlap: " #call " failed: " << cudaGetErrorString(e_)); \
-  } while (0)
+#define OV_CUDA(call) DFCCL_CHECK_CUDA(call, "dfccl overlap")
 
 namespace dfccl::overlap {
 

@@ -13,11 +13,7 @@
 namespace dfccl::gpu {
 namespace {
 
-#define DFCCL_CE(call)                                                                                \
-  do {                                                                                                \
-    cudaError_t dfccl_err_ = (call);                                                                  \
-    DFCCL_CHECK(dfccl_err_ == cudaSuccess, "dfccl: copy engine: " #call ": " << cudaGetErrorString(dfccl_err_)); \
-  } while (0)
+#define DFCCL_CE(call) DFCCL_CHECK_CUDA(call, "dfccl: copy engine")
 
 // [off, off+len) pieces of a byte range cut into at most kMaxChunks chunks of
 // at least chunk_bytes (whole elements).
@@ -113,11 +109,8 @@ void CopyEngine::Loop() {
           std::lock_guard<std::mutex> lk(mu_);
           if (error_.empty()) error_ = ex.what();
         }
-        for (const CeRank& r : op.ranks) {  // the error reaches the program at its next collective
-          *r.status_host = 1;
-          std::atomic_thread_fence(std::memory_order_seq_cst);
-          *r.done_host = r.gen;
-        }
+        for (const CeRank& r : op.ranks) *r.done_host = r.gen;  // the error reaches the program
+                                                                  // at its next collective
       }
       issued_++;
       issue_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();

@@ -41,8 +41,7 @@ struct CeRank {
   int32_t recv_from = -1;                    // PPERMUTE
   const volatile uint32_t* ready = nullptr;  // host address, written by XLA's stream
   uint32_t* done = nullptr;                  // device address of the host-mapped done word
-  volatile uint32_t* done_host = nullptr;    // ... its host address, and the status word
-  volatile uint32_t* status_host = nullptr;  //     (a failed issue releases the ranks with status 1)
+  volatile uint32_t* done_host = nullptr;    // ... its host address (a failed issue releases the ranks)
   uint32_t gen = 0;                          // value of both words for this instance
 };
 

@@ -97,8 +97,7 @@ void Runtime::StartCopyEngine(Device& d, Comm& c, Instance& inst, const Collecti
   inst.ce_ranks.resize(c.n);
   inst.ce_ranks[spec.rank] = CeRank{d.ordinal, static_cast<const char*>(in), static_cast<char*>(out), spec.recv_from,
                                     &d.host->ce_ready[e], const_cast<uint32_t*>(&d.host_dev->ce_done[e]), &d.host->ce_done[e],
-                                    &d.host->ce_status[e], Gen(ticket, kCeRing)};
-  d.host->ce_status[e] = 0;
+                                    Gen(ticket, kCeRing)};
   if (inst.started != (1u << c.n) - 1) return;
   CeOp op;
   op.comm = &c;
@@ -391,9 +390,7 @@ void Runtime::Abort(Comm& c, Instance& inst, const std::string& why) {
     const uint64_t ticket = tagged & ~kCeTicket;
     if (tagged & kCeTicket) {
       if (!release_ce) continue;
-      d->host->ce_status[ticket % kCeRing] = 1;
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      d->host->ce_done[ticket % kCeRing] = Gen(ticket, kCeRing);
+      d->host->ce_done[ticket % kCeRing] = Gen(ticket, kCeRing);  // Abort set the devices' error above
       continue;
     }
     reinterpret_cast<volatile int32_t&>(d->host->desc[ticket % kTaskRing].abort) = 1;

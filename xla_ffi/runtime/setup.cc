@@ -9,11 +9,7 @@
 #include "dfccl/dtype.h"
 #include "runtime/runtime.h"
 
-#define DFCCL_CUDA(call)                                                                  \
-  do {                                                                                    \
-    cudaError_t dfccl_err_ = (call);                                                      \
-    DFCCL_CHECK(dfccl_err_ == cudaSuccess, "dfccl: " #call ": " << cudaGetErrorString(dfccl_err_)); \
-  } while (0)
+#define DFCCL_CUDA(call) DFCCL_CHECK_CUDA(call, "dfccl")
 
 namespace dfccl::gpu {
 namespace {

@@ -36,3 +36,11 @@ namespace detail {
   } while (0)
 
 #define DFCCL_FAIL(msg) DFCCL_CHECK(false, msg)
+
+// DFCCL_CHECK_CUDA(call, "where"): in CUDA code, throws "where: call: <CUDA error>"
+// unless `call` returns cudaSuccess.  Each layer names it once (DFCCL_CUDA, OV_CUDA, ...).
+#define DFCCL_CHECK_CUDA(call, where)                                                          \
+  do {                                                                                         \
+    const cudaError_t dfccl_cuda_err_ = (call);                                                \
+    DFCCL_CHECK(dfccl_cuda_err_ == cudaSuccess, where ": " #call ": " << cudaGetErrorString(dfccl_cuda_err_)); \
+  } while (0)
