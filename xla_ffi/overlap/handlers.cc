@@ -101,15 +101,7 @@ void InitRank(Channel& c, int rank, const std::vector<int>& devs, size_t buf_byt
               size_t counter_words, cudaStream_t stream) {
   RankState& rs = c.ranks[rank];
   rs.ordinal = devs[rank];
-  for (int d : devs) {
-    if (d == rs.ordinal) continue;
-    int can = 0;
-    OV_CUDA(cudaDeviceCanAccessPeer(&can, rs.ordinal, d));
-    DFCCL_CHECK(can, "dfccl overlap '" << c.key << "': GPU " << rs.ordinal << " cannot access GPU " << d);
-    cudaError_t e = cudaDeviceEnablePeerAccess(d, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();  // clear the sticky-free error
-    else OV_CUDA(e);
-  }
+  dfccl::gpu::EnablePeerAccess(rs.ordinal, devs);  // runtime/driver.h (the handler made rs.ordinal current)
   OV_CUDA(cudaMalloc(&rs.buf, buf_bytes > 0 ? buf_bytes : 16));
   OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.flags), flag_words * sizeof(uint32_t)));
   OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.counter), counter_words * sizeof(uint32_t)));

@@ -15,23 +15,12 @@
 #include <string_view>
 
 #include "dfccl/check.h"
+#include "runtime/driver.h"
 
 #define OV_CUDA(call) DFCCL_CHECK_CUDA(call, "dfccl overlap")
 
 namespace dfccl::overlap {
-
-class DeviceGuard {  // makes `ordinal` current, restores the previous device
- public:
-  explicit DeviceGuard(int ordinal) {
-    OV_CUDA(cudaGetDevice(&prev_));
-    if (prev_ != ordinal) OV_CUDA(cudaSetDevice(ordinal));
-  }
-  ~DeviceGuard() { cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
-
+using gpu::DeviceGuard;  // runtime/driver.h
 }  // namespace dfccl::overlap
 
 namespace dfccl::overlap::prof {

@@ -46,4 +46,23 @@ void StreamOps::WaitGeq32(cudaStream_t s, const void* addr, uint32_t v) {
                    CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32_v2");
 }
 
+DeviceGuard::DeviceGuard(int ordinal) {
+  DFCCL_CHECK_CUDA(cudaGetDevice(&prev_), "dfccl");
+  if (prev_ == ordinal) return;
+  DFCCL_CHECK_CUDA(cudaSetDevice(ordinal), "dfccl");
+  restore_ = true;
+}
+
+void EnablePeerAccess(int ordinal, const std::vector<int>& peers) {
+  for (int b : peers) {
+    if (b == ordinal) continue;
+    int ok = 0;
+    DFCCL_CHECK_CUDA(cudaDeviceCanAccessPeer(&ok, ordinal, b), "dfccl");
+    DFCCL_CHECK(ok, "dfccl: GPU " << ordinal << " cannot access GPU " << b << " (peer access required)");
+    const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();  // clear it: not sticky
+    else DFCCL_CHECK(e == cudaSuccess, "dfccl: enabling peer access " << ordinal << "->" << b << ": " << cudaGetErrorString(e));
+  }
+}
+
 }  // namespace dfccl::gpu

@@ -1,12 +1,15 @@
-// Stream memory operations of the CUDA driver, reached through
-// cudaGetDriverEntryPointByVersion (no libcuda at link time).  On the H200
+// CUDA helpers shared by the runtime and the fused overlap ops: the stream
+// memory operations of the CUDA driver, reached through
+// cudaGetDriverEntryPointByVersion (no libcuda at link time; on the H200
 // machines the legacy cuStreamWriteValue32/cuStreamWaitValue32 entry points
-// return CUDA_ERROR_NOT_SUPPORTED (801); the _v2 ones (CUDA >= 11.7 ABI) work.
+// return CUDA_ERROR_NOT_SUPPORTED (801); the _v2 ones, CUDA >= 11.7 ABI, work),
+// the current-device guard and peer access.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace dfccl::gpu {
 
@@ -16,5 +19,27 @@ struct StreamOps {
   // `stream` waits until (int32_t)(*addr - value) >= 0.
   static void WaitGeq32(cudaStream_t stream, const void* addr, uint32_t value);
 };
+
+// DeviceGuard(ordinal): `ordinal` is the current device for the guard's scope
+// (set only when it is not already); DeviceGuard(): the scope switches devices
+// itself.  Either way the caller's device is restored at the end of the scope.
+class DeviceGuard {
+ public:
+  DeviceGuard() : restore_(true) { cudaGetDevice(&prev_); }
+  explicit DeviceGuard(int ordinal);  // throws if the device cannot be made current
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool restore_ = false;
+};
+
+// Enables access from the current device `ordinal` to each of `peers` (itself
+// skipped; already enabled is fine); throws naming both GPUs if one cannot.
+void EnablePeerAccess(int ordinal, const std::vector<int>& peers);
 
 }  // namespace dfccl::gpu

@@ -33,12 +33,9 @@ Runtime::~Runtime() = default;
 
 // Copies device memory out on the device's private stream (never waits on XLA's streams).
 static void CopyOut(Device& d, void* dst, const void* src, size_t bytes) {
-  int saved = 0;
-  cudaGetDevice(&saved);
-  cudaSetDevice(d.ordinal);
+  DeviceGuard guard(d.ordinal);
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d.aux);
   if (e == cudaSuccess) e = cudaStreamSynchronize(d.aux);
-  cudaSetDevice(saved);
   DFCCL_CHECK(e == cudaSuccess, "dfccl: reading device counters: " << cudaGetErrorString(e));
 }
 
@@ -230,9 +227,7 @@ bool Runtime::Running(Device& d) { return d.launched && d.host->exiting != d.lau
 bool Runtime::Alive(Device& d) { return d.launched && cudaEventQuery(d.ev) == cudaErrorNotReady; }
 
 void Runtime::Launch(Device& d) {
-  int saved = 0;
-  cudaGetDevice(&saved);
-  if (saved != d.ordinal) cudaSetDevice(d.ordinal);
+  DeviceGuard guard(d.ordinal);
   d.launch_id++;
   d.workers = d.pending_large > 0 ? cfg_.large_blocks : cfg_.blocks;
   DaemonParams p{};
@@ -247,7 +242,6 @@ void Runtime::Launch(Device& d) {
   p.stall_ns = cfg_.stall_us * 1000;
   cudaError_t err = LaunchDaemon(p, d.stream);
   if (err == cudaSuccess) err = cudaEventRecord(d.ev, d.stream);
-  if (saved != d.ordinal) cudaSetDevice(saved);
   DFCCL_CHECK(err == cudaSuccess, "dfccl: daemon launch on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
   d.launched = true;
   d.launches++;

@@ -7,26 +7,16 @@
 #include "device/daemon.h"
 #include "dfccl/check.h"
 #include "dfccl/dtype.h"
+#include "runtime/driver.h"
 #include "runtime/runtime.h"
 
 #define DFCCL_CUDA(call) DFCCL_CHECK_CUDA(call, "dfccl")
 
 namespace dfccl::gpu {
-namespace {
-
-struct DeviceGuard {  // restores the caller's current device
-  int saved = 0;
-  DeviceGuard() { cudaGetDevice(&saved); }
-  ~DeviceGuard() { cudaSetDevice(saved); }
-};
-
-}  // namespace
-
 Device& Runtime::GetDevice(int ordinal) {
   auto it = devices_.find(ordinal);
   if (it != devices_.end()) return *it->second;
-  DeviceGuard guard;
-  DFCCL_CUDA(cudaSetDevice(ordinal));
+  DeviceGuard guard(ordinal);
   auto d = std::make_unique<Device>();
   d->ordinal = ordinal;
   DFCCL_CUDA(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
@@ -59,15 +49,7 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
   for (int a : c->ordinals) GetDevice(a);
   for (int a : c->ordinals) {
     DFCCL_CUDA(cudaSetDevice(a));
-    for (int b : c->ordinals) {
-      if (a == b) continue;
-      int ok = 0;
-      DFCCL_CUDA(cudaDeviceCanAccessPeer(&ok, a, b));
-      DFCCL_CHECK(ok, "dfccl: GPU " << a << " cannot access GPU " << b << " (peer access required)");
-      cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-      else DFCCL_CHECK(e == cudaSuccess, "dfccl: enabling peer access " << a << "->" << b << ": " << cudaGetErrorString(e));
-    }
+    EnablePeerAccess(a, c->ordinals);
   }
   c->view.nranks = n;
   c->direct = cfg_.direct;
