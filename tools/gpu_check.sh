@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
-#   tools/gpu_check.sh [smoke] [probe] [crossover] [mixed] [bench] [tests] [demo] [sanitize]
+#   tools/gpu_check.sh [smoke] [probe] [crossover] [mixed] [hang] [bench] [tests] [demo] [sanitize]
 #   (default: all but crossover and mixed; a hung smoke stops the rest)
 # probe: link rates (tools/nvlink_probe.py, needs CuPy) and the small-collective latency breakdown.
 # crossover: daemon vs copy-engine per-op time from 1 to 64 MiB (tools/latency_probe.py --crossover).
@@ -8,6 +8,8 @@
 #   all_gathers on the copy engines; watchdog at 20 s), with the default CUDA_DEVICE_MAX_CONNECTIONS
 #   and with 32 (whether streams sharing a hardware queue explain the stall); first
 #   tools/queue_probe.py (which streams wait behind another stream's in-stream dependency).
+# hang: tools/mixed_probe.py (that workload, with jax_dfccl.pending() reports while it stalls)
+#   under lazy and eager module loading; a run alive after 60 s gets its host stacks dumped (cuda-gdb).
 # Run from the repository root with the built extension modules in jax_dfccl/
 # (_dfccl_cuda*.so, _dfccl_cpu*.so) or with the package installed.
 # Every step runs under `timeout` (a hung persistent kernel must not hang the run);
@@ -53,6 +55,20 @@ for step in $steps; do
             --config copy_engine_min_bytes=4194304,timeout_s=20 --out "$OUT" > "$OUT/mixed_$conn.log" 2>&1
           echo "mixed ($conn) rc=$?" )
         grep -v "^W0000\|^I0000" "$OUT/mixed_$conn.log" | grep "chaos\|rror" | tail -6 | cut -c1-600
+      done ;;
+    hang)
+      # tools/mixed_probe.py under each CUDA_MODULE_LOADING; a run alive after 60 s gets
+      # its host threads' stacks dumped (cuda-gdb attaches) and is killed.
+      for ml in ${HANG_LOADING:-LAZY EAGER}; do
+        log "mixed probe, CUDA_MODULE_LOADING=$ml"
+        CUDA_MODULE_LOADING=$ml $PY tools/mixed_probe.py ${HANG_ARGS:-} > "$OUT/mixed_probe_$ml.log" 2>&1 & pid=$!
+        for _ in $(seq 1 ${HANG_WAIT:-60}); do sleep 1; kill -0 $pid 2>/dev/null || break; done
+        if kill -0 $pid 2>/dev/null; then
+          echo "still running after ${HANG_WAIT:-60} s: host stacks to $OUT/mixed_gdb_$ml.log"
+          timeout 90 cuda-gdb -p $pid -batch -ex "info threads" -ex "thread apply all bt 24" > "$OUT/mixed_gdb_$ml.log" 2>&1
+          kill -9 $pid; wait $pid 2>/dev/null
+        fi
+        grep -v "^W0000\|^I0000" "$OUT/mixed_probe_$ml.log" | tail -30 | cut -c1-400
       done ;;
     bench)
       log benchmark

@@ -67,6 +67,15 @@ def stats() -> dict:
   return {p: dict(rt.stats()) for p, rt in load().items()}
 
 
+def pending(wait_ms: int = 1000) -> str:
+  """What the GPU runtime holds in flight right now: per device and collective,
+  which ranks started it, whether this device's stream reached it, what the
+  daemon and the copy engines are doing.  For a program that seems stuck: call
+  it from another thread.  '' without the CUDA backend."""
+  rt = load().get("cuda")
+  return rt.pending(wait_ms) if rt is not None else ""
+
+
 def reset():
   """Drops failed/in-flight runtime state (after an injected fault)."""
   for rt in load().values():

@@ -145,6 +145,36 @@ def test_chaos_order_copy_engine():
   assert moved == 10 * ncoll
 
 
+_MIXED_FRESH = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import jax_dfccl as d
+from jax_dfccl import testing as T
+d.configure(copy_engine_min_bytes=4 << 20, timeout_s=30)
+mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+sm = lambda f: jax.jit(jax.shard_map(lambda v: f(v[0])[None], mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                     check_vma=False))
+small = sm(lambda y: d.psum(y, "x"))       # a small daemon runs first (the default grid) ...
+elems = 1 << 20                              # ... then 4 MiB psums (the large grid) and all_gathers (copy engines)
+chaos, ref = sm(T.alternating_chaos("x", 2, elems, seed=1)), sm(T.alternating_reference("x", elems))
+x = jnp.asarray(np.random.default_rng(0).integers(-3, 4, (2, elems)), jnp.float32)
+np.asarray(small(x[:, :1024]))
+want = np.asarray(ref(x))
+for _ in range(3):
+  assert np.array_equal(np.asarray(chaos(x)), want)
+print("OK", d.stats()["cuda"]["copy_engine_ops"])
+"""
+
+
+def test_mixed_paths_chaos_in_fresh_process():
+  """psums on the daemon and all_gathers on the copy engines, started in rank-specific orders, in a
+  process whose daemon first ran with the default grid: the larger grid's first launch must not wait
+  for the device (local memory is sized when a device is set up), so the program completes, exact."""
+  r = subprocess.run([sys.executable, "-c", _MIXED_FRESH], capture_output=True, text=True, timeout=150,
+                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+  assert r.returncode == 0 and "OK" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
+
+
 def test_fori_loop_reentry():
   def body(v):
     return jax.lax.fori_loop(0, 10, lambda i, y: d.psum(y, "x", key="loop") * 0.5, v[0])[None]

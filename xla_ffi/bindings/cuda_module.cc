@@ -54,4 +54,7 @@ NB_MODULE(_dfccl_cuda, m) {
   });
 
   m.def("reset", [] { Runtime::Get().Reset(); });
+
+  m.def("pending", [](int wait_ms) { return Runtime::Get().Pending(wait_ms); }, nb::arg("wait_ms") = 1000,
+        nb::call_guard<nb::gil_scoped_release>(), "Report of the collectives in flight");
 }

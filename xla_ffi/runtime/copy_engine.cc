@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <sstream>
 
 #include "device/daemon.h"
 #include "dfccl/check.h"
@@ -86,7 +87,9 @@ void CopyEngine::Loop() {
     CeSettings s;
     {
       std::unique_lock<std::mutex> lk(mu_);
+      phase_ = kSleeping;
       cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+      phase_ = kPolling;
       if (stop_) return;
       s = settings_;
       for (auto it = pending_.begin(); it != pending_.end();) {
@@ -94,7 +97,9 @@ void CopyEngine::Loop() {
         else ++it;
       }
     }
+    phase_ = kTimers;
     ReadTimers();
+    phase_ = kPolling;
     if (batch.empty()) {
       if (Clock::now() - last_issue > std::chrono::milliseconds(20)) std::this_thread::sleep_for(std::chrono::microseconds(50));
       else std::this_thread::yield();
@@ -102,6 +107,9 @@ void CopyEngine::Loop() {
     }
     for (const CeOp& op : batch) {
       const auto t0 = Clock::now();
+      phase_key_ = op.key_hash;
+      phase_seq_ = op.seq;
+      phase_ = kIssuing;
       try {
         Issue(op, s);
       } catch (const std::exception& ex) {
@@ -118,6 +126,31 @@ void CopyEngine::Loop() {
     batch.clear();
     last_issue = Clock::now();
   }
+}
+
+std::string CopyEngine::Describe() {
+  static const char* kPhase[] = {"not started", "asleep (nothing submitted)", "polling the ready words",
+                                 "reading its timers", "enqueuing"};
+  std::ostringstream os;
+  const int ph = phase_;
+  os << "mover " << kPhase[ph];
+  if (ph == kIssuing) os << " key hash " << phase_key_ << " seq " << phase_seq_;
+  os << ", " << issued_ << " issued";
+  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  while (!lk.try_lock()) {
+    if (std::chrono::steady_clock::now() >= until) return os.str() + ", its lock is held";
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  os << ", " << pending_.size() << " waiting for inputs";
+  for (const CeOp& op : pending_) {
+    os << "; key hash " << op.key_hash << " seq " << op.seq << " ready [";
+    for (size_t r = 0; r < op.ranks.size(); ++r)
+      os << (r ? " " : "") << (static_cast<int32_t>(*op.ranks[r].ready - op.ranks[r].gen) >= 0 ? "y" : "n");
+    os << "]";
+  }
+  if (!error_.empty()) os << "; error: " << error_;
+  return os.str();
 }
 
 CopyEngine::Dev& CopyEngine::GetDev(int ordinal) {

@@ -81,6 +81,8 @@ class CopyEngine {
   double gpu_s() const { return gpu_ns_ / 1e9; }
   int64_t timed() const { return timed_; }
   std::string error();  // the first CUDA failure of the mover, "" if none
+  // What the mover is doing and the instances it holds (never blocks for long).
+  std::string Describe();
   void Stop();
 
  private:
@@ -92,6 +94,7 @@ class CopyEngine {
     int timer_head = 0;
     std::deque<int> timing;                    // timers recorded, not yet read
   };
+  enum Phase { kNotStarted, kSleeping, kPolling, kTimers, kIssuing };
   void Loop();
   static bool Ready(const CeOp& op);
   void Issue(const CeOp& op, const CeSettings& s);
@@ -107,6 +110,8 @@ class CopyEngine {
   bool stop_ = false;
   std::string error_;
   std::atomic<int64_t> issued_{0}, issue_ns_{0}, gpu_ns_{0}, timed_{0};
+  std::atomic<int> phase_{0};               // Phase: what the mover does now (Describe)
+  std::atomic<uint64_t> phase_key_{0}, phase_seq_{0};
 };
 
 }  // namespace dfccl::gpu

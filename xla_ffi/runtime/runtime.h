@@ -140,6 +140,8 @@ class Runtime {
   HostTimes& host_times() { return times_; }
   std::map<std::string, double> Stats(std::vector<std::string>* errors);
   std::vector<TraceOut> Trace();
+  // Collectives in flight, per device and path (runtime/inspect.cc); tries the lock for wait_ms.
+  std::string Pending(int wait_ms);
   void Reset();
 
  private:

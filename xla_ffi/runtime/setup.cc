@@ -31,6 +31,24 @@ Device& Runtime::GetDevice(int ordinal) {
   DFCCL_CUDA(cudaStreamSynchronize(d->aux));
   DFCCL_CUDA(PreloadStreamWait());
   DFCCL_CUDA(PreloadReduceKernels());
+  // The daemon needs several KiB of local memory per thread (ptxas: stack frame).
+  // A launch that needs more local memory than the context holds makes the driver
+  // grow it, and growing waits inside cuLaunchKernel for the device's running
+  // kernels: a larger daemon (Launch on a large message) launched while XLA's
+  // stream spins in one of our done waits would wait for that wait, under the
+  // runtime lock - a hang.  So the largest grid is launched once here, while none
+  // of ours runs, and exits at once (its quit request is set before the launch);
+  // the driver keeps the grown size.
+  d->launch_id = 1;
+  d->host->resize = d->launch_id;
+  DaemonParams warm{};
+  warm.dev = d->dev;
+  warm.host = d->host_dev;
+  warm.launch_id = d->launch_id;
+  warm.workers = kMaxBlocks - 1;
+  DFCCL_CUDA(LaunchDaemon(warm, d->stream));
+  DFCCL_CUDA(cudaStreamSynchronize(d->stream));
+  d->host->resize = 0;
   auto& ref = *d;
   devices_[ordinal] = std::move(d);
   if (!proxy_.joinable()) proxy_ = std::thread([this] { ProxyLoop(); });

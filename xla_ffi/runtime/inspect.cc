@@ -1,0 +1,86 @@
+// Runtime::Pending: a readable report of every collective in flight (who
+// started it, whose stream reached it, what the daemon and the copy engines
+// are doing), for `jax_dfccl.pending()` while a program seems stuck.  It never
+// blocks for long: the runtime lock is tried for `wait_ms`, device words are
+// read on the private stream with a bounded wait.
+#include <sstream>
+#include <thread>
+
+#include "device/daemon.h"
+#include "runtime/driver.h"
+#include "runtime/runtime.h"
+
+namespace dfccl::gpu {
+namespace {
+
+// Copies `bytes` of device memory out on `stream`, waiting at most 200 ms.
+bool TryCopyOut(int ordinal, cudaStream_t stream, void* dst, const void* src, size_t bytes) {
+  DeviceGuard guard(ordinal);
+  if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess) return false;
+  const auto until = Clock::now() + std::chrono::milliseconds(200);
+  while (Clock::now() < until) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
+std::string Mask(uint32_t started, int n) {
+  std::string s;
+  for (int r = 0; r < n; ++r) s += (started >> r) & 1 ? 'S' : '.';
+  return s;
+}
+
+}  // namespace
+
+std::string Runtime::Pending(int wait_ms) {
+  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
+  const auto until = Clock::now() + std::chrono::milliseconds(wait_ms);
+  while (!lk.try_lock()) {
+    if (Clock::now() >= until)
+      return "runtime lock held for " + std::to_string(wait_ms) + " ms: a thread is blocked inside the runtime "
+             "(copy engine: " + ce_.Describe() + ")\n";
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  std::ostringstream os;
+  const auto now = Clock::now();
+  for (auto& [ord, dp] : devices_) {
+    Device& d = *dp;
+    os << "GPU " << ord << ": daemon " << (Running(d) ? "running" : "stopped") << " (launch " << d.launch_id
+       << ", " << d.workers << " workers, " << d.launches << " launches), tickets " << d.oldest << ".." << d.next_ticket
+       << ", copy-engine tickets " << d.ce_oldest << ".." << d.ce_next;
+    if (!d.error.empty()) os << ", error: " << d.error;
+    os << "\n";
+    std::vector<uint32_t> ready(kTaskRing, 0);
+    const bool have_ready = d.oldest < d.next_ticket &&
+                            TryCopyOut(ord, d.aux, ready.data(), d.dev->ready, sizeof(uint32_t) * kTaskRing);
+    auto line = [&](const TaskInfo& ti, uint64_t t, const char* path, int ready_state, bool done) {
+      const Instance* in = ti.inst;
+      os << "  " << path << " ticket " << t << " '" << (in ? in->key : std::to_string(ti.key_hash)) << "' seq "
+         << ti.seq << " " << ti.msg_bytes << " B, "
+         << std::chrono::duration<double, std::milli>(now - ti.t).count() << " ms";
+      if (in) os << ", started " << Mask(in->started, in->nranks) << (in->failed ? ", failed" : "");
+      os << ", this stream " << (ready_state < 0 ? "?" : ready_state ? "reached it" : "not there yet")
+         << (done ? ", done" : "") << "\n";
+    };
+    for (uint64_t t = d.oldest; t < d.next_ticket; ++t) {
+      const TaskInfo& ti = d.info[t % kTaskRing];
+      if (ti.done) continue;
+      const int rs = have_ready ? static_cast<int32_t>(ready[t % kTaskRing] - Gen(t)) >= 0 : -1;
+      line(ti, t, "daemon", rs, d.host->done[t % kTaskRing] == Gen(t));
+    }
+    for (uint64_t t = d.ce_oldest; t < d.ce_next; ++t) {
+      const TaskInfo& ti = d.ce_info[t % kCeRing];
+      if (ti.done) continue;
+      const uint32_t g = Gen(t, kCeRing);
+      line(ti, t, "copy engine", static_cast<int32_t>(d.host->ce_ready[t % kCeRing] - g) >= 0,
+           static_cast<int32_t>(d.host->ce_done[t % kCeRing] - g) >= 0);
+    }
+  }
+  os << "copy engine: " << ce_.Describe() << "\n";
+  return os.str();
+}
+
+}  // namespace dfccl::gpu
