@@ -93,6 +93,25 @@ def chain(fn, n_ops, mode):
   return smap(body)
 
 
+_progress = {"t": time.perf_counter(), "what": "start"}
+
+
+def stall_reporter(every_s):
+  """Prints jax_dfccl.pending() whenever no benchmark step finished for `every_s` seconds."""
+  import threading  # noqa: PLC0415
+
+  import jax_dfccl as d  # noqa: PLC0415
+
+  def run():
+    while True:
+      time.sleep(1.0)
+      if time.perf_counter() - _progress["t"] > every_s:
+        print(f"--- no progress for {every_s:.0f} s after {_progress['what']}; jax_dfccl.pending():\n"
+              + d.pending(), flush=True)
+        _progress["t"] = time.perf_counter()
+  threading.Thread(target=run, daemon=True).start()
+
+
 def bench_ops(sizes, ops_names, reps):
   ours, how = dfccl_ops()
   lax = lax_ops()
@@ -113,6 +132,7 @@ def bench_ops(sizes, ops_names, reps):
             row[f"{impl}/{mode}/busbw_GBs"] = busbw(op, nbytes, t) / 1e9
           except Exception as e:  # noqa: BLE001
             row[f"{impl}/{mode}/error"] = repr(e)[:200]
+          _progress.update(t=time.perf_counter(), what=f"{op} {nbytes} B {impl} {mode}")
       rows.append(row)
       u = lambda k: row.get(k, float("nan"))  # noqa: E731
       print(f"{op:13s} {nbytes:>11d} B  dfccl {u('dfccl/unrolled/us'):9.1f} / {u('dfccl/fori_loop/us'):9.1f} us"
@@ -172,7 +192,11 @@ def main():
   ap.add_argument("--config", default="", help="jax_dfccl.config entries for this run, e.g. "
                   "copy_engine_min_bytes=4194304,copy_engine_reduce_min_bytes=4194304")
   ap.add_argument("--tag", default="h200x2", help="suffix of the result files' names")
+  ap.add_argument("--stall-report", type=float, default=60,
+                  help="print jax_dfccl.pending() when a step takes longer than this (s); 0: never")
   a = ap.parse_args()
+  if a.stall_report > 0:
+    stall_reporter(a.stall_report)
   if a.config:
     import jax_dfccl as d  # noqa: PLC0415
     d.configure(**{k: float(v) for k, v in (kv.split("=") for kv in a.config.split(","))})

@@ -30,21 +30,17 @@ class Config:
   stall_quit_us: float = 50000.0
   #: GPU: thread blocks (SMs) of the daemon kernel.
   max_blocks: int = 16
-  #: GPU, opt-in: collectives whose per-rank buffer (the larger of input and
-  #: output) has at least this many bytes are moved by the GPUs' copy engines,
-  #: driven by a host thread once every rank's input is ready (no daemon, no
-  #: SMs held but a short combine kernel for reductions); smaller ones run on
-  #: the daemon kernel.  Reductions (psum/pmax/pmin/psum_scatter) take it on
-  #: 2-GPU groups only, from ``copy_engine_reduce_min_bytes``.  On 2xH200 it
-  #: doubled all_gather's bandwidth from 16 MiB (the daemon's direct path was
-  #: faster for a 16 MiB psum, 150 vs 130 GB/s).  -1 (default): never -- a
-  #: chaos-order program whose collectives took both paths (4 MiB psums on the
-  #: daemon, 4 MiB all_gathers on the copy engines) did not complete on 2xH200;
-  #: programs whose large collectives all take this path do (4 MiB suggested,
-  #: with ``copy_engine_reduce_min_bytes`` at the same value).  The mover's
-  #: pipelining unit and combine-kernel blocks are ``copy_engine_chunk_bytes``
-  #: and ``copy_engine_blocks``.
-  copy_engine_min_bytes: int = -1
+  #: GPU: collectives whose per-rank buffer (the larger of input and output)
+  #: has at least this many bytes are moved by the GPUs' copy engines, driven
+  #: by a host thread once every rank's input is ready (no daemon, no SMs held
+  #: but a short combine kernel for reductions); smaller ones run on the daemon
+  #: kernel.  Reductions (psum/pmax/pmin/psum_scatter) take it on 2-GPU groups
+  #: only, from ``copy_engine_reduce_min_bytes`` (a 16 MiB psum was faster on
+  #: the daemon's direct path, 150 vs 130 GB/s).  On 2xH200 it doubles
+  #: all_gather's bandwidth at 16 MiB (285-323 vs 145 GB/s).  -1: never.  The
+  #: mover's pipelining unit and combine-kernel blocks are
+  #: ``copy_engine_chunk_bytes`` and ``copy_engine_blocks``.
+  copy_engine_min_bytes: int = 4 << 20
   copy_engine_reduce_min_bytes: int = 64 << 20
   copy_engine_chunk_bytes: int = 8 << 20
   copy_engine_blocks: int = 32

@@ -100,9 +100,9 @@ profiling = [
          "    print('jax.lax chaos program:', run.get('lax_chaos_subprocess'))\n"
          "for f in files:\n"
          "    curves(f)"),
-    md("Reading the plots: with the default configuration every collective runs on the daemon "
-       "(`collectives_<date>_h200x2*.json`); `..._copy_engine.json` is the opt-in copy-engine path "
-       "(`config.copy_engine_min_bytes`). Its unrolled 1 GiB all_gather point (516 GB/s) exceeds the "
+    md("Reading the plots: `collectives_<date>_h200x2.json` and `..._allsizes.json` were measured with "
+       "every collective on the daemon; `..._copy_engine.json` and `..._ce_default_check.json` with the "
+       "copy-engine path from 4 MiB (`config.copy_engine_min_bytes`, the default since). The copy-engine file's unrolled 1 GiB all_gather point (516 GB/s) exceeds the "
        "link and is not a valid measurement: the copy engines need 3.1–3.2 ms of GPU time per 1 GiB "
        "all_gather or psum (`benchmarks/results/ce_large_2026-11-30_h200x2.md`). all_gather in long "
        "unrolled chains varies a lot for both implementations; compare the fori_loop curves."),

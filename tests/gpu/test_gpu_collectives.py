@@ -171,7 +171,8 @@ def test_mixed_paths_chaos_in_fresh_process():
   process whose daemon first ran with the default grid: the larger grid's first launch must not wait
   for the device (local memory is sized when a device is set up), so the program completes, exact."""
   r = subprocess.run([sys.executable, "-c", _MIXED_FRESH], capture_output=True, text=True, timeout=150,
-                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                          "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.15"})  # beside this process's share
   assert r.returncode == 0 and "OK" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
 
 

@@ -50,9 +50,9 @@ struct Config {
   int64_t wait_kernel_bytes = 1 << 20;
   // Copy-engine path (runtime/copy_engine.h): collectives whose per-rank buffer
   // (the larger of input and output) has at least this many bytes are moved by
-  // the copy engines, driven by a host thread, without the daemon; -1: never (default).
+  // the copy engines, driven by a host thread, without the daemon; -1: never.
   // Reductions take it on 2-GPU groups only.
-  int64_t copy_engine_min_bytes = -1;  // opt-in (jax_dfccl.config explains why)
+  int64_t copy_engine_min_bytes = 4 << 20;
   int64_t copy_engine_reduce_min_bytes = 64 << 20;  // ... and for reductions at least this many
   int64_t copy_engine_chunk_bytes = 8 << 20;  // pipelining unit of the reductions' combine
   int copy_engine_blocks = 32;                // blocks of the combine kernel

@@ -153,11 +153,15 @@ std::string CopyEngine::Describe() {
   return os.str();
 }
 
-CopyEngine::Dev& CopyEngine::GetDev(int ordinal) {
-  auto it = devs_.find(ordinal);
-  if (it != devs_.end()) return it->second;
+// Streams and events are created here, from the runtime's device setup, never
+// by the mover: creating them takes a context-wide driver lock, and a thread
+// blocked inside a launch on a full XLA stream holds that lock until the GPU
+// drains the stream - which waits for the very copies the mover would issue.
+void CopyEngine::Prepare(int ordinal) {
+  std::lock_guard<std::mutex> lk(devs_mu_);
+  if (devs_.count(ordinal)) return;
+  DeviceGuard guard(ordinal);
   Dev& d = devs_[ordinal];
-  DFCCL_CE(cudaSetDevice(ordinal));
   for (cudaStream_t* s : {&d.pull, &d.pull2, &d.comp}) DFCCL_CE(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
   for (int c = 0; c < kMaxChunks; ++c) {
     DFCCL_CE(cudaEventCreateWithFlags(&d.pulled[c], cudaEventDisableTiming));
@@ -169,10 +173,17 @@ CopyEngine::Dev& CopyEngine::GetDev(int ordinal) {
   }
   DFCCL_CE(cudaEventCreateWithFlags(&d.joined, cudaEventDisableTiming));
   DFCCL_CE(cudaEventCreateWithFlags(&d.fin, cudaEventDisableTiming));
-  return d;
+}
+
+CopyEngine::Dev& CopyEngine::GetDev(int ordinal) {
+  std::lock_guard<std::mutex> lk(devs_mu_);
+  auto it = devs_.find(ordinal);
+  DFCCL_CHECK(it != devs_.end(), "dfccl: copy engine: GPU " << ordinal << " was not prepared");
+  return it->second;  // std::map: stays valid while other devices are added
 }
 
 void CopyEngine::ReadTimers() {
+  std::lock_guard<std::mutex> lk(devs_mu_);
   for (auto& [ord, d] : devs_) {
     while (!d.timing.empty()) {
       const int t = d.timing.front();

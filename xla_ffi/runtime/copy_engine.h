@@ -68,6 +68,8 @@ class CopyEngine {
   }
 
   ~CopyEngine() { Stop(); }
+  // Creates a device's side streams and events (the runtime's device setup).
+  void Prepare(int ordinal);
   void Configure(const CeSettings& s) { std::lock_guard<std::mutex> lk(mu_); settings_ = s; }
   // Every rank has started `op`; it is issued once every rank's ready word is set.
   void Submit(CeOp op);
@@ -105,7 +107,8 @@ class CopyEngine {
   std::condition_variable cv_;
   std::deque<CeOp> pending_;
   CeSettings settings_;
-  std::map<int, Dev> devs_;  // touched by the mover thread only
+  std::mutex devs_mu_;
+  std::map<int, Dev> devs_;  // created by Prepare, used by the mover
   std::thread thread_;
   bool stop_ = false;
   std::string error_;

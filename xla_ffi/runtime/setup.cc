@@ -49,6 +49,7 @@ Device& Runtime::GetDevice(int ordinal) {
   DFCCL_CUDA(LaunchDaemon(warm, d->stream));
   DFCCL_CUDA(cudaStreamSynchronize(d->stream));
   d->host->resize = 0;
+  ce_.Prepare(ordinal);
   auto& ref = *d;
   devices_[ordinal] = std::move(d);
   if (!proxy_.joinable()) proxy_ = std::thread([this] { ProxyLoop(); });
