@@ -36,3 +36,48 @@ def test_configure_rejects_unknown_entries():
   assert dc.config.timeout_s == 123.0
   assert dc.stats()["cpu"]["timeout_s"] == 123.0
   dc.configure(timeout_s=300.0)
+
+
+def test_pending_names_the_stuck_collective_and_its_ranks(mesh8):
+  """jax_dfccl.pending(), called from another thread while a program waits for peers that never
+  start a collective, names the collective and which ranks did and did not start it."""
+  import threading
+  import time
+
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  dc.reset()
+  assert dc.pending() == "no collective in flight\n"
+  dc.configure(timeout_s=5.0)
+
+  def body(v):
+    return jax.lax.cond(jax.lax.axis_index("x") < 2, lambda v: dc.psum(v, "x", key="stuck/psum"),
+                        lambda v: v, v)
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  x = jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(mesh8, P("x")))
+  errors = []
+
+  def run():
+    try:
+      jax.block_until_ready(f(x))
+    except Exception as e:  # noqa: BLE001 - the timeout error is expected
+      errors.append(str(e))
+  t = threading.Thread(target=run)
+  t.start()
+  report, deadline = "", time.monotonic() + 4.0
+  while "stuck/psum" not in report and time.monotonic() < deadline:
+    time.sleep(0.05)
+    report = dc.pending()
+  t.join()
+  try:
+    jax.effects_barrier()
+  except Exception:  # noqa: BLE001 - the failed program's error on the other devices
+    pass
+  dc.reset()
+  dc.configure(timeout_s=300.0)
+  line = next(l for l in report.splitlines() if "stuck/psum" in l)
+  assert report.startswith("[cpu]") and "seq 0" in line, report
+  assert "started by rank(s) [0 (device " in line and ", 1 (device " in line, line
+  assert "not by [2 (device " in line and ", 7 (device " in line, line
+  assert errors and "stuck/psum" in errors[0]
+  assert dc.pending() == "no collective in flight\n"

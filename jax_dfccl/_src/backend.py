@@ -68,12 +68,13 @@ def stats() -> dict:
 
 
 def pending(wait_ms: int = 1000) -> str:
-  """What the GPU runtime holds in flight right now: per device and collective,
-  which ranks started it, whether this device's stream reached it, what the
-  daemon and the copy engines are doing.  For a program that seems stuck: call
-  it from another thread.  '' without the CUDA backend."""
-  rt = load().get("cuda")
-  return rt.pending(wait_ms) if rt is not None else ""
+  """What the runtimes hold in flight right now, per backend: every collective
+  instance with its key and sequence number and which ranks started it (GPU:
+  also whether this device's stream reached it, and what the daemon and the
+  copy-engine mover are doing).  For a program that seems stuck: call it from
+  another thread.  The GPU report tries the runtime lock for ``wait_ms``."""
+  parts = [f"[{p}]\n{r}" for p, rt in load().items() if (r := rt.pending(wait_ms))]
+  return "\n".join(parts) if parts else "no collective in flight\n"
 
 
 def reset():

@@ -95,6 +95,8 @@ NB_MODULE(_dfccl_cpu, m) {
   m.def("configure", &Configure, nb::arg("cfg"), "Apply jax_dfccl.config entries (unknown keys ignored)");
   m.def("stats", &Stats, "Runtime counters");
   m.def("trace_records", &TraceRecords, "(device, key, seq, event, t_ns) from the trace ring buffer");
+  m.def("pending", [](int /*wait_ms*/) { return PendingReport(); }, nb::arg("wait_ms") = 1000,
+        nb::call_guard<nb::gil_scoped_release>(), "Report of the collectives in flight");
   m.def("reset", [] {
     nb::gil_scoped_release r;
     Reset();

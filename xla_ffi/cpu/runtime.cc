@@ -480,6 +480,40 @@ StatsSnapshot GetStats() {
   return s;
 }
 
+std::string PendingReport() {
+  Globals& g = G();
+  std::vector<std::shared_ptr<Communicator>> comms;
+  {
+    std::lock_guard<std::mutex> l(g.comms_mu);
+    for (auto& [name, c] : g.comms) comms.push_back(c);
+  }
+  const int64_t now = NowNs();
+  std::vector<std::string> lines;
+  for (auto& c : comms) {
+    std::lock_guard<std::mutex> l(c->mu);
+    for (auto& [k, inst] : c->instances) {
+      std::ostringstream os, in, out;
+      int64_t first = now;
+      for (int r = 0; r < inst->n; ++r) {
+        const Slot& s = inst->slots[r];
+        std::ostream& o = s.posted ? in : out;
+        o << (o.tellp() > 0 ? ", " : "") << r << " (device " << c->devices[r] << ")";
+        if (s.posted && s.task) first = std::min(first, s.task->start_ns);
+      }
+      os << "group " << c->name << ": '" << inst->key << "' seq " << inst->seq << ", started by rank(s) ["
+         << in.str() << "]";
+      if (out.tellp() > 0) os << ", not by [" << out.str() << "]";
+      os << ", first start " << (now - first) / 1000000 << " ms ago";
+      if (inst->failed.load()) os << ", failed: " << inst->error;
+      lines.push_back(os.str());
+    }
+  }
+  std::sort(lines.begin(), lines.end());
+  std::string report;
+  for (const std::string& line : lines) report += line + "\n";
+  return report;
+}
+
 void Reset() {
   Globals& g = G();
   std::vector<std::shared_ptr<Communicator>> comms;

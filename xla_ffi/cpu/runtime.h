@@ -194,6 +194,9 @@ struct StatsSnapshot {
       communicators, instances_live, key_counters, trace_records, tickets;
 };
 StatsSnapshot GetStats();
+// One line per collective instance in flight: key, sequence, which ranks started
+// it and which did not, how long ago the first one did ("" if none).
+std::string PendingReport();
 void Reset();
 
 }  // namespace dfccl::cpu
