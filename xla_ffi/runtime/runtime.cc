@@ -240,8 +240,10 @@ void Runtime::Launch(Device& d) {
   p.trace = cfg_.trace ? 1 : 0;
   p.idle_ns = cfg_.idle_us * 1000;
   p.stall_ns = cfg_.stall_us * 1000;
+  busy_in_ = "a daemon launch";
   cudaError_t err = LaunchDaemon(p, d.stream);
   if (err == cudaSuccess) err = cudaEventRecord(d.ev, d.stream);
+  busy_in_ = "nothing known";
   DFCCL_CHECK(err == cudaSuccess, "dfccl: daemon launch on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
   d.launched = true;
   d.launches++;
@@ -251,10 +253,31 @@ void Runtime::EnsureRunning(Device& d) {
   if (!Running(d)) Launch(d);
 }
 
+// Takes the runtime lock for the proxy; if a thread holds it longer than the
+// watchdog's timeout (blocked inside a CUDA call, so the watchdog cannot run),
+// says so on stderr once instead of hanging silently.
+std::unique_lock<std::mutex> Runtime::ProxyLock() {
+  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
+  const auto t0 = Clock::now();
+  bool warned = false;
+  while (!lk.try_lock()) {
+    if (!warned && Clock::now() - t0 > std::chrono::duration<double>(timeout_s_.load())) {
+      std::fprintf(stderr,
+                   "dfccl: the GPU runtime's lock has been held for over %.0f s by a thread inside a CUDA call "
+                   "(%s): collectives cannot time out meanwhile; jax_dfccl.pending() reports what is in flight\n",
+                   timeout_s_.load(), busy_in_.load());
+      warned = true;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return lk;
+}
+
 void Runtime::ProxyLoop() {
   while (true) {
+    bool busy = false;
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      auto lk = ProxyLock();
       if (stop_) return;
       const auto now = Clock::now();
       for (auto& [ord, d] : devices_) {
@@ -264,18 +287,12 @@ void Runtime::ProxyLoop() {
           if (d->error.empty()) d->error = ex.what();
         }
       }
-    }
-    if (std::string e = ce_.error(); !e.empty()) {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (auto& [ord, d] : devices_)
-        if (d->error.empty()) d->error = e;
-    }
-    // Short sleeps while collectives are pending (slots recycle promptly), longer when idle.
-    bool busy = false;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
+      if (std::string e = ce_.error(); !e.empty())
+        for (auto& [ord, d] : devices_)
+          if (d->error.empty()) d->error = e;
       for (auto& [ord, d] : devices_) busy = busy || d->oldest < d->next_ticket;
     }
+    // Short sleeps while collectives are pending (slots recycle promptly), longer when idle.
     std::this_thread::sleep_for(std::chrono::microseconds(busy ? 20 : 100));
   }
 }
@@ -398,6 +415,7 @@ void Runtime::Abort(Comm& c, Instance& inst, const std::string& why) {
 void Runtime::Configure(const std::map<std::string, double>& kv) {
   std::lock_guard<std::mutex> lk(mu_);
   cfg_.Apply(kv);
+  timeout_s_ = cfg_.timeout_s;
   ce_.Configure(CeSettings{cfg_.copy_engine_chunk_bytes, cfg_.copy_engine_blocks});
 }
 

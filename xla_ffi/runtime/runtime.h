@@ -163,12 +163,15 @@ class Runtime {
   void Launch(Device& d);
   void EnsureRunning(Device& d);
   void ProxyLoop();
+  std::unique_lock<std::mutex> ProxyLock();
   void PollDevice(Device& d, Clock::time_point now);
   void OnTaskDone(Device& d, TaskInfo& ti);
   void ReleaseSlot(Comm& c, Instance& inst);
   void Abort(Comm& c, Instance& inst, const std::string& why);
 
   std::mutex mu_;
+  std::atomic<double> timeout_s_{60.0};                // cfg_.timeout_s, readable without mu_
+  std::atomic<const char*> busy_in_{"nothing known"};  // a CUDA call made under mu_ that may block
   HostTimes times_;
   Config cfg_;
   std::map<int, std::unique_ptr<Device>> devices_;
