@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
-#   tools/gpu_check.sh [smoke] [probe] [crossover] [mixed] [hang] [bench] [tests] [demo] [sanitize]
+#   tools/gpu_check.sh [smoke] [probe] [crossover] [mixed] [hang] [bench] [tests] [demo] [sanitize] [swap]
 #   (default: all but crossover and mixed; a hung smoke stops the rest)
 # probe: link rates (tools/nvlink_probe.py, needs CuPy) and the small-collective latency breakdown.
 # crossover: daemon vs copy-engine per-op time from 1 to 64 MiB (tools/latency_probe.py --crossover).
-# mixed: the chaos-order workload with the opt-in copy engines on (4 MiB psums on the daemon, 4 MiB
-#   all_gathers on the copy engines; watchdog at 20 s), with the default CUDA_DEVICE_MAX_CONNECTIONS
-#   and with 32 (whether streams sharing a hardware queue explain the stall); first
-#   tools/queue_probe.py (which streams wait behind another stream's in-stream dependency).
+# mixed: tools/queue_probe.py (which streams wait behind another stream's in-stream dependency:
+#   none did on 2xH200), then the chaos-order workload at 4 MiB with mixed paths (psums on the
+#   daemon, all_gathers on the copy engines; watchdog at 20 s), with the default
+#   CUDA_DEVICE_MAX_CONNECTIONS and with 32.
 # hang: tools/mixed_probe.py (that workload, with jax_dfccl.pending() reports while it stalls)
 #   under lazy and eager module loading; a run alive after 60 s gets its host stacks dumped (cuda-gdb).
+# tests: pytest -m gpu tests/gpu (TESTS_K: a -k expression, TESTS_ARGS: more options).
+# swap: later steps use the build $ALT_CUDA_SO as _dfccl_cuda (A/B of two builds in one call).
 # Run from the repository root with the built extension modules in jax_dfccl/
 # (_dfccl_cuda*.so, _dfccl_cpu*.so) or with the package installed.
 # Every step runs under `timeout` (a hung persistent kernel must not hang the run);
@@ -70,6 +72,10 @@ for step in $steps; do
         fi
         grep -v "^W0000\|^I0000" "$OUT/mixed_probe_$ml.log" | tail -30 | cut -c1-400
       done ;;
+    swap)
+      # A/B of two builds in one call: the steps after `swap` use $ALT_CUDA_SO as _dfccl_cuda.
+      log "swap: _dfccl_cuda <- ${ALT_CUDA_SO:?set ALT_CUDA_SO}"
+      cp "$ALT_CUDA_SO" jax_dfccl/_dfccl_cuda.cpython-312-x86_64-linux-gnu.so ;;
     bench)
       log benchmark
       timeout ${BENCH_TIMEOUT:-360} $PY benchmarks/collectives.py --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
@@ -78,7 +84,7 @@ for step in $steps; do
       log "pytest -m gpu"
       to=""; $PY -c "import pytest_timeout" 2>/dev/null && to="--timeout 90"
       timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -m gpu -q tests/gpu -p no:cacheprovider $to \
-        ${TESTS_ARGS:-} > "$OUT/pytest.log" 2>&1
+        ${TESTS_ARGS:-} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest.log" 2>&1
       echo "pytest rc=$?"; tail -25 "$OUT/pytest.log" ;;
     demo)
       log "python -m jax_dfccl.demo"
