@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
-#   tools/gpu_check.sh [smoke] [probe] [crossover] [mixed] [hang] [bench] [tests] [demo] [sanitize] [swap]
-#   (default: all but crossover and mixed; a hung smoke stops the rest)
+#   tools/gpu_check.sh [smoke] [probe] [crossover] [hang] [bench] [tests] [demo] [sanitize] [swap]
+#   (default: smoke probe bench tests demo sanitize; a hung smoke stops the rest)
 # probe: link rates (tools/nvlink_probe.py, needs CuPy) and the small-collective latency breakdown.
 # crossover: daemon vs copy-engine per-op time from 1 to 64 MiB (tools/latency_probe.py --crossover).
-# mixed: tools/queue_probe.py (which streams wait behind another stream's in-stream dependency:
-#   none did on 2xH200), then the chaos-order workload at 4 MiB with mixed paths (psums on the
-#   daemon, all_gathers on the copy engines; watchdog at 20 s), with the default
-#   CUDA_DEVICE_MAX_CONNECTIONS and with 32.
-# hang: tools/mixed_probe.py (that workload, with jax_dfccl.pending() reports while it stalls)
+# hang: tools/mixed_probe.py (the chaos-order workload at 4 MiB with psums on the daemon and
+#   all_gathers on the copy engines, with jax_dfccl.pending() reports while it stalls)
 #   under lazy and eager module loading; a run alive after 60 s gets its host stacks dumped (cuda-gdb).
 # tests: pytest -m gpu tests/gpu (TESTS_K: a -k expression, TESTS_ARGS: more options).
 # swap: later steps use the build $ALT_CUDA_SO as _dfccl_cuda (A/B of two builds in one call).
@@ -44,20 +41,6 @@ for step in $steps; do
       log crossover
       timeout ${CROSS_TIMEOUT:-200} $PY tools/latency_probe.py --crossover > "$OUT/crossover.log" 2>&1
       echo "crossover rc=$?"; grep -v "^W0000\|^I0000" "$OUT/crossover.log" | tail -22 ;;
-    mixed)
-      for conn in default 32; do
-        ( [[ $conn == default ]] || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
-          timeout 60 $PY tools/queue_probe.py > "$OUT/queue_probe_$conn.log" 2>&1; echo "queue probe ($conn) rc=$?" )
-        tail -2 "$OUT/queue_probe_$conn.log"
-      done
-      for conn in default 32; do
-        log "chaos workload, copy engines on, CUDA_DEVICE_MAX_CONNECTIONS=$conn"
-        ( [[ $conn == default ]] || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
-          timeout ${MIXED_TIMEOUT:-150} $PY benchmarks/collectives.py --sizes 4K --reps 1 --tag "h200x2_mixed_$conn" \
-            --config copy_engine_min_bytes=4194304,timeout_s=20 --out "$OUT" > "$OUT/mixed_$conn.log" 2>&1
-          echo "mixed ($conn) rc=$?" )
-        grep -v "^W0000\|^I0000" "$OUT/mixed_$conn.log" | grep "chaos\|rror" | tail -6 | cut -c1-600
-      done ;;
     hang)
       # tools/mixed_probe.py under each CUDA_MODULE_LOADING; a run alive after 60 s gets
       # its host threads' stacks dumped (cuda-gdb attaches) and is killed.

@@ -1,31 +1,15 @@
 // Runtime::Pending: a readable report of every collective in flight (who
 // started it, whose stream reached it, what the daemon and the copy engines
-// are doing), for `jax_dfccl.pending()` while a program seems stuck.  It never
-// blocks for long: the runtime lock is tried for `wait_ms`, device words are
-// read on the private stream with a bounded wait.
+// are doing), for `jax_dfccl.pending()` while a program seems stuck.  The
+// runtime lock is tried for `wait_ms` only; device words are read on the
+// device's private stream, which never waits on XLA's streams.
 #include <sstream>
-#include <thread>
 
 #include "device/daemon.h"
-#include "runtime/driver.h"
 #include "runtime/runtime.h"
 
 namespace dfccl::gpu {
 namespace {
-
-// Copies `bytes` of device memory out on `stream`, waiting at most 200 ms.
-bool TryCopyOut(int ordinal, cudaStream_t stream, void* dst, const void* src, size_t bytes) {
-  DeviceGuard guard(ordinal);
-  if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess) return false;
-  const auto until = Clock::now() + std::chrono::milliseconds(200);
-  while (Clock::now() < until) {
-    const cudaError_t e = cudaStreamQuery(stream);
-    if (e == cudaSuccess) return true;
-    if (e != cudaErrorNotReady) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return false;
-}
 
 std::string Mask(uint32_t started, int n) {
   std::string s;
@@ -36,14 +20,10 @@ std::string Mask(uint32_t started, int n) {
 }  // namespace
 
 std::string Runtime::Pending(int wait_ms) {
-  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
-  const auto until = Clock::now() + std::chrono::milliseconds(wait_ms);
-  while (!lk.try_lock()) {
-    if (Clock::now() >= until)
-      return "runtime lock held for " + std::to_string(wait_ms) + " ms: a thread is blocked inside the runtime "
-             "(copy engine: " + ce_.Describe() + ")\n";
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
+  std::unique_lock lk(mu_, std::chrono::milliseconds(wait_ms));
+  if (!lk.owns_lock())
+    return "runtime lock held for " + std::to_string(wait_ms) + " ms: a thread is blocked inside the runtime (" +
+           busy_in_.load() + "; copy engine: " + ce_.Describe() + ")\n";
   std::ostringstream os;
   const auto now = Clock::now();
   for (auto& [ord, dp] : devices_) {
@@ -54,8 +34,14 @@ std::string Runtime::Pending(int wait_ms) {
     if (!d.error.empty()) os << ", error: " << d.error;
     os << "\n";
     std::vector<uint32_t> ready(kTaskRing, 0);
-    const bool have_ready = d.oldest < d.next_ticket &&
-                            TryCopyOut(ord, d.aux, ready.data(), d.dev->ready, sizeof(uint32_t) * kTaskRing);
+    bool have_ready = false;
+    if (d.oldest < d.next_ticket) {
+      try {
+        CopyOut(d, ready.data(), d.dev->ready, sizeof(uint32_t) * kTaskRing);
+        have_ready = true;
+      } catch (const std::exception&) {  // reported as "?"
+      }
+    }
     auto line = [&](const TaskInfo& ti, uint64_t t, const char* path, int ready_state, bool done) {
       const Instance* in = ti.inst;
       os << "  " << path << " ticket " << t << " '" << (in ? in->key : std::to_string(ti.key_hash)) << "' seq "

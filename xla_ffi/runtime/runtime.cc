@@ -20,7 +20,7 @@ Runtime& Runtime::Get() {
     auto* r = new Runtime();  // leaked: CUDA's own teardown must come after ours
     std::atexit([] {
       Runtime& g = Get();
-      { std::lock_guard<std::mutex> lk(g.mu_); g.stop_ = true; }
+      { std::lock_guard lk(g.mu_); g.stop_ = true; }
       if (g.proxy_.joinable()) g.proxy_.join();
       g.ce_.Stop();
     });
@@ -31,8 +31,7 @@ Runtime& Runtime::Get() {
 
 Runtime::~Runtime() = default;
 
-// Copies device memory out on the device's private stream (never waits on XLA's streams).
-static void CopyOut(Device& d, void* dst, const void* src, size_t bytes) {
+void CopyOut(Device& d, void* dst, const void* src, size_t bytes) {
   DeviceGuard guard(d.ordinal);
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d.aux);
   if (e == cudaSuccess) e = cudaStreamSynchronize(d.aux);
@@ -116,7 +115,7 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
     Device* dp = nullptr;
     bool ce = false;
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      std::lock_guard lk(mu_);
       Device& d = GetDevice(ordinal);
       dp = &d;
       if (!d.error.empty()) return d.error;
@@ -184,7 +183,7 @@ std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
     bool kernel_wait = false, trace = false, ce = false;
     TraceRec proto{};
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      std::lock_guard lk(mu_);
       d = &GetDevice(ordinal);
       if (!d->error.empty()) return d->error;
       auto& q = d->fifo[site];
@@ -256,19 +255,14 @@ void Runtime::EnsureRunning(Device& d) {
 // Takes the runtime lock for the proxy; if a thread holds it longer than the
 // watchdog's timeout (blocked inside a CUDA call, so the watchdog cannot run),
 // says so on stderr once instead of hanging silently.
-std::unique_lock<std::mutex> Runtime::ProxyLock() {
-  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
-  const auto t0 = Clock::now();
-  bool warned = false;
-  while (!lk.try_lock()) {
-    if (!warned && Clock::now() - t0 > std::chrono::duration<double>(timeout_s_.load())) {
-      std::fprintf(stderr,
-                   "dfccl: the GPU runtime's lock has been held for over %.0f s by a thread inside a CUDA call "
-                   "(%s): collectives cannot time out meanwhile; jax_dfccl.pending() reports what is in flight\n",
-                   timeout_s_.load(), busy_in_.load());
-      warned = true;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+std::unique_lock<std::timed_mutex> Runtime::ProxyLock() {
+  std::unique_lock lk(mu_, std::chrono::duration<double>(timeout_s_.load()));
+  if (!lk.owns_lock()) {
+    std::fprintf(stderr,
+                 "dfccl: the GPU runtime's lock has been held for over %.0f s by a thread inside a CUDA call "
+                 "(%s): collectives cannot time out meanwhile; jax_dfccl.pending() reports what is in flight\n",
+                 timeout_s_.load(), busy_in_.load());
+    lk.lock();
   }
   return lk;
 }
@@ -413,14 +407,14 @@ void Runtime::Abort(Comm& c, Instance& inst, const std::string& why) {
 }
 
 void Runtime::Configure(const std::map<std::string, double>& kv) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard lk(mu_);
   cfg_.Apply(kv);
   timeout_s_ = cfg_.timeout_s;
   ce_.Configure(CeSettings{cfg_.copy_engine_chunk_bytes, cfg_.copy_engine_blocks});
 }
 
 std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard lk(mu_);
   std::map<std::string, double> s;
   double started = 0, completed = 0, preempts = 0, resumes = 0, steps = 0, aborted = 0, launches = 0, relaunches = 0;
   double dev_bytes = 0, host_bytes = 0, running = 0, live = 0, slots_used = 0, waiting = 0;
@@ -488,7 +482,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
 std::vector<TraceOut> Runtime::Trace() {
   static const char* kNames[kNumTraceEvents] = {"start",  "run",   "preempt",     "resume",
                                                 "finish", "error", "stream_wait", "stream_woke"};
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard lk(mu_);
   std::vector<TraceOut> out;
   for (auto& [ord, d] : devices_) {
     std::vector<BlockStats> rows(kMaxBlocks);
@@ -519,7 +513,7 @@ std::vector<TraceOut> Runtime::Trace() {
 }
 
 void Runtime::Reset() {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard lk(mu_);
   errors_.clear();
   for (auto& [ord, d] : devices_) {
     d->error.clear();

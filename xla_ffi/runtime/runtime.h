@@ -98,6 +98,10 @@ struct Device {
   std::string error;                                       // surfaced at the next handler call
 };
 
+// Copies device memory out on the device's private stream and waits for it
+// (never waits on XLA's streams); throws on a CUDA error.
+void CopyOut(Device& d, void* dst, const void* src, size_t bytes);
+
 // Lanes of a task and the bytes each moves (a multiple of 16): at least
 // lane_min bytes a lane, at most the pool's lanes and the daemon's workers.
 inline std::pair<int, int64_t> LanePlan(int64_t msg_bytes, const PoolGeom& g, int workers, int64_t lane_min) {
@@ -163,13 +167,13 @@ class Runtime {
   void Launch(Device& d);
   void EnsureRunning(Device& d);
   void ProxyLoop();
-  std::unique_lock<std::mutex> ProxyLock();
+  std::unique_lock<std::timed_mutex> ProxyLock();
   void PollDevice(Device& d, Clock::time_point now);
   void OnTaskDone(Device& d, TaskInfo& ti);
   void ReleaseSlot(Comm& c, Instance& inst);
   void Abort(Comm& c, Instance& inst, const std::string& why);
 
-  std::mutex mu_;
+  std::timed_mutex mu_;  // timed: the proxy and Pending() must not wait for it blindly
   std::atomic<double> timeout_s_{60.0};                // cfg_.timeout_s, readable without mu_
   std::atomic<const char*> busy_in_{"nothing known"};  // a CUDA call made under mu_ that may block
   HostTimes times_;
