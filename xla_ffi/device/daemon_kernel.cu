@@ -22,22 +22,31 @@ namespace {
 
 constexpr int kMaxCand = 64;
 
-// The one step dispatch: (op kind, reduce op) here, the element type through DispatchDType.
-__device__ int Step(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
-  return DispatchDType<CudaTypes>(static_cast<DType>(d.dtype), [&]<class T>() -> int {
-    auto reduced = [&]<class Op>() -> int {
-      return DispatchReduce(static_cast<ReduceOp>(d.reduce),
-                            [&]<class R>() -> int { return RunLane<Op, T, R>(d, s, lane, P); });
+// The one step dispatch: (op kind, reduce op) here, the element type through
+// DispatchDType.  It selects the lane function and calls it from one call site
+// (a call site per instantiation would each reserve its own stack: kilobytes of
+// local memory per thread).
+using LaneFn = int (*)(const TaskDesc&, LaneState&, int, const DaemonParams&);
+
+__device__ LaneFn SelectLane(const TaskDesc& d) {
+  return DispatchDType<CudaTypes>(static_cast<DType>(d.dtype), [&]<class T>() -> LaneFn {
+    auto reduced = [&]<class Op>() -> LaneFn {
+      return DispatchReduce(static_cast<ReduceOp>(d.reduce), [&]<class R>() -> LaneFn { return &RunLane<Op, T, R>; });
     };
     switch (static_cast<OpKind>(d.kind)) {
       case OpKind::kAllReduce: return reduced.template operator()<AllReduceOp>();
       case OpKind::kReduceScatter: return reduced.template operator()<ReduceScatterOp>();
-      case OpKind::kAllGather: return RunLane<AllGatherOp, T, SumOp>(d, s, lane, P);
-      case OpKind::kAllToAll: return RunLane<AllToAllOp, T, SumOp>(d, s, lane, P);
-      case OpKind::kPermute: return RunLane<PermuteOp, T, SumOp>(d, s, lane, P);
+      case OpKind::kAllGather: return &RunLane<AllGatherOp, T, SumOp>;
+      case OpKind::kAllToAll: return &RunLane<AllToAllOp, T, SumOp>;
+      case OpKind::kPermute: return &RunLane<PermuteOp, T, SumOp>;
     }
-    return kDone;
+    return nullptr;
   });
+}
+
+__device__ int Step(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
+  const LaneFn f = SelectLane(d);
+  return f ? f(d, s, lane, P) : kDone;
 }
 
 struct Recorder {  // per-block trace ring and counters in device memory; this block is the only writer
