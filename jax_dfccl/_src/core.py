@@ -5,9 +5,10 @@ an :class:`OpDef` (abstract eval, transpose, batching) and a *plan* function
 that brings user arguments into that form.  This module owns the three
 primitives and their rules:
 
-* ``dfccl_collective`` — the blocking form; lowers to ``dfccl_start`` followed
-  by ``dfccl_done`` (custom calls, see ``xla_ffi/ffi/attrs.h``); linear, with
-  JVP/transpose/batching delegated to the op.
+* ``dfccl_collective`` — the blocking form; lowers to one ``dfccl_collective``
+  custom call on CUDA, to ``dfccl_start`` followed by ``dfccl_done`` on CPU
+  (custom calls, see ``xla_ffi/ffi/attrs.h``); linear, with JVP/transpose/batching
+  delegated to the op.
 * ``dfccl_start`` — returns ``(out, input_alias, ticket)``; ``input_alias``
   keeps the input alive until the matching done.
 * ``dfccl_done`` — waits for the instance and returns ``out``.
@@ -362,13 +363,15 @@ def _async_start_lowering(ctx, x, *, site, **params):
   return _start_lowering(ctx, x, site=site, **params)
 
 
-def _start_lowering(ctx, x, *, op, axes, key, key_hash, reduce, perm, site):
+def _start_lowering(ctx, x, *, op, axes, key, key_hash, reduce, perm, site,
+                    target="dfccl_start", aliases=None):
   from jax_dfccl._src import backend
   backend.load()  # registers the FFI targets before XLA compiles the call
   mesh = _spmd_mesh(ctx, op)
   groups = group_table(mesh, axes)
   perm_arr = np.asarray(perm if perm else [(-1, -1)], dtype=np.int32).reshape(-1)
-  rule = jax.ffi.ffi_lowering("dfccl_start", operand_output_aliases={0: 1}, has_side_effect=True)
+  rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 1} if aliases is None else aliases,
+                              has_side_effect=True)
   sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL])
   return rule(sub, x, _partition_id(ctx),
               kind=np.int32(KIND[OPS[op].kind]), reduce_op=np.int32(REDUCE[reduce]),
@@ -392,7 +395,13 @@ def _collective_lowering(ctx, x, **params):
                         out, xa, t, key=params["key"], site=site)
 
 
+def _collective_lowering_cuda(ctx, x, **params):
+  # One custom call: the ready write and the done wait go on the stream together.
+  return _start_lowering(ctx, x, site=next(_SITES), target="dfccl_collective", aliases={}, **params)
+
+
 mlir.register_lowering(collective_p, _collective_lowering, cacheable=False)
+mlir.register_lowering(collective_p, _collective_lowering_cuda, platform="cuda", cacheable=False)
 mlir.register_lowering(start_p, _async_start_lowering, cacheable=False)
 mlir.register_lowering(done_p, _done_lowering, cacheable=False)
 

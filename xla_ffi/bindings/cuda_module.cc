@@ -19,6 +19,7 @@ NB_MODULE(_dfccl_cuda, m) {
     nb::dict d;  // the one table of FFI targets
     d["dfccl_start"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
     d["dfccl_done"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneCuda));
+    d["dfccl_collective"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveCuda));
     return d;
   });
 

@@ -10,6 +10,8 @@
 //                 CUDA backend pairs start and done by a FIFO per (device, site))
 // dfccl_done(out, x_alias, ticket) -> out (aliased)
 //   waits (host thread on CPU, stream on GPU) until the instance completed.
+// dfccl_collective(x, partition_id) -> out   (CUDA only)
+//   the blocking form: start and done in one call, dfccl_start's attributes.
 //
 // Attributes of dfccl_start (all set by jax_dfccl/_src/core.py):
 //   kind        OpKind           reduce_op  ReduceOp

@@ -1,6 +1,7 @@
 // The CUDA FFI handlers: dfccl_start builds a task and submits it to the
 // device's daemon, enqueuing on XLA's stream a stream-ordered ready write;
-// dfccl_done enqueues a stream wait on the task's completion word.  The host
+// dfccl_done enqueues a stream wait on the task's completion word;
+// dfccl_collective (the blocking form) does both in one call.  The host
 // never blocks here.  Not command-buffer compatible (they do host work).
 #include "ffi/cuda_handlers.h"
 
@@ -65,33 +66,55 @@ class HandlerTimer {
 };
 thread_local Clock::time_point HandlerTimer::last_exit_{};
 
+// The parsed spec of this call site on this device (built at its first call).
+const Parsed* SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, const StartAttrs& attrs, ffi::Error* error) {
+  thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
+  const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
+                  static_cast<int32_t>(x.element_type())};
+  auto it = cache.find(k);
+  if (it != cache.end()) return &it->second;
+  try {
+    const int32_t pid = PartitionOf(attrs, ordinal);
+    if (pid < 0) {
+      *error = ffi::Error::InvalidArgument("dfccl: GPU " + std::to_string(ordinal) + " is not in collective '" +
+                                           std::string(attrs.key) + "'");
+      return nullptr;
+    }
+    Parsed p;
+    p.spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()));
+    p.signature = p.spec.Signature();
+    return &cache.emplace(k, std::move(p)).first->second;
+  } catch (const std::exception& e) {
+    *error = ffi::Error::InvalidArgument(e.what());
+    return nullptr;
+  }
+}
+
 ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*x_alias*/,
                      ffi::Result<ffi::AnyBuffer> /*ticket*/, StartAttrs attrs) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.start_ns, times.starts);
-  thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
-  const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
-                  static_cast<int32_t>(x.element_type())};
-  auto it = cache.find(k);
-  if (it == cache.end()) {
-    try {
-      const int32_t pid = PartitionOf(attrs, ordinal);
-      if (pid < 0)
-        return ffi::Error::InvalidArgument("dfccl: GPU " + std::to_string(ordinal) + " is not in collective '" +
-                                           std::string(attrs.key) + "'");
-      Parsed p;
-      p.spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()));
-      p.signature = p.spec.Signature();
-      it = cache.emplace(k, std::move(p)).first;
-    } catch (const std::exception& e) {
-      return ffi::Error::InvalidArgument(e.what());
-    }
-  }
+  ffi::Error error = ffi::Error::Success();
+  const Parsed* p = SpecOf(ordinal, x, attrs, &error);
+  if (!p) return error;
   // The ticket buffer stays unwritten: done pairs with start through the
   // per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
-  std::string err = Runtime::Get().Start(ordinal, stream, it->second.spec, it->second.signature, x.untyped_data(),
-                                         out->untyped_data());
+  std::string err = Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out->untyped_data());
+  if (!err.empty()) return ffi::Error::Internal(err);
+  return ffi::Error::Success();
+}
+
+// The blocking form (start and done in one call).
+ffi::Error CollectiveImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
+                          ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
+  HostTimes& times = Runtime::Get().host_times();
+  HandlerTimer timer(times.start_ns, times.starts);
+  ffi::Error error = ffi::Error::Success();
+  const Parsed* p = SpecOf(ordinal, x, attrs, &error);
+  if (!p) return error;
+  std::string err =
+      Runtime::Get().Collective(ordinal, stream, p->spec, p->signature, x.untyped_data(), out->untyped_data());
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
 }
@@ -121,6 +144,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl,
                                   .Ret<ffi::AnyBuffer>()    // out
                                   .Ret<ffi::AnyBuffer>()    // x_alias (aliases x)
                                   .Ret<ffi::AnyBuffer>()    // ticket (s64[], unused on GPU)
+                                  .Attrs<StartAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveCuda, CollectiveImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()    // x
+                                  .Arg<ffi::AnyBuffer>()    // partition_id (s32[], unused on GPU)
+                                  .Ret<ffi::AnyBuffer>()    // out
                                   .Attrs<StartAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneCuda, DoneImpl,

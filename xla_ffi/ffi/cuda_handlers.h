@@ -6,4 +6,5 @@
 namespace dfccl::gpu {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclDoneCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclCollectiveCuda);
 }  // namespace dfccl::gpu

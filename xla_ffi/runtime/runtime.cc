@@ -108,68 +108,130 @@ void Runtime::StartCopyEngine(Device& d, Comm& c, Instance& inst, const Collecti
   ce_.Submit(std::move(op));
 }
 
+// The handlers' lock: a short spin before sleeping.  XLA's device threads run
+// the same program in step and reach it together; a futex sleep and wake-up
+// per call would cost more than the section it guards.
+std::unique_lock<std::timed_mutex> Runtime::HandlerLock() {
+  for (int i = 0; i < 4096; ++i) {
+    if (mu_.try_lock()) return std::unique_lock<std::timed_mutex>(mu_, std::adopt_lock);
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return std::unique_lock<std::timed_mutex>(mu_);
+}
+
+// Under mu_: the wait that completes ticket's instance (daemon ring or, with
+// kCeTicket, copy-engine ring).
+Runtime::Enqueue Runtime::PlanWait(Device& d, uint64_t ticket) {
+  Enqueue e;
+  e.d = &d;
+  e.ce = (ticket & kCeTicket) != 0;
+  e.ticket = ticket & ~kCeTicket;
+  const TaskInfo& ti = e.ce ? d.ce_info[e.ticket % kCeRing] : d.info[e.ticket % kTaskRing];
+  e.trace = cfg_.trace && !e.ce;  // the wait records are per daemon ring entry
+  if (e.trace) e.proto = TraceRec{0, ti.key_hash, e.ticket, static_cast<uint32_t>(ti.seq), 0, 0};
+  // Copy-engine done words live in host memory: always the polling kernel (the
+  // stream memory wait on host memory is not relied on).
+  e.kernel_wait = e.trace || e.ce || (cfg_.wait_kernel_bytes >= 0 && ti.msg_bytes >= cfg_.wait_kernel_bytes);
+  return e;
+}
+
+// Under mu_: matches the instance, fills its descriptor and submits it (daemon
+// ring or copy-engine mover); returns the ticket, kCeTicket set for the mover.
+uint64_t Runtime::Submit(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out,
+                         std::string* err) {
+  DFCCL_CHECK(spec.self_device == d.ordinal,
+              "dfccl: device id " << spec.self_device << " is not local GPU " << d.ordinal
+                                  << " (the CUDA backend runs in one process)");
+  Comm& c = GetComm(spec.group_devices);
+  const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
+  const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
+  const bool ce = UseCopyEngine(spec, c);
+  Instance* inst = Join(c, spec, sig, seq, msg_bytes, ce, err);
+  if (!inst) return 0;
+  if (key_names_.find(spec.key_hash) == key_names_.end()) key_names_.emplace(spec.key_hash, spec.key);
+  if (ce) {
+    const uint64_t ticket = d.ce_next;
+    TaskInfo& ti = d.ce_info[ticket % kCeRing];
+    if (!ti.done) {
+      *err = "dfccl: more than " + std::to_string(kCeRing) + " copy-engine collectives in flight on GPU " +
+             std::to_string(d.ordinal);
+      return 0;
+    }
+    inst->tasks.emplace_back(&d, ticket | kCeTicket);
+    inst->started |= 1u << spec.rank;
+    ti = TaskInfo{inst, &c, ticket, Clock::now(), false, false, msg_bytes, spec.key_hash, inst->seq};
+    d.ce_next = ticket + 1;
+    StartCopyEngine(d, c, *inst, spec, in, out, ticket);
+    return ticket | kCeTicket;
+  }
+  const uint64_t ticket = d.next_ticket;
+  const uint32_t e = ticket % kTaskRing;
+  if (!d.info[e].done) {
+    *err = "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(d.ordinal);
+    return 0;
+  }
+  FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
+  inst->tasks.emplace_back(&d, ticket);
+  inst->started |= 1u << spec.rank;
+  const bool large = msg_bytes >= cfg_.large_threshold;
+  d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false, large, msg_bytes, spec.key_hash, inst->seq};
+  d.pending_large += large ? 1 : 0;
+  d.next_ticket = ticket + 1;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  d.host->submitted = ticket + 1;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (large && Running(d) && d.workers < cfg_.large_blocks) {
+    d.host->resize = d.launch_id;  // the running daemon quits; a larger one is queued behind it
+    Launch(d);
+  }
+  EnsureRunning(d);
+  return ticket;
+}
+
+// Outside mu_ (an enqueue on XLA's stream may block while its queue is full):
+// the stream-ordered ready write, the done wait, or both.
+void Runtime::EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready, bool wait) {
+  const auto t0 = Clock::now();
+  Device& d = *e.d;
+  void* ready_word = e.ce ? const_cast<uint32_t*>(&d.host_dev->ce_ready[e.ticket % kCeRing])
+                          : static_cast<void*>(&d.dev->ready[e.ticket % kTaskRing]);
+  const uint32_t* done_word = e.ce ? const_cast<const uint32_t*>(&d.host_dev->ce_done[e.ticket % kCeRing])
+                                   : &d.dev->done[e.ticket % kTaskRing];
+  const uint32_t gen = e.ce ? Gen(e.ticket, kCeRing) : Gen(e.ticket);
+  if (ready && wait && !e.kernel_wait) {
+    StreamOps::WriteThenWaitGeq32(stream, ready_word, gen, done_word, gen);
+  } else {
+    if (ready) StreamOps::Write32(stream, ready_word, gen);
+    if (wait && e.kernel_wait) {
+      const cudaError_t err = LaunchStreamWait(stream, done_word, gen,
+                                               e.trace ? d.dev->stream_trace[e.ticket % kTaskRing] : nullptr, e.proto);
+      DFCCL_CHECK(err == cudaSuccess, "dfccl: done wait kernel on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
+    } else if (wait) {
+      StreamOps::WaitGeq32(stream, done_word, gen);
+    }
+  }
+  times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
 std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
                            const void* in, void* out) {
   try {
-    uint64_t ticket = 0;
-    Device* dp = nullptr;
-    bool ce = false;
+    Enqueue e;
     {
-      std::lock_guard lk(mu_);
+      auto lk = HandlerLock();
       Device& d = GetDevice(ordinal);
-      dp = &d;
       if (!d.error.empty()) return d.error;
-      DFCCL_CHECK(spec.self_device == ordinal,
-                  "dfccl: device id " << spec.self_device << " is not local GPU " << ordinal
-                                      << " (the CUDA backend runs in one process)");
-      Comm& c = GetComm(spec.group_devices);
-      const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
-      const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
-      ce = UseCopyEngine(spec, c);
       std::string err;
-      Instance* inst = Join(c, spec, sig, seq, msg_bytes, ce, &err);
-      if (!inst) return err;
-      if (key_names_.find(spec.key_hash) == key_names_.end()) key_names_.emplace(spec.key_hash, spec.key);
-      if (ce) {
-        ticket = d.ce_next;
-        TaskInfo& ti = d.ce_info[ticket % kCeRing];
-        if (!ti.done)
-          return "dfccl: more than " + std::to_string(kCeRing) + " copy-engine collectives in flight on GPU " +
-                 std::to_string(ordinal);
-        inst->tasks.emplace_back(&d, ticket | kCeTicket);
-        inst->started |= 1u << spec.rank;
-        ti = TaskInfo{inst, &c, ticket, Clock::now(), false, false, msg_bytes, spec.key_hash, inst->seq};
-        d.ce_next = ticket + 1;
-        d.fifo[spec.site].push_back(ticket | kCeTicket);
-        StartCopyEngine(d, c, *inst, spec, in, out, ticket);
-      } else {
-        ticket = d.next_ticket;
-        const uint32_t e = ticket % kTaskRing;
-        if (!d.info[e].done)
-          return "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(ordinal);
-        FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
-        inst->tasks.emplace_back(&d, ticket);
-        inst->started |= 1u << spec.rank;
-        const bool large = msg_bytes >= cfg_.large_threshold;
-        d.info[e] = TaskInfo{inst, &c, ticket, Clock::now(), false, large, msg_bytes, spec.key_hash, inst->seq};
-        d.pending_large += large ? 1 : 0;
-        d.next_ticket = ticket + 1;
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-        d.host->submitted = ticket + 1;
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-        d.fifo[spec.site].push_back(ticket);
-        if (large && Running(d) && d.workers < cfg_.large_blocks) {
-          d.host->resize = d.launch_id;  // the running daemon quits; a larger one is queued behind it
-          Launch(d);
-        }
-        EnsureRunning(d);
-      }
+      const uint64_t ticket = Submit(d, spec, sig, in, out, &err);
+      if (!err.empty()) return err;
+      d.fifo[spec.site].push_back(ticket);
+      e.d = &d;
+      e.ce = (ticket & kCeTicket) != 0;
+      e.ticket = ticket & ~kCeTicket;
     }
-    // Outside the lock: an enqueue on XLA's stream may block while its queue is full.
-    const auto t0 = Clock::now();
-    if (ce) StreamOps::Write32(stream, const_cast<uint32_t*>(&dp->host_dev->ce_ready[ticket % kCeRing]), Gen(ticket, kCeRing));
-    else StreamOps::Write32(stream, &dp->dev->ready[ticket % kTaskRing], Gen(ticket));
-    times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    EnqueueOnStream(stream, e, /*ready=*/true, /*wait=*/false);
     return "";
   } catch (const std::exception& ex) {
     return ex.what();
@@ -178,39 +240,37 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
 
 std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
   try {
-    uint64_t ticket = 0;
-    Device* d = nullptr;
-    bool kernel_wait = false, trace = false, ce = false;
-    TraceRec proto{};
+    Enqueue e;
     {
-      std::lock_guard lk(mu_);
-      d = &GetDevice(ordinal);
-      if (!d->error.empty()) return d->error;
-      auto& q = d->fifo[site];
+      auto lk = HandlerLock();
+      Device& d = GetDevice(ordinal);
+      if (!d.error.empty()) return d.error;
+      auto& q = d.fifo[site];
       if (q.empty()) return "dfccl: dfccl_done at site " + std::to_string(site) + " has no pending start";
-      ticket = q.front();
+      e = PlanWait(d, q.front());
       q.pop_front();
-      ce = (ticket & kCeTicket) != 0;
-      ticket &= ~kCeTicket;
-      const TaskInfo& ti = ce ? d->ce_info[ticket % kCeRing] : d->info[ticket % kTaskRing];
-      trace = cfg_.trace && !ce;  // the wait records are per daemon ring entry
-      if (trace) proto = TraceRec{0, ti.key_hash, ticket, static_cast<uint32_t>(ti.seq), 0, 0};
-      // Copy-engine done words live in host memory: always the polling kernel (the
-      // stream memory wait on host memory is not relied on).
-      kernel_wait = trace || ce || (cfg_.wait_kernel_bytes >= 0 && ti.msg_bytes >= cfg_.wait_kernel_bytes);
     }
-    const auto t0 = Clock::now();
-    const uint32_t* word = ce ? const_cast<const uint32_t*>(&d->host_dev->ce_done[ticket % kCeRing])
-                              : &d->dev->done[ticket % kTaskRing];
-    const uint32_t gen = ce ? Gen(ticket, kCeRing) : Gen(ticket);
-    if (kernel_wait) {
-      const cudaError_t e =
-          LaunchStreamWait(stream, word, gen, trace ? d->dev->stream_trace[ticket % kTaskRing] : nullptr, proto);
-      DFCCL_CHECK(e == cudaSuccess, "dfccl: done wait kernel on GPU " << ordinal << ": " << cudaGetErrorString(e));
-    } else {
-      StreamOps::WaitGeq32(stream, word, gen);
+    EnqueueOnStream(stream, e, /*ready=*/false, /*wait=*/true);
+    return "";
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+}
+
+std::string Runtime::Collective(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
+                                const void* in, void* out) {
+  try {
+    Enqueue e;
+    {
+      auto lk = HandlerLock();
+      Device& d = GetDevice(ordinal);
+      if (!d.error.empty()) return d.error;
+      std::string err;
+      const uint64_t ticket = Submit(d, spec, sig, in, out, &err);
+      if (!err.empty()) return err;
+      e = PlanWait(d, ticket);
     }
-    times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    EnqueueOnStream(stream, e, /*ready=*/true, /*wait=*/true);
     return "";
   } catch (const std::exception& ex) {
     return ex.what();

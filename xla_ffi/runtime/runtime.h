@@ -139,6 +139,10 @@ class Runtime {
   std::string Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
                     const void* in, void* out);
   std::string Done(int ordinal, cudaStream_t stream, int64_t site);
+  // The blocking form: Start then Done in one call (one locked section, the
+  // ready write and the done wait in one batch of stream memory operations).
+  std::string Collective(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
+                         const void* in, void* out);
 
   void Configure(const std::map<std::string, double>& kv);
   HostTimes& host_times() { return times_; }
@@ -150,6 +154,18 @@ class Runtime {
 
  private:
   Runtime() = default;
+  // What a handler enqueues on XLA's stream for one instance.
+  struct Enqueue {
+    Device* d = nullptr;
+    uint64_t ticket = 0;  // without kCeTicket
+    bool ce = false, kernel_wait = false, trace = false;
+    TraceRec proto{};
+  };
+  std::unique_lock<std::timed_mutex> HandlerLock();
+  uint64_t Submit(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out,
+                  std::string* err);
+  Enqueue PlanWait(Device& d, uint64_t ticket);
+  void EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready, bool wait);
   Device& GetDevice(int ordinal);
   Comm& GetComm(const std::vector<int64_t>& group);
   Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes, bool ce,
@@ -173,10 +189,10 @@ class Runtime {
   void ReleaseSlot(Comm& c, Instance& inst);
   void Abort(Comm& c, Instance& inst, const std::string& why);
 
-  std::timed_mutex mu_;  // timed: the proxy and Pending() must not wait for it blindly
+  alignas(64) std::timed_mutex mu_;  // timed: the proxy and Pending() must not wait for it blindly
   std::atomic<double> timeout_s_{60.0};                // cfg_.timeout_s, readable without mu_
   std::atomic<const char*> busy_in_{"nothing known"};  // a CUDA call made under mu_ that may block
-  HostTimes times_;
+  alignas(64) HostTimes times_;  // its own cache lines, not the lock's
   Config cfg_;
   std::map<int, std::unique_ptr<Device>> devices_;
   std::map<std::vector<int64_t>, std::unique_ptr<Comm>> comms_;
