@@ -44,6 +44,10 @@ class Config:
   copy_engine_reduce_min_bytes: int = 64 << 20
   copy_engine_chunk_bytes: int = 8 << 20
   copy_engine_blocks: int = 32
+  #: GPU: on the copy-engine path each rank's engines write its data into the
+  #: peers' buffers (push); False: each rank's engines read what it needs from
+  #: the peers (pull).
+  copy_engine_push: bool = True
   #: Record start/preempt/resume/finish events for :func:`jax_dfccl.export_trace`.
   trace: bool = False
   #: Trace ring-buffer capacity (events per runtime).

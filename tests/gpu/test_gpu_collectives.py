@@ -76,14 +76,16 @@ def test_parity(op, dtype, elems):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("path", ["copy_engine", "daemon"])
+@pytest.mark.parametrize("path", ["copy_engine", "copy_engine_pull", "daemon"])
 @pytest.mark.parametrize("elems", [(1 << 21) + 3, 1 << 22])
 def test_large_paths(op, path, elems):
-  """Both transports of large messages (copy engines / daemon direct path), odd sizes included."""
+  """The transports of large messages (copy engines pushing / pulling, daemon direct path), odd sizes included."""
   if op in ("psum_scatter", "all_to_all"):
     elems = elems * N
-  saved = {k: getattr(d.config, k) for k in ("copy_engine_min_bytes", "copy_engine_reduce_min_bytes")}
-  d.configure(copy_engine_min_bytes=-1 if path == "daemon" else 0, copy_engine_reduce_min_bytes=0)
+  names = ("copy_engine_min_bytes", "copy_engine_reduce_min_bytes", "copy_engine_push")
+  saved = {k: getattr(d.config, k) for k in names}
+  d.configure(copy_engine_min_bytes=-1 if path == "daemon" else 0, copy_engine_reduce_min_bytes=0,
+              copy_engine_push=path != "copy_engine_pull")
   try:
     before = d.stats()["cuda"]["copy_engine_ops"]
     x = data(elems, jnp.float32, elems + len(op) + len(path))

@@ -56,6 +56,7 @@ struct Config {
   int64_t copy_engine_reduce_min_bytes = 64 << 20;  // ... and for reductions at least this many
   int64_t copy_engine_chunk_bytes = 8 << 20;  // pipelining unit of the reductions' combine
   int copy_engine_blocks = 32;                // blocks of the combine kernel
+  bool copy_engine_push = true;               // each rank's engines write to its peers (else: read from them)
 
   void Apply(const std::map<std::string, double>& kv) {
     auto set = [&](const char* name, auto& field) {
@@ -81,7 +82,7 @@ struct Config {
     set("large_chunk", large_chunk); set("large_blocks", large_blocks); set("large_threshold", large_threshold);
     set("wait_kernel_bytes", wait_kernel_bytes);
     set("copy_engine_min_bytes", copy_engine_min_bytes); set("copy_engine_reduce_min_bytes", copy_engine_reduce_min_bytes); set("copy_engine_chunk_bytes", copy_engine_chunk_bytes);
-    set("copy_engine_blocks", copy_engine_blocks);
+    set("copy_engine_blocks", copy_engine_blocks); set("copy_engine_push", copy_engine_push);
     if (copy_engine_chunk_bytes < (1 << 16)) copy_engine_chunk_bytes = 1 << 16;
     if (copy_engine_blocks < 1) copy_engine_blocks = 1;
     if (large_blocks < blocks) large_blocks = blocks;

@@ -224,49 +224,71 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
     timer = dv[0]->timer_head;
     dv[0]->timer_head = (timer + 1) % Dev::kTimers;
   }
-  // Phase 1: pulls (and for reductions the combine of each pulled chunk).
+  // Phase 1: the transfers, on the stream `pull` of the rank whose engines run them (the
+  // receiver when pulling, the sender when pushing), then the local copies.  `move(dst_rank,
+  // src_rank, ...)` enqueues one transfer and returns the rank whose stream holds it.
+  auto move = [&](int dst_r, int src_r, int64_t dst_off, int64_t src_off, int64_t bytes) {
+    const int by = s.push ? src_r : dst_r;
+    copy(on(by)->pull, op.ranks[dst_r].out + dst_off, op.ranks[src_r].in + src_off, bytes);
+    return by;
+  };
   for (int r = 0; r < n; ++r) {
     const CeRank& me = op.ranks[r];
-    Dev* d = on(r);
-    if (r == 0 && timer >= 0) DFCCL_CE(cudaEventRecord(dv[0]->t0[timer], d->pull));
+    if (r == 0 && timer >= 0) DFCCL_CE(cudaEventRecord(dv[0]->t0[timer], on(0)->pull));
     switch (op.kind) {
-      case OpKind::kAllGather:
-        for (int k = 1; k < n; ++k) { const int p = (r + k) % n; copy(d->pull, me.out + p * B, op.ranks[p].in, B); }
-        copy(d->comp, me.out + r * B, me.in, B);
+      case OpKind::kAllGather:  // rank r receives every peer's input at out[p]
+        for (int k = 1; k < n; ++k) { const int p = (r + k) % n; move(r, p, p * B, 0, B); }
+        copy(on(r)->comp, me.out + r * B, me.in, B);
         break;
-      case OpKind::kAllToAll:
-        for (int k = 1; k < n; ++k) { const int p = (r + k) % n; copy(d->pull, me.out + p * B, op.ranks[p].in + r * B, B); }
-        copy(d->comp, me.out + r * B, me.in + r * B, B);
+      case OpKind::kAllToAll:  // ... every peer's block r at out[p]
+        for (int k = 1; k < n; ++k) { const int p = (r + k) % n; move(r, p, p * B, r * B, B); }
+        copy(on(r)->comp, me.out + r * B, me.in + r * B, B);
         break;
       case OpKind::kPermute:
-        if (me.recv_from >= 0) copy(d->pull, me.out, op.ranks[me.recv_from].in, B);
-        else DFCCL_CE(cudaMemsetAsync(me.out, 0, B, d->comp));
+        if (me.recv_from >= 0) move(r, me.recv_from, 0, 0, B);
+        else DFCCL_CE(cudaMemsetAsync(me.out, 0, B, on(r)->comp));
         break;
       case OpKind::kReduceScatter:
-      case OpKind::kAllReduce: {
-        const int p = 1 - r;  // Supports(): 2 ranks
+      case OpKind::kAllReduce: {  // the peer's operand of rank r's range arrives in r's output, chunk by chunk
+        const int p = 1 - r;      // Supports(): 2 ranks
         const auto [lo, len] = seg_of(r);
         const int64_t in_off = op.kind == OpKind::kReduceScatter ? r * B : lo;
         const int64_t out_off = op.kind == OpKind::kReduceScatter ? 0 : lo;
         const auto chunks = Chunks(len, s.chunk_bytes, op.elem_bytes);
         for (size_t c = 0; c < chunks.size(); ++c) {
-          const auto [o, l] = chunks[c];
-          copy(d->pull, me.out + out_off + o, op.ranks[p].in + in_off + o, l);
-          DFCCL_CE(cudaEventRecord(dv[r]->pulled[c], d->pull));
-          DFCCL_CE(cudaStreamWaitEvent(d->comp, dv[r]->pulled[c], 0));
-          DFCCL_CE(LaunchReduceInto(d->comp, op.dtype, op.reduce, me.out + out_off + o, me.in + in_off + o, l,
-                                    s.reduce_blocks));
-          DFCCL_CE(cudaEventRecord(dv[r]->reduced[c], d->comp));
+          const int by = move(r, p, out_off + chunks[c].first, in_off + chunks[c].first, chunks[c].second);
+          DFCCL_CE(cudaEventRecord(dv[by]->pulled[c], on(by)->pull));  // an event of the moving device
         }
         break;
       }
     }
   }
-  // Phase 2 (all-reduce): pull the peer's reduced segment, chunk by chunk as it is reduced.
+  // Reductions: each rank folds the arrived chunks into its output (a chunk's event was
+  // recorded above by the device that moved it: the peer when pushing).
+  if (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce) {
+    for (int r = 0; r < n; ++r) {
+      const CeRank& me = op.ranks[r];
+      const int by = s.push ? 1 - r : r;
+      Dev* d = on(r);
+      const auto [lo, len] = seg_of(r);
+      const int64_t in_off = op.kind == OpKind::kReduceScatter ? r * B : lo;
+      const int64_t out_off = op.kind == OpKind::kReduceScatter ? 0 : lo;
+      const auto chunks = Chunks(len, s.chunk_bytes, op.elem_bytes);
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        const auto [o, l] = chunks[c];
+        DFCCL_CE(cudaStreamWaitEvent(d->comp, dv[by]->pulled[c], 0));
+        DFCCL_CE(LaunchReduceInto(d->comp, op.dtype, op.reduce, me.out + out_off + o, me.in + in_off + o, l,
+                                  s.reduce_blocks));
+        DFCCL_CE(cudaEventRecord(dv[r]->reduced[c], d->comp));
+      }
+    }
+  }
+  // Phase 2 (all-reduce): rank r's output receives the peer's reduced segment, chunk by chunk as it is reduced.
   if (op.kind == OpKind::kAllReduce) {
     for (int r = 0; r < n; ++r) {
       const int p = 1 - r;
-      Dev* d = on(r);
+      const int by = s.push ? p : r;
+      Dev* d = on(by);
       const auto [lo, len] = seg_of(p);
       const auto chunks = Chunks(len, s.chunk_bytes, op.elem_bytes);
       for (size_t c = 0; c < chunks.size(); ++c) {

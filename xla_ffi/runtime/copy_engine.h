@@ -58,6 +58,7 @@ struct CeOp {
 struct CeSettings {
   int64_t chunk_bytes = 8 << 20;  // pipelining unit of the reductions (at most kMaxChunks per rank)
   int reduce_blocks = 32;         // blocks of the combine kernel
+  bool push = true;               // a rank's copies write into its peers' buffers (else read from them)
 };
 
 class CopyEngine {

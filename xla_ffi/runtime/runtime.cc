@@ -470,7 +470,7 @@ void Runtime::Configure(const std::map<std::string, double>& kv) {
   std::lock_guard lk(mu_);
   cfg_.Apply(kv);
   timeout_s_ = cfg_.timeout_s;
-  ce_.Configure(CeSettings{cfg_.copy_engine_chunk_bytes, cfg_.copy_engine_blocks});
+  ce_.Configure(CeSettings{cfg_.copy_engine_chunk_bytes, cfg_.copy_engine_blocks, cfg_.copy_engine_push});
 }
 
 std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
