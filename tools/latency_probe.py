@@ -133,12 +133,12 @@ def crossover():
   dfccl.configure(**saved)
 
 
-def large():
-  dfccl.configure(copy_engine_min_bytes=4 << 20)  # opt-in path (jax_dfccl.config)
+def large(sizes_mib=(64, 256, 1024)):
+  dfccl.configure(copy_engine_min_bytes=4 << 20)
   ops = {"all_gather": lambda y: dfccl.all_gather(y, "x", tiled=True)[: y.shape[0]],
          "psum": lambda y: dfccl.psum(y, "x") * 0.5}
   n = 10
-  for mib in (64, 256, 1024):
+  for mib in sizes_mib:
     elems = (mib << 20) // 2
     x = jnp.asarray(np.arange(N * elems, dtype=np.float32).reshape(N, elems) % 251, jnp.bfloat16)
     g = jax.jit(jax.shard_map(lambda v: dfccl.all_gather(v[0], "x", tiled=True)[None], mesh=MESH,
@@ -167,8 +167,10 @@ def large():
 
 
 def main():
-  if "--large" in sys.argv:
-    large()
+  if "--large" in sys.argv:  # --large [MiB,...]
+    i = sys.argv.index("--large")
+    sizes = sys.argv[i + 1] if len(sys.argv) > i + 1 else "64,256,1024"
+    large(tuple(int(m) for m in sizes.split(",")))
     return
   if "--crossover" in sys.argv:
     crossover()
