@@ -101,11 +101,17 @@ profiling = [
          "for f in files:\n"
          "    curves(f)"),
     md("Reading the plots: `collectives_<date>_h200x2.json` and `..._allsizes.json` were measured with "
-       "every collective on the daemon; `..._copy_engine.json` and `..._ce_default_check.json` with the "
-       "copy-engine path from 4 MiB (`config.copy_engine_min_bytes`, the default since). The copy-engine file's unrolled 1 GiB all_gather point (516 GB/s) exceeds the "
-       "link and is not a valid measurement: the copy engines need 3.1–3.2 ms of GPU time per 1 GiB "
-       "all_gather or psum (`benchmarks/results/ce_large_2026-11-30_h200x2.md`). all_gather in long "
-       "unrolled chains varies a lot for both implementations; compare the fori_loop curves."),
+       "every collective on the daemon; `..._copy_engine.json`, `..._ce_default_check.json`, "
+       "`..._allsizes_ce_default.json` and `..._one_call.json` with the copy-engine path from 4 MiB "
+       "(`config.copy_engine_min_bytes`, the default since) pulling; `..._one_call.json` also has the "
+       "blocking form as one custom call (the current small-message path). `..._ce_push.json` / "
+       "`..._ce_pull.json` compare the copy engines pushing (the default now) and pulling at 16 MiB–1 GiB, "
+       "`..._ce_push_blocks*.json` the combine kernel's block count, and `..._ce_push_rs_two_streams.json` "
+       "a reduce-scatter variant that was slower and is not kept. The copy-engine file's unrolled 1 GiB "
+       "all_gather point (516 GB/s) exceeds the link and is not a valid measurement: the copy engines need "
+       "3.1–3.2 ms of GPU time per 1 GiB all_gather or psum when pulling "
+       "(`benchmarks/results/ce_large_2026-11-30_h200x2.md`). all_gather in long unrolled chains varies a "
+       "lot for both implementations; compare the fori_loop curves."),
     md("## Chaos-order timeline (recorded live, on this machine's devices)"),
     code("import jax\nfrom jax.sharding import Mesh\nimport jax_dfccl as dc\n"
          "from jax_dfccl import testing as T, trace\n"
