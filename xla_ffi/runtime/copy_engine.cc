@@ -218,6 +218,13 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
     const int64_t lo = std::min<int64_t>(r * seg, B);
     return {lo, std::min<int64_t>(lo + seg, B) - lo};
   };
+  // Reductions: where rank r's range starts in the inputs and in its output, and its chunks.
+  struct Range { int64_t in_off, out_off; std::vector<std::pair<int64_t, int64_t>> chunks; };
+  auto range_of = [&](int r) {
+    const auto [lo, len] = seg_of(r);
+    const bool rs = op.kind == OpKind::kReduceScatter;
+    return Range{rs ? r * B : lo, rs ? 0 : lo, Chunks(len, s.chunk_bytes, op.elem_bytes)};
+  };
   // Rank 0's part is timed (first copy .. done write) while a timer is free.
   int timer = -1;
   if (dv[0]->timing.size() < static_cast<size_t>(Dev::kTimers)) {
@@ -251,12 +258,9 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
       case OpKind::kReduceScatter:
       case OpKind::kAllReduce: {  // the peer's operand of rank r's range arrives in r's output, chunk by chunk
         const int p = 1 - r;      // Supports(): 2 ranks
-        const auto [lo, len] = seg_of(r);
-        const int64_t in_off = op.kind == OpKind::kReduceScatter ? r * B : lo;
-        const int64_t out_off = op.kind == OpKind::kReduceScatter ? 0 : lo;
-        const auto chunks = Chunks(len, s.chunk_bytes, op.elem_bytes);
-        for (size_t c = 0; c < chunks.size(); ++c) {
-          const int by = move(r, p, out_off + chunks[c].first, in_off + chunks[c].first, chunks[c].second);
+        const Range g = range_of(r);
+        for (size_t c = 0; c < g.chunks.size(); ++c) {
+          const int by = move(r, p, g.out_off + g.chunks[c].first, g.in_off + g.chunks[c].first, g.chunks[c].second);
           DFCCL_CE(cudaEventRecord(dv[by]->pulled[c], on(by)->pull));  // an event of the moving device
         }
         break;
@@ -270,14 +274,11 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
       const CeRank& me = op.ranks[r];
       const int by = s.push ? 1 - r : r;
       Dev* d = on(r);
-      const auto [lo, len] = seg_of(r);
-      const int64_t in_off = op.kind == OpKind::kReduceScatter ? r * B : lo;
-      const int64_t out_off = op.kind == OpKind::kReduceScatter ? 0 : lo;
-      const auto chunks = Chunks(len, s.chunk_bytes, op.elem_bytes);
-      for (size_t c = 0; c < chunks.size(); ++c) {
-        const auto [o, l] = chunks[c];
+      const Range g = range_of(r);
+      for (size_t c = 0; c < g.chunks.size(); ++c) {
+        const auto [o, l] = g.chunks[c];
         DFCCL_CE(cudaStreamWaitEvent(d->comp, dv[by]->pulled[c], 0));
-        DFCCL_CE(LaunchReduceInto(d->comp, op.dtype, op.reduce, me.out + out_off + o, me.in + in_off + o, l,
+        DFCCL_CE(LaunchReduceInto(d->comp, op.dtype, op.reduce, me.out + g.out_off + o, me.in + g.in_off + o, l,
                                   s.reduce_blocks));
         DFCCL_CE(cudaEventRecord(dv[r]->reduced[c], d->comp));
       }
