@@ -100,7 +100,8 @@ ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi
   if (!p) return error;
   // The ticket buffer stays unwritten: done pairs with start through the
   // per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
-  std::string err = Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out->untyped_data());
+  std::string err =
+      Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out->untyped_data(), false);
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
 }
@@ -114,7 +115,7 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
   const Parsed* p = SpecOf(ordinal, x, attrs, &error);
   if (!p) return error;
   std::string err =
-      Runtime::Get().Collective(ordinal, stream, p->spec, p->signature, x.untyped_data(), out->untyped_data());
+      Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out->untyped_data(), true);
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
 }

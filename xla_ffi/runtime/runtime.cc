@@ -216,7 +216,7 @@ void Runtime::EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready,
 }
 
 std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
-                           const void* in, void* out) {
+                           const void* in, void* out, bool blocking) {
   try {
     Enqueue e;
     {
@@ -226,12 +226,10 @@ std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpe
       std::string err;
       const uint64_t ticket = Submit(d, spec, sig, in, out, &err);
       if (!err.empty()) return err;
-      d.fifo[spec.site].push_back(ticket);
-      e.d = &d;
-      e.ce = (ticket & kCeTicket) != 0;
-      e.ticket = ticket & ~kCeTicket;
+      if (!blocking) d.fifo[spec.site].push_back(ticket);  // Done pairs with it
+      e = PlanWait(d, ticket);
     }
-    EnqueueOnStream(stream, e, /*ready=*/true, /*wait=*/false);
+    EnqueueOnStream(stream, e, /*ready=*/true, /*wait=*/blocking);
     return "";
   } catch (const std::exception& ex) {
     return ex.what();
@@ -251,26 +249,6 @@ std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
       q.pop_front();
     }
     EnqueueOnStream(stream, e, /*ready=*/false, /*wait=*/true);
-    return "";
-  } catch (const std::exception& ex) {
-    return ex.what();
-  }
-}
-
-std::string Runtime::Collective(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
-                                const void* in, void* out) {
-  try {
-    Enqueue e;
-    {
-      auto lk = HandlerLock();
-      Device& d = GetDevice(ordinal);
-      if (!d.error.empty()) return d.error;
-      std::string err;
-      const uint64_t ticket = Submit(d, spec, sig, in, out, &err);
-      if (!err.empty()) return err;
-      e = PlanWait(d, ticket);
-    }
-    EnqueueOnStream(stream, e, /*ready=*/true, /*wait=*/true);
     return "";
   } catch (const std::exception& ex) {
     return ex.what();

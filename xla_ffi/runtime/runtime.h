@@ -136,13 +136,11 @@ class Runtime {
   ~Runtime();
 
   // Handlers.  Return "" on success, else the error message for ffi::Error.
+  // blocking: the blocking form, start and done in one call (one locked section,
+  // the ready write and the done wait in one batch of stream memory operations).
   std::string Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
-                    const void* in, void* out);
+                    const void* in, void* out, bool blocking);
   std::string Done(int ordinal, cudaStream_t stream, int64_t site);
-  // The blocking form: Start then Done in one call (one locked section, the
-  // ready write and the done wait in one batch of stream memory operations).
-  std::string Collective(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
-                         const void* in, void* out);
 
   void Configure(const std::map<std::string, double>& kv);
   HostTimes& host_times() { return times_; }
