@@ -90,34 +90,31 @@ const Parsed* SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, const StartAttrs&
   }
 }
 
-ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
-                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*x_alias*/,
-                     ffi::Result<ffi::AnyBuffer> /*ticket*/, StartAttrs attrs) {
+// Both start forms: the task submitted, the ready write (and, blocking, the done wait) enqueued.
+ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, void* out, const StartAttrs& attrs,
+                 bool blocking) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.start_ns, times.starts);
   ffi::Error error = ffi::Error::Success();
   const Parsed* p = SpecOf(ordinal, x, attrs, &error);
   if (!p) return error;
-  // The ticket buffer stays unwritten: done pairs with start through the
-  // per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
-  std::string err =
-      Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out->untyped_data(), false);
+  std::string err = Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out, blocking);
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
+}
+
+// The ticket buffer stays unwritten: done pairs with start through the
+// per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
+ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
+                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*x_alias*/,
+                     ffi::Result<ffi::AnyBuffer> /*ticket*/, StartAttrs attrs) {
+  return Begin(stream, ordinal, x, out->untyped_data(), attrs, /*blocking=*/false);
 }
 
 // The blocking form (start and done in one call).
 ffi::Error CollectiveImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
                           ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
-  HostTimes& times = Runtime::Get().host_times();
-  HandlerTimer timer(times.start_ns, times.starts);
-  ffi::Error error = ffi::Error::Success();
-  const Parsed* p = SpecOf(ordinal, x, attrs, &error);
-  if (!p) return error;
-  std::string err =
-      Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out->untyped_data(), true);
-  if (!err.empty()) return ffi::Error::Internal(err);
-  return ffi::Error::Success();
+  return Begin(stream, ordinal, x, out->untyped_data(), attrs, /*blocking=*/true);
 }
 
 ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer /*x_alias*/,
