@@ -169,3 +169,21 @@ def test_alternating_chaos_workload(mesh8):
   ours = sm(T.alternating_chaos("x", 8, 64, seed=3))(x)
   ref = sm(T.alternating_reference("x", 64))(x)
   np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("platform,want", [
+    ("cpu", ["dfccl_start", "dfccl_done", "dfccl_start", "dfccl_done"]),
+    ("cuda", ["dfccl_collective", "dfccl_start", "dfccl_done"]),
+])
+def test_lowering_per_platform(mesh8, platform, want):
+  """A blocking psum is one dfccl_collective custom call on CUDA, start + done on CPU;
+  the *_start form is start + done on both (lowered for CUDA without a GPU)."""
+  import re
+
+  def body(y):
+    y = dc.psum(y, "x") * 0.5
+    return dc.done(dc.psum_start(y, "x"))
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  txt = f.trace(jnp.ones((N, 16))).lower(lowering_platforms=(platform,)).as_text()
+  assert re.findall(r"custom_call @(dfccl_\w+)", txt) == want
