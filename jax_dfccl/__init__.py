@@ -15,6 +15,7 @@ from jax_dfccl._src.psum_scatter import psum_scatter, psum_scatter_start
 from jax_dfccl._src.all_to_all import all_to_all, all_to_all_start
 from jax_dfccl._src.ppermute import ppermute, ppermute_start
 from jax_dfccl._src.overlap import all_gather_matmul, matmul_reduce_scatter, matmul_psum
+from jax_dfccl._src.patch import patch_lax
 from jax_dfccl.trace import export_trace
 __version__ = "0.1.0"
 
@@ -23,5 +24,5 @@ __all__ = [
     "psum_start", "pmax_start", "pmin_start", "all_gather_start", "psum_scatter_start",
     "all_to_all_start", "ppermute_start", "done", "Handle",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_psum",
-    "config", "configure", "stats", "reset", "pending", "export_trace",
+    "config", "configure", "stats", "reset", "pending", "export_trace", "patch_lax",
 ]

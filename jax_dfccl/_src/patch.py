@@ -1,0 +1,111 @@
+"""patch_lax(): existing ``jax.lax`` collective code, traced on jax_dfccl.
+
+Inside ``with jax_dfccl.patch_lax():`` the collectives of the ``jax.lax`` module
+(``psum``, ``pmean``, ``pmax``, ``pmin``, ``all_gather``, ``psum_scatter``,
+``all_to_all``, ``ppermute``) are jax_dfccl's, so a model or library that calls
+``jax.lax.psum`` (or ``lax.psum`` after ``from jax import lax``) gets order-free
+collectives without edits.  It applies to what is *traced* inside the block
+(a function jitted and traced before keeps its compiled collectives), and,
+since it rebinds module attributes, to every thread of the process while the
+block runs.  What jax_dfccl does not implement raises ``NotImplementedError``
+naming it (``axis_index_groups``); Python scalars keep ``jax.lax``'s behaviour
+(``lax.psum(1, axis)`` is the axis size, computed without communication).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax
+import numpy as np
+
+from jax_dfccl._src import all_gather as _ag
+from jax_dfccl._src import all_to_all as _a2a
+from jax_dfccl._src import ppermute as _pp
+from jax_dfccl._src import psum as _ps
+from jax_dfccl._src import psum_scatter as _rs
+
+_lock = threading.Lock()
+_depth = 0
+_originals: dict = {}
+
+
+def _no_groups(name, axis_index_groups):
+  if axis_index_groups is not None:
+    raise NotImplementedError(f"jax_dfccl.patch_lax: jax.lax.{name}(..., axis_index_groups=...) is not "
+                              "supported; use a mesh axis per group (shard_map over a sub-axis)")
+
+
+def _python_scalars(x) -> bool:
+  leaves = jax.tree.leaves(x)
+  return bool(leaves) and all(isinstance(v, (int, float, bool, complex, np.number)) for v in leaves)
+
+
+def _reduction(name, ours):
+  def f(x, axis_name, *, axis_index_groups=None):
+    _no_groups(name, axis_index_groups)
+    if _python_scalars(x):  # constants: no communication, as jax.lax does it
+      return _originals[name](x, axis_name)
+    return ours(x, axis_name)
+  f.__name__ = name
+  return f
+
+
+def _pmean(x, axis_name, *, axis_index_groups=None):
+  _no_groups("pmean", axis_index_groups)
+  if _python_scalars(x):
+    return _originals["pmean"](x, axis_name)
+  n = _originals["psum"](1, axis_name)
+  return jax.tree.map(lambda v: v / n, _ps.psum(x, axis_name))
+
+
+def _all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False):
+  _no_groups("all_gather", axis_index_groups)
+  return _ag.all_gather(x, axis_name, axis=axis, tiled=tiled)
+
+
+def _psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False):
+  _no_groups("psum_scatter", axis_index_groups)
+  return _rs.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
+
+
+def _all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tiled=False):
+  _no_groups("all_to_all", axis_index_groups)
+  return _a2a.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
+
+
+def _ppermute(x, axis_name, perm):
+  return _pp.ppermute(x, axis_name, perm)
+
+
+_REPLACEMENTS = {
+    "psum": _reduction("psum", _ps.psum),
+    "pmax": _reduction("pmax", _ps.pmax),
+    "pmin": _reduction("pmin", _ps.pmin),
+    "pmean": _pmean,
+    "all_gather": _all_gather,
+    "psum_scatter": _psum_scatter,
+    "all_to_all": _all_to_all,
+    "ppermute": _ppermute,
+}
+
+
+@contextlib.contextmanager
+def patch_lax():
+  """Within the block, ``jax.lax``'s collectives are jax_dfccl's (nests; see the module doc)."""
+  global _depth
+  with _lock:
+    if _depth == 0:
+      for name, f in _REPLACEMENTS.items():
+        _originals[name] = getattr(jax.lax, name)
+        setattr(jax.lax, name, f)
+    _depth += 1
+  try:
+    yield
+  finally:
+    with _lock:
+      _depth -= 1
+      if _depth == 0:
+        for name, f in _originals.items():
+          setattr(jax.lax, name, f)
+        _originals.clear()

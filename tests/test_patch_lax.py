@@ -1,0 +1,77 @@
+"""patch_lax(): unmodified jax.lax collective code traced on jax_dfccl."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import jax_dfccl as dc
+from conftest import put
+
+N = 8
+NAMES = ("psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute")
+
+
+def layer(x):
+  """A 'library' function written against jax.lax (module attribute lookups at trace time)."""
+  outs = [
+      lax.psum(x, "x"),
+      lax.pmean(x, "x"),
+      jax.lax.pmax(x, "x"),
+      jax.lax.pmin(x, "x"),
+      lax.all_gather(x, "x", axis=1, tiled=True),
+      lax.psum_scatter(x, "x", scatter_dimension=0, tiled=True),
+      lax.all_to_all(x, "x", 0, 1, tiled=True),
+      lax.ppermute(x, "x", [(i, (i + 3) % N) for i in range(N)]),
+      x * lax.psum(1, "x"),  # the axis-size idiom: no communication
+  ]
+  return tuple(outs)
+
+
+def _program(mesh):
+  return jax.jit(jax.shard_map(layer, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+
+def test_patched_program_matches_lax(mesh8):
+  rng = np.random.default_rng(0)
+  x = put(jnp.asarray(rng.integers(-20, 20, (N * N, 16)), jnp.float32), mesh8, P("x"))
+  want = _program(mesh8)(x)
+  with dc.patch_lax():
+    f = _program(mesh8)
+    txt = f.trace(x).lower().as_text()
+    got = f(x)
+  calls = re.findall(r"custom_call @(dfccl_\w+)", txt)
+  assert len([c for c in calls if c == "dfccl_start"]) == len(NAMES)  # one per collective, none for psum(1)
+  # ... and no XLA collective left (psum(1, ...) is folded to the axis size).
+  assert not re.findall(r"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute)", txt)
+  for name, a, b in zip(NAMES + ("axis_size",), got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, err_msg=name)
+
+
+def test_restored_after_block_and_nesting():
+  before = {n: getattr(jax.lax, n) for n in NAMES}
+  with dc.patch_lax():
+    inner = jax.lax.psum
+    with dc.patch_lax():
+      assert jax.lax.psum is inner
+    assert jax.lax.psum is inner  # still patched: the outer block is open
+    assert jax.lax.psum is not before["psum"]
+  assert {n: getattr(jax.lax, n) for n in NAMES} == before
+
+
+def test_restored_after_error():
+  before = jax.lax.psum
+  with pytest.raises(RuntimeError):
+    with dc.patch_lax():
+      raise RuntimeError("boom")
+  assert jax.lax.psum is before
+
+
+def test_axis_index_groups_is_refused(mesh8):
+  f = jax.jit(jax.shard_map(lambda v: lax.psum(v, "x", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]]),
+                            mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  with dc.patch_lax(), pytest.raises(NotImplementedError, match="axis_index_groups"):
+    f.trace(put(jnp.ones(N), mesh8, P("x")))
