@@ -32,6 +32,15 @@ quickstart = [
          "w = jax.device_put(jax.random.normal(jax.random.key(1), (16, 8 * n)), NamedSharding(mesh, P(None, 'x')))\n"
          "ours, ref = layer(dc)(x, w), layer(jax.lax)(x, w)\n"
          "print('max |difference| vs jax.lax:', float(jnp.max(jnp.abs(ours - ref))))"),
+    md("## Existing `jax.lax` code, unchanged\n\n"
+       "`patch_lax()` rebinds the collectives of the `jax.lax` module while the block is open, so "
+       "a model written against `jax.lax` is traced on jax_dfccl without edits."),
+    code("with dc.patch_lax():\n"
+         "    g = layer(jax.lax)              # the jax.lax version of the layer above\n"
+         "    hlo = g.lower(x, w).as_text()\n"
+         "    patched = g(x, w)\n"
+         "print('jax_dfccl custom calls in the program:', hlo.count('custom_call @dfccl_'))\n"
+         "print('max |difference| vs jax.lax:', float(jnp.max(jnp.abs(patched - ref))))"),
     md("## Start / done, in any order on any rank\n\n"
        "Rank-dependent code (`lax.switch` on the axis index) starts two collectives in opposite "
        "orders. Collectives are matched by `key`, not by issue order."),
