@@ -70,8 +70,16 @@ def test_restored_after_error():
   assert jax.lax.psum is before
 
 
-def test_axis_index_groups_is_refused(mesh8):
-  f = jax.jit(jax.shard_map(lambda v: lax.psum(v, "x", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]]),
-                            mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
-  with dc.patch_lax(), pytest.raises(NotImplementedError, match="axis_index_groups"):
-    f.trace(put(jnp.ones(N), mesh8, P("x")))
+def test_axis_index_groups_passed_on(mesh8):
+  groups = [[0, 2, 4, 6], [1, 3, 5, 7]]
+  f = lambda: jax.jit(jax.shard_map(  # noqa: E731
+      lambda v: (lax.pmean(v, "x", axis_index_groups=groups), lax.all_gather(v, "x", axis_index_groups=groups)),
+      mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  x = put(jnp.arange(N * 2.0), mesh8, P("x"))
+  want = f()(x)
+  with dc.patch_lax():
+    g = f()
+    assert "dfccl_" in g.trace(x).lower().as_text()
+    got = g(x)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)

@@ -34,8 +34,8 @@ def _tiled_post(n, shape, ca):
   return post
 
 
-def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, key=None):
-  axes, n, items, treedef = c.leaves_of(x, "all_to_all", axis_name, key, "all_to_all")
+def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_groups=None, key=None):
+  common, n, items, treedef = c.leaves_of(x, "all_to_all", axis_name, key, "all_to_all", axis_index_groups)
   leaves = []
   for leaf, k, h in items:
     nd = leaf.ndim
@@ -67,7 +67,7 @@ def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, key=None):
     chunk = shape[:sa] + (shape[sa] // n,) + shape[sa + 1:]
     tiled_post = _tiled_post(n, chunk, ca)
     full_post = tiled_post if post is None else (lambda y, a=tiled_post, b=post: b(a(y)))
-    leaves.append(c.Leaf(xc, dict(op="all_to_all", axes=axes, key=k, key_hash=h,
+    leaves.append(c.Leaf(xc, dict(op="all_to_all", **common, key=k, key_hash=h,
                                   reduce="sum", perm=()), full_post))
   return leaves, treedef
 

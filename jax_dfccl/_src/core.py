@@ -192,7 +192,9 @@ _SITES = itertools.count(1)
 
 
 def _out_aval(aval, params):
-  return OPS[params["op"]].abstract(aval, group_size(params["axes"], params["op"]), params)
+  groups = params["groups"]
+  n = len(groups[0]) if groups else group_size(params["axes"], params["op"])
+  return OPS[params["op"]].abstract(aval, n, params)
 
 
 def _effects(params):
@@ -316,9 +318,10 @@ def _spmd_mesh(ctx, api):
   return mesh
 
 
-def group_table(mesh, axes) -> np.ndarray:
+def group_table(mesh, axes, groups=None) -> np.ndarray:
   """(num_groups, group_size) partition ids; a row is a group in rank order
-  (row-major over `axes` in the order given, as jax.lax.axis_index)."""
+  (row-major over `axes` in the order given, as jax.lax.axis_index); with
+  `groups` (axis_index_groups) every such row is split into those groups."""
   names = list(mesh.axis_names)
   sizes = [mesh.shape[a] for a in names]
   strides = {a: int(np.prod(sizes[i + 1:])) for i, a in enumerate(names)}
@@ -328,6 +331,8 @@ def group_table(mesh, axes) -> np.ndarray:
     base = sum(c * strides[a] for a, c in zip(others, oc))
     rows.append([base + sum(c * strides[a] for a, c in zip(axes, ac))
                  for ac in itertools.product(*[range(mesh.shape[a]) for a in axes])])
+  if groups:
+    rows = [[row[i] for i in g] for row in rows for g in groups]
   return np.asarray(rows, dtype=np.int32)
 
 
@@ -363,12 +368,12 @@ def _async_start_lowering(ctx, x, *, site, **params):
   return _start_lowering(ctx, x, site=site, **params)
 
 
-def _start_lowering(ctx, x, *, op, axes, key, key_hash, reduce, perm, site,
+def _start_lowering(ctx, x, *, op, axes, groups, key, key_hash, reduce, perm, site,
                     target="dfccl_start", aliases=None):
   from jax_dfccl._src import backend
   backend.load()  # registers the FFI targets before XLA compiles the call
   mesh = _spmd_mesh(ctx, op)
-  groups = group_table(mesh, axes)
+  groups = group_table(mesh, axes, groups)
   perm_arr = np.asarray(perm if perm else [(-1, -1)], dtype=np.int32).reshape(-1)
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 1} if aliases is None else aliases,
                               has_side_effect=True)
@@ -500,16 +505,38 @@ def api(name: str, plan: Callable):
   return blocking, start
 
 
-def leaves_of(x, opname, axis_name, key, api_name, extra_fn=None):
-  """Common front half of every plan: validate, flatten, make keys."""
+def as_groups(axis_index_groups, n: int, api: str):
+  """Validated axis_index_groups (tuple of tuples of axis indices) or None."""
+  if axis_index_groups is None:
+    return None
+  try:
+    groups = tuple(tuple(int(i) for i in g) for g in axis_index_groups)
+  except TypeError:
+    raise TypeError(f"jax_dfccl.{api}: axis_index_groups must be a list of lists of axis indices, "
+                    f"got {axis_index_groups!r}") from None
+  if sorted(i for g in groups for i in g) != list(range(n)):
+    raise ValueError(f"jax_dfccl.{api}: axis_index_groups {axis_index_groups!r} must hold every "
+                     f"index of the axis (0..{n - 1}) exactly once")
+  if len({len(g) for g in groups}) != 1:
+    raise NotImplementedError(f"jax_dfccl.{api}: axis_index_groups of unequal sizes are not supported")
+  return groups
+
+
+def leaves_of(x, opname, axis_name, key, api_name, axis_index_groups=None):
+  """Common front half of every plan: validate, flatten, make keys.  Returns the
+  params every leaf shares (axes, groups), the group size, (leaf, key, hash) per
+  leaf and the treedef."""
   axes = as_axes(axis_name)
   n = group_size(axes, api_name)
+  groups = as_groups(axis_index_groups, n, api_name)
+  if groups:
+    n = len(groups[0])
   xs, treedef = jax.tree.flatten(x)
   out = []
   for i, leaf in enumerate(xs):
     check_dtype(leaf, api_name)
     leaf = make_varying(jnp.asarray(leaf), axes)
-    extra = f"[{i}]" if len(xs) > 1 else ""
+    extra = (f"[{i}]" if len(xs) > 1 else "") + (f"|groups{groups}" if groups else "")
     k, h = make_key(opname, key, jax.typeof(leaf), axes, extra)
     out.append((leaf, k, h))
-  return axes, n, out, treedef
+  return dict(axes=axes, groups=groups), n, out, treedef

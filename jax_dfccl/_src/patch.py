@@ -7,9 +7,9 @@ Inside ``with jax_dfccl.patch_lax():`` the collectives of the ``jax.lax`` module
 collectives without edits.  It applies to what is *traced* inside the block
 (a function jitted and traced before keeps its compiled collectives), and,
 since it rebinds module attributes, to every thread of the process while the
-block runs.  What jax_dfccl does not implement raises ``NotImplementedError``
-naming it (``axis_index_groups``); Python scalars keep ``jax.lax``'s behaviour
-(``lax.psum(1, axis)`` is the axis size, computed without communication).
+block runs.  Python scalars keep ``jax.lax``'s behaviour (``lax.psum(1, axis)``
+is the axis size, computed without communication); ``axis_index_groups`` are
+passed on (groups of unequal sizes raise ``NotImplementedError``).
 """
 from __future__ import annotations
 
@@ -30,12 +30,6 @@ _depth = 0
 _originals: dict = {}
 
 
-def _no_groups(name, axis_index_groups):
-  if axis_index_groups is not None:
-    raise NotImplementedError(f"jax_dfccl.patch_lax: jax.lax.{name}(..., axis_index_groups=...) is not "
-                              "supported; use a mesh axis per group (shard_map over a sub-axis)")
-
-
 def _python_scalars(x) -> bool:
   leaves = jax.tree.leaves(x)
   return bool(leaves) and all(isinstance(v, (int, float, bool, complex, np.number)) for v in leaves)
@@ -43,35 +37,31 @@ def _python_scalars(x) -> bool:
 
 def _reduction(name, ours):
   def f(x, axis_name, *, axis_index_groups=None):
-    _no_groups(name, axis_index_groups)
     if _python_scalars(x):  # constants: no communication, as jax.lax does it
-      return _originals[name](x, axis_name)
-    return ours(x, axis_name)
+      return _originals[name](x, axis_name, axis_index_groups=axis_index_groups)
+    return ours(x, axis_name, axis_index_groups=axis_index_groups)
   f.__name__ = name
   return f
 
 
 def _pmean(x, axis_name, *, axis_index_groups=None):
-  _no_groups("pmean", axis_index_groups)
   if _python_scalars(x):
-    return _originals["pmean"](x, axis_name)
-  n = _originals["psum"](1, axis_name)
-  return jax.tree.map(lambda v: v / n, _ps.psum(x, axis_name))
+    return _originals["pmean"](x, axis_name, axis_index_groups=axis_index_groups)
+  n = len(axis_index_groups[0]) if axis_index_groups else _originals["psum"](1, axis_name)
+  return jax.tree.map(lambda v: v / n, _ps.psum(x, axis_name, axis_index_groups=axis_index_groups))
 
 
 def _all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False):
-  _no_groups("all_gather", axis_index_groups)
-  return _ag.all_gather(x, axis_name, axis=axis, tiled=tiled)
+  return _ag.all_gather(x, axis_name, axis=axis, tiled=tiled, axis_index_groups=axis_index_groups)
 
 
 def _psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False):
-  _no_groups("psum_scatter", axis_index_groups)
-  return _rs.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
+  return _rs.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled,
+                          axis_index_groups=axis_index_groups)
 
 
 def _all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tiled=False):
-  _no_groups("all_to_all", axis_index_groups)
-  return _a2a.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
+  return _a2a.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled, axis_index_groups=axis_index_groups)
 
 
 def _ppermute(x, axis_name, perm):

@@ -9,7 +9,9 @@ from jax_dfccl._src import core as c
 
 
 def _abstract(aval, n, params):
-  vma = compat.varying(aval) - set(params["axes"])
+  # Over the whole axis the result is the same on every rank (invariant); with
+  # axis_index_groups it differs between groups and stays varying.
+  vma = compat.varying(aval) if params["groups"] else compat.varying(aval) - set(params["axes"])
   return compat.with_shape_vma(aval, aval.shape, vma)
 
 
@@ -44,13 +46,16 @@ OP = c.register_op(c.OpDef("psum", "all_reduce", _abstract, _transpose, _batch, 
 
 
 def _plan(reduce, api_name):
-  def plan(x, axis_name, *, key=None):
-    axes, n, items, treedef = c.leaves_of(x, f"p{reduce}", axis_name, key, api_name)
+  def plan(x, axis_name, *, axis_index_groups=None, key=None):
+    if axis_index_groups is not None and reduce == "sum" and compat.check_vma_enabled():
+      raise NotImplementedError(f"jax_dfccl.{api_name}: axis_index_groups under check_vma=True is not "
+                                "supported (as in jax.lax); use shard_map(..., check_vma=False)")
+    common, n, items, treedef = c.leaves_of(x, f"p{reduce}", axis_name, key, api_name, axis_index_groups)
     if reduce != "sum":
       for leaf, _, _ in items:
         if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
           raise TypeError(f"jax_dfccl.{api_name}: complex inputs are not supported")
-    leaves = [c.Leaf(leaf, dict(op="psum", axes=axes, key=k, key_hash=h, reduce=reduce, perm=()))
+    leaves = [c.Leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()))
               for leaf, k, h in items]
     return leaves, treedef
   return plan

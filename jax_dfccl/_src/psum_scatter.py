@@ -27,8 +27,9 @@ def _batch(x, d):
 OP = c.register_op(c.OpDef("psum_scatter", "reduce_scatter", _abstract, _transpose, _batch))
 
 
-def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, key=None):
-  axes, n, items, treedef = c.leaves_of(x, "psum_scatter", axis_name, key, "psum_scatter")
+def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=None, key=None):
+  common, n, items, treedef = c.leaves_of(x, "psum_scatter", axis_name, key, "psum_scatter",
+                                          axis_index_groups)
   leaves = []
   for leaf, k, h in items:
     nd, shape = leaf.ndim, leaf.shape
@@ -47,7 +48,7 @@ def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, key=None):
         raise ValueError(f"jax_dfccl.psum_scatter: dimension {sd} has size {shape[sd]}, but "
                          f"tiled=False needs the group size {n} of axis {axis_name!r}")
       xc = jnp.moveaxis(leaf, sd, 0)
-    leaves.append(c.Leaf(xc, dict(op="psum_scatter", axes=axes, key=k, key_hash=h,
+    leaves.append(c.Leaf(xc, dict(op="psum_scatter", **common, key=k, key_hash=h,
                                   reduce="sum", perm=())))
   return leaves, treedef
 

@@ -100,6 +100,24 @@ def test_large_paths(op, path, elems):
   assert moved == (1 if path != "daemon" and (N == 2 or not reduction) else 0)
 
 
+@pytest.mark.parametrize("groups", ["reversed", "singletons"])
+@pytest.mark.parametrize("op", ["psum", "pmax", "all_gather", "psum_scatter", "all_to_all"])
+def test_axis_index_groups(op, groups):
+  """axis_index_groups as jax.lax: one group in reversed rank order, or one group per GPU."""
+  g = [list(range(N))[::-1]] if groups == "reversed" else [[i] for i in range(N)]
+  fns = {
+      "psum": lambda lib, y: lib.psum(y, "x", axis_index_groups=g),
+      "pmax": lambda lib, y: lib.pmax(y, "x", axis_index_groups=g),
+      "all_gather": lambda lib, y: lib.all_gather(y, "x", tiled=True, axis_index_groups=g),
+      "psum_scatter": lambda lib, y: lib.psum_scatter(y, "x", tiled=True, axis_index_groups=g),
+      "all_to_all": lambda lib, y: lib.all_to_all(y, "x", 0, 0, tiled=True, axis_index_groups=g),
+  }
+  x = data(4096 * N, jnp.float32, 11)
+  got = smap(lambda v: fns[op](d, v[0])[None])(x)
+  want = smap(lambda v: fns[op](jax.lax, v[0])[None])(x)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.parametrize("mib", [1024])
 def test_parity_1gib(mib):
   x = jnp.asarray(np.random.default_rng(3).integers(-8, 8, (N, mib * 1024 * 1024 // 2)), jnp.bfloat16)
