@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
-#   tools/gpu_check.sh [smoke] [probe] [crossover] [hang] [bench] [tests] [demo] [sanitize] [swap]
+#   tools/gpu_check.sh [smoke] [probe] [mover] [crossover] [hang] [bench] [tests] [demo] [sanitize] [swap]
 #   (default: smoke probe bench tests demo sanitize; a hung smoke stops the rest)
 # probe: link rates (tools/nvlink_probe.py, needs CuPy) and the small-collective latency breakdown.
+# mover: copy-engine chains of MOVER_MIB (default 16,4) MiB: wall and GPU time per collective and the
+#   mover's host time to enqueue one (tools/latency_probe.py --large).
 # crossover: daemon vs copy-engine per-op time from 1 to 64 MiB (tools/latency_probe.py --crossover).
 # hang: tools/mixed_probe.py (the chaos-order workload at 4 MiB with psums on the daemon and
 #   all_gathers on the copy engines, with jax_dfccl.pending() reports while it stalls)
 #   under lazy and eager module loading; a run alive after 60 s gets its host stacks dumped (cuda-gdb).
 # tests: pytest -m gpu tests/gpu (TESTS_K: a -k expression, TESTS_ARGS: more options).
-# swap: later steps use the build $ALT_CUDA_SO as _dfccl_cuda (A/B of two builds in one call).
+# swap: later steps use the build $ALT_CUDA_SO as _dfccl_cuda (A/B of two builds in one call);
+#   their logs and benchmark files get the suffix _alt.
 # Run from the repository root with the built extension modules in jax_dfccl/
 # (_dfccl_cuda*.so, _dfccl_cpu*.so) or with the package installed.
 # Every step runs under `timeout` (a hung persistent kernel must not hang the run);
@@ -21,6 +24,7 @@ export TF_CPP_MIN_LOG_LEVEL=2
 OUT=${OUT:-/tmp/dfccl_out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 steps=${*:-smoke probe bench tests demo sanitize}
+SFX=""  # _alt after a swap
 log() { echo "=== $* ($(date +%T))"; }
 
 log "machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -35,8 +39,12 @@ for step in $steps; do
     probe)
       log probe
       timeout ${PROBE_TIMEOUT:-90} $PY tools/nvlink_probe.py > "$OUT/nvlink_probe.log" 2>&1; echo "nvlink probe rc=$?"
-      for b in ${PROBE_BYTES:-4096 65536 --bw}; do timeout 150 $PY tools/latency_probe.py $b >> "$OUT/latency_probe.log" 2>&1; done
-      echo "latency probe rc=$?"; grep -v "^W0000\|^I0000" "$OUT/nvlink_probe.log" "$OUT/latency_probe.log" | tail -30 ;;
+      for b in ${PROBE_BYTES:-4096 65536 --bw}; do timeout 150 $PY tools/latency_probe.py $b >> "$OUT/latency_probe$SFX.log" 2>&1; done
+      echo "latency probe rc=$?"; grep -v "^W0000\|^I0000" "$OUT/nvlink_probe.log" "$OUT/latency_probe$SFX.log" | tail -30 ;;
+    mover)
+      log "copy-engine chains (mover host time and GPU time per collective)"
+      timeout ${MOVER_TIMEOUT:-120} $PY tools/latency_probe.py --large ${MOVER_MIB:-16,4} > "$OUT/mover$SFX.log" 2>&1
+      echo "mover probe rc=$?"; grep -v "^W0000\|^I0000" "$OUT/mover$SFX.log" | tail -8 ;;
     crossover)
       log crossover
       timeout ${CROSS_TIMEOUT:-200} $PY tools/latency_probe.py --crossover > "$OUT/crossover.log" 2>&1
@@ -58,17 +66,18 @@ for step in $steps; do
     swap)
       # A/B of two builds in one call: the steps after `swap` use $ALT_CUDA_SO as _dfccl_cuda.
       log "swap: _dfccl_cuda <- ${ALT_CUDA_SO:?set ALT_CUDA_SO}"
-      cp "$ALT_CUDA_SO" jax_dfccl/_dfccl_cuda.cpython-312-x86_64-linux-gnu.so ;;
+      cp "$ALT_CUDA_SO" jax_dfccl/_dfccl_cuda.cpython-312-x86_64-linux-gnu.so; SFX=_alt ;;
     bench)
       log benchmark
-      timeout ${BENCH_TIMEOUT:-360} $PY benchmarks/collectives.py --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
-      echo "bench rc=$?"; grep -v "^W0000\|^I0000" "$OUT/bench.log" | tail -45 ;;
+      timeout ${BENCH_TIMEOUT:-360} $PY benchmarks/collectives.py --out "$OUT" ${BENCH_ARGS:-} ${SFX:+--tag h200x2$SFX} \
+        > "$OUT/bench$SFX.log" 2>&1
+      echo "bench rc=$?"; grep -v "^W0000\|^I0000" "$OUT/bench$SFX.log" | tail -45 ;;
     tests)
       log "pytest -m gpu"
       to=""; $PY -c "import pytest_timeout" 2>/dev/null && to="--timeout 90"
       timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -m gpu -q tests/gpu -p no:cacheprovider $to \
-        ${TESTS_ARGS:-} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest.log" 2>&1
-      echo "pytest rc=$?"; tail -25 "$OUT/pytest.log" ;;
+        ${TESTS_ARGS:-} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest$SFX.log" 2>&1
+      echo "pytest rc=$?"; tail -25 "$OUT/pytest$SFX.log" ;;
     demo)
       log "python -m jax_dfccl.demo"
       timeout ${DEMO_TIMEOUT:-150} $PY -m jax_dfccl.demo > "$OUT/demo.log" 2>&1
