@@ -9,7 +9,7 @@ collective waiting for peers.  Drop-in for the jax.lax collectives inside
 from jax_dfccl.config import config
 from jax_dfccl._src.backend import configure, stats, reset, pending
 from jax_dfccl._src.core import done, Handle
-from jax_dfccl._src.psum import psum, pmax, pmin, psum_start, pmax_start, pmin_start
+from jax_dfccl._src.psum import psum, pmean, pmax, pmin, psum_start, pmean_start, pmax_start, pmin_start
 from jax_dfccl._src.all_gather import all_gather, all_gather_start
 from jax_dfccl._src.psum_scatter import psum_scatter, psum_scatter_start
 from jax_dfccl._src.all_to_all import all_to_all, all_to_all_start
@@ -20,8 +20,8 @@ from jax_dfccl.trace import export_trace
 __version__ = "0.1.0"
 
 __all__ = [
-    "psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute",
-    "psum_start", "pmax_start", "pmin_start", "all_gather_start", "psum_scatter_start",
+    "psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute",
+    "psum_start", "pmean_start", "pmax_start", "pmin_start", "all_gather_start", "psum_scatter_start",
     "all_to_all_start", "ppermute_start", "done", "Handle",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_psum",
     "config", "configure", "stats", "reset", "pending", "export_trace", "patch_lax",

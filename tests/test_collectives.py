@@ -196,3 +196,23 @@ def test_ppermute_axes_out_of_mesh_order(mesh24):
     src = [s for s in range(8) if rank(s) == (rank(d) - 3) % 8][0]
     expect[d] = src
   np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_pmean_like_lax(mesh24, check_vma):
+  """pmean (float and int32 leaves, pytree, start form, an axis tuple) against jax.lax.pmean."""
+  xf = put(jnp.asarray(np.random.default_rng(2).standard_normal((8, 5)), jnp.float32), mesh24, P(("x", "y")))
+  xi = put(jnp.arange(40, dtype=jnp.int32).reshape(8, 5), mesh24, P(("x", "y")))
+
+  def run(fn):
+    return jax.jit(jax.shard_map(fn, mesh=mesh24, in_specs=P(("x", "y")), out_specs=P(("x", "y")),
+                                 check_vma=check_vma))({"f": xf, "i": xi})
+
+  want = run(lambda t: jax.lax.pmean(t, "y"))
+  got = run(lambda t: dc.pmean(t, "y"))
+  got_start = run(lambda t: dc.done(dc.pmean_start(t, ("x", "y"))))
+  want_xy = run(lambda t: jax.lax.pmean(t, ("x", "y")))
+  for g, w in ((got, want), (got_start, want_xy)):
+    for k in ("f", "i"):
+      assert g[k].dtype == w[k].dtype, k
+      np.testing.assert_allclose(np.asarray(g[k]), np.asarray(w[k]), rtol=1e-6, err_msg=k)

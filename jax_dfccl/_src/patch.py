@@ -44,13 +44,6 @@ def _reduction(name, ours):
   return f
 
 
-def _pmean(x, axis_name, *, axis_index_groups=None):
-  if _python_scalars(x):
-    return _originals["pmean"](x, axis_name, axis_index_groups=axis_index_groups)
-  n = len(axis_index_groups[0]) if axis_index_groups else _originals["psum"](1, axis_name)
-  return jax.tree.map(lambda v: v / n, _ps.psum(x, axis_name, axis_index_groups=axis_index_groups))
-
-
 def _all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False):
   return _ag.all_gather(x, axis_name, axis=axis, tiled=tiled, axis_index_groups=axis_index_groups)
 
@@ -72,7 +65,7 @@ _REPLACEMENTS = {
     "psum": _reduction("psum", _ps.psum),
     "pmax": _reduction("pmax", _ps.pmax),
     "pmin": _reduction("pmin", _ps.pmin),
-    "pmean": _pmean,
+    "pmean": _reduction("pmean", _ps.pmean),
     "all_gather": _all_gather,
     "psum_scatter": _psum_scatter,
     "all_to_all": _all_to_all,

@@ -61,7 +61,17 @@ def _plan(reduce, api_name):
   return plan
 
 
+def _pmean_plan(x, axis_name, *, axis_index_groups=None, key=None):
+  leaves, treedef = _plan("sum", "pmean")(x, axis_name, axis_index_groups=axis_index_groups, key=key)
+  if not leaves:
+    return leaves, treedef
+  p = leaves[0].params
+  n = len(p["groups"][0]) if p["groups"] else c.group_size(p["axes"], "pmean")
+  return [c.Leaf(lf.x, lf.params, lambda y, n=n: y / n) for lf in leaves], treedef  # as jax.lax.pmean
+
+
 psum, psum_start = c.api("psum", _plan("sum", "psum"))
+pmean, pmean_start = c.api("pmean", _pmean_plan)
 pmax, pmax_start = c.api("pmax", _plan("max", "pmax"))
 pmin, pmin_start = c.api("pmin", _plan("min", "pmin"))
 
@@ -70,5 +80,6 @@ psum.__doc__ = """All-reduce (sum) over mesh axis/axes ``axis_name``; drop-in fo
 ``x`` may be a pytree.  ``key`` names the collective across ranks (needed only
 when ranks issue collectives from different code, e.g. rank-dependent branches);
 by default it is derived from the op, shape, dtype, axes and call site."""
+pmean.__doc__ = "All-reduce (mean: the sum divided by the group size); drop-in for ``jax.lax.pmean``."
 pmax.__doc__ = "All-reduce (max); drop-in for ``jax.lax.pmax``. See :func:`psum`."
 pmin.__doc__ = "All-reduce (min); drop-in for ``jax.lax.pmin``. See :func:`psum`."
