@@ -26,7 +26,8 @@ OP = c.register_op(c.OpDef("all_gather", "all_gather", _abstract, _transpose, _b
 
 
 def _plan(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None, key=None):
-  common, n, items, treedef = c.leaves_of(x, "all_gather", axis_name, key, "all_gather", axis_index_groups)
+  common, n, items, treedef = c.leaves_of(x, "all_gather", axis_name, key, "all_gather", axis_index_groups,
+                                          movement=True)
   leaves = []
   for leaf, k, h in items:
     nd = leaf.ndim
@@ -43,8 +44,8 @@ def _plan(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None, key=None
         y = y.reshape(shape[:ax] + (n * shape[ax],) + shape[ax + 1:])
       return y
 
-    leaves.append(c.Leaf(leaf, dict(op="all_gather", **common, key=k, key_hash=h,
-                                    reduce="sum", perm=()), post))
+    leaves.append(c.make_leaf(leaf, dict(op="all_gather", **common, key=k, key_hash=h, reduce="sum", perm=()),
+                              post))
   return leaves, treedef
 
 

@@ -35,7 +35,8 @@ def _tiled_post(n, shape, ca):
 
 
 def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_groups=None, key=None):
-  common, n, items, treedef = c.leaves_of(x, "all_to_all", axis_name, key, "all_to_all", axis_index_groups)
+  common, n, items, treedef = c.leaves_of(x, "all_to_all", axis_name, key, "all_to_all", axis_index_groups,
+                                          movement=True)
   leaves = []
   for leaf, k, h in items:
     nd = leaf.ndim
@@ -67,8 +68,8 @@ def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_grou
     chunk = shape[:sa] + (shape[sa] // n,) + shape[sa + 1:]
     tiled_post = _tiled_post(n, chunk, ca)
     full_post = tiled_post if post is None else (lambda y, a=tiled_post, b=post: b(a(y)))
-    leaves.append(c.Leaf(xc, dict(op="all_to_all", **common, key=k, key_hash=h,
-                                  reduce="sum", perm=()), full_post))
+    leaves.append(c.make_leaf(xc, dict(op="all_to_all", **common, key=k, key_hash=h, reduce="sum", perm=()),
+                              full_post, lead=1))
   return leaves, treedef
 
 

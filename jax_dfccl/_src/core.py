@@ -164,11 +164,43 @@ def group_size(axes: tuple, api: str) -> int:
   return n
 
 
-def check_dtype(x, api: str):
+# Beyond the runtimes' dtypes: the data-movement ops (all_gather, all_to_all,
+# ppermute) carry any other dtype as its bytes in int32 words, and reductions of
+# small integers run in int32 and are cast back (the same wraparound as jax.lax).
+SMALL_INTS = tuple(np.dtype(d) for d in (np.int8, np.uint8, np.int16, np.uint16))
+
+
+def check_dtype(x, api: str, movement: bool = False):
   dt = np.dtype(jnp.result_type(x))
-  if dt not in SUPPORTED_DTYPES:
-    raise TypeError(f"jax_dfccl.{api}: unsupported dtype {dt}; supported: "
-                    + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+  if dt in SUPPORTED_DTYPES or (movement and dt.kind in "biufcV") or (not movement and dt in SMALL_INTS):
+    return
+  extra = "any fixed-width dtype" if movement else ", ".join(str(d) for d in SMALL_INTS)
+  raise TypeError(f"jax_dfccl.{api}: unsupported dtype {dt}; supported: "
+                  + ", ".join(str(d) for d in SUPPORTED_DTYPES) + ", " + extra)
+
+
+def _to_words(x, lead: int):
+  """x -> (int32 words of shape x.shape[:lead] + (w,), inverse).  The inverse takes
+  words with any leading dims L (e.g. all_gather's added group dim) to L + x.shape[lead:]."""
+  dt, rest = np.dtype(x.dtype), x.shape[lead:]
+  if dt.kind == "c":  # as (real, imag) pairs
+    words, back_pairs = _to_words(jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1), lead)
+    return words, lambda y: (lambda v: jax.lax.complex(v[..., 0], v[..., 1]))(back_pairs(y))
+  b, m = dt.itemsize, int(np.prod(rest, dtype=np.int64))
+  u8 = x.astype(jnp.uint8) if dt == np.bool_ else jax.lax.bitcast_convert_type(x, jnp.uint8)
+  u8 = u8.reshape(x.shape[:lead] + (m * b,))
+  pad = -(m * b) % 4
+  u8 = jnp.pad(u8, [(0, 0)] * lead + [(0, pad)])
+  words = jax.lax.bitcast_convert_type(u8.reshape(x.shape[:lead] + ((m * b + pad) // 4, 4)), jnp.int32)
+
+  def back(y):
+    lead_out = y.shape[:-1]
+    v = jax.lax.bitcast_convert_type(y, jnp.uint8).reshape(lead_out + (-1,))[..., : m * b]
+    if dt == np.bool_:
+      return v.reshape(lead_out + rest).astype(dt)
+    v = v.reshape(lead_out + rest + ((b,) if b > 1 else ()))
+    return jax.lax.bitcast_convert_type(v, dt)
+  return words, back
 
 
 def make_varying(x, axes):
@@ -422,6 +454,20 @@ class Leaf:
   post: Callable = lambda y: y
 
 
+def make_leaf(x, params: dict, post: Callable | None = None, *, lead: int = 0) -> Leaf:
+  """The Leaf of canonical input `x`: dtypes beyond the runtimes' travel as int32
+  (bytes for data movement, `lead` leading dims kept; values for small-integer
+  reductions), converted back before `post`."""
+  post = post or (lambda y: y)
+  dt = np.dtype(x.dtype)
+  if dt in SUPPORTED_DTYPES:
+    return Leaf(x, params, post)
+  if params["op"] in ("psum", "psum_scatter"):
+    return Leaf(x.astype(jnp.int32), params, lambda y: post(y.astype(dt)))
+  words, back = _to_words(x, lead)
+  return Leaf(words, params, lambda y: post(back(y)))
+
+
 def bind_blocking(x, params):
   return collective_p.bind(x, **params)
 
@@ -522,7 +568,7 @@ def as_groups(axis_index_groups, n: int, api: str):
   return groups
 
 
-def leaves_of(x, opname, axis_name, key, api_name, axis_index_groups=None):
+def leaves_of(x, opname, axis_name, key, api_name, axis_index_groups=None, movement=False):
   """Common front half of every plan: validate, flatten, make keys.  Returns the
   params every leaf shares (axes, groups), the group size, (leaf, key, hash) per
   leaf and the treedef."""
@@ -534,7 +580,7 @@ def leaves_of(x, opname, axis_name, key, api_name, axis_index_groups=None):
   xs, treedef = jax.tree.flatten(x)
   out = []
   for i, leaf in enumerate(xs):
-    check_dtype(leaf, api_name)
+    check_dtype(leaf, api_name, movement)
     leaf = make_varying(jnp.asarray(leaf), axes)
     extra = (f"[{i}]" if len(xs) > 1 else "") + (f"|groups{groups}" if groups else "")
     k, h = make_key(opname, key, jax.typeof(leaf), axes, extra)

@@ -23,14 +23,14 @@ OP = c.register_op(c.OpDef("ppermute", "ppermute", _abstract, _transpose, _batch
 
 
 def _plan(x, axis_name, perm, *, key=None):
-  common, n, items, treedef = c.leaves_of(x, "ppermute", axis_name, key, "ppermute")
+  common, n, items, treedef = c.leaves_of(x, "ppermute", axis_name, key, "ppermute", movement=True)
   pairs = tuple((int(s), int(d)) for s, d in perm)
   srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
   if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
     raise ValueError(f"jax_dfccl.ppermute: perm sources and destinations must be unique, got {perm}")
   if any(not 0 <= i < n for i in srcs + dsts):
     raise ValueError(f"jax_dfccl.ppermute: perm {perm} has ranks outside [0, {n}) of axis {axis_name!r}")
-  leaves = [c.Leaf(leaf, dict(op="ppermute", **common, key=k, key_hash=h, reduce="sum", perm=pairs))
+  leaves = [c.make_leaf(leaf, dict(op="ppermute", **common, key=k, key_hash=h, reduce="sum", perm=pairs))
             for leaf, k, h in items]
   return leaves, treedef
 

@@ -55,7 +55,7 @@ def _plan(reduce, api_name):
       for leaf, _, _ in items:
         if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
           raise TypeError(f"jax_dfccl.{api_name}: complex inputs are not supported")
-    leaves = [c.Leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()))
+    leaves = [c.make_leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()))
               for leaf, k, h in items]
     return leaves, treedef
   return plan
@@ -67,7 +67,7 @@ def _pmean_plan(x, axis_name, *, axis_index_groups=None, key=None):
     return leaves, treedef
   p = leaves[0].params
   n = len(p["groups"][0]) if p["groups"] else c.group_size(p["axes"], "pmean")
-  return [c.Leaf(lf.x, lf.params, lambda y, n=n: y / n) for lf in leaves], treedef  # as jax.lax.pmean
+  return [c.Leaf(lf.x, lf.params, lambda y, f=lf.post, n=n: f(y) / n) for lf in leaves], treedef  # as jax.lax.pmean
 
 
 psum, psum_start = c.api("psum", _plan("sum", "psum"))

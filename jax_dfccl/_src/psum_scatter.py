@@ -48,8 +48,7 @@ def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=N
         raise ValueError(f"jax_dfccl.psum_scatter: dimension {sd} has size {shape[sd]}, but "
                          f"tiled=False needs the group size {n} of axis {axis_name!r}")
       xc = jnp.moveaxis(leaf, sd, 0)
-    leaves.append(c.Leaf(xc, dict(op="psum_scatter", **common, key=k, key_hash=h,
-                                  reduce="sum", perm=())))
+    leaves.append(c.make_leaf(xc, dict(op="psum_scatter", **common, key=k, key_hash=h, reduce="sum", perm=())))
   return leaves, treedef
 
 
