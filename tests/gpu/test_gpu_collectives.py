@@ -118,6 +118,21 @@ def test_axis_index_groups(op, groups):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.bool_, np.uint16])
+@pytest.mark.parametrize("op", ["all_gather", "all_to_all", "ppermute", "psum", "pmax"])
+def test_other_dtypes(op, dtype):
+  """Dtypes the runtime does not have: bytes for data movement, int32 for small-integer reductions."""
+  if op in ("psum", "pmax") and dtype == np.bool_:
+    pytest.skip("no bool reductions")
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.integers(0, 2, (N, 4099 * N)).astype(bool) if dtype == np.bool_ else
+                  rng.integers(np.iinfo(dtype).min, int(np.iinfo(dtype).max) + 1, (N, 4099 * N)).astype(dtype))
+  ours, ref = pair(op)
+  got, want = np.asarray(ours(x)), np.asarray(ref(x))
+  assert got.dtype == want.dtype
+  np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("mib", [1024])
 def test_parity_1gib(mib):
   x = jnp.asarray(np.random.default_rng(3).integers(-8, 8, (N, mib * 1024 * 1024 // 2)), jnp.bfloat16)
