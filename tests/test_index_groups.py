@@ -14,6 +14,7 @@ GROUPS = {
     "halves": [[0, 1, 2, 3], [4, 5, 6, 7]],
     "strided": [[0, 2, 4, 6], [1, 3, 5, 7]],
     "pairs": [[1, 0], [3, 2], [5, 4], [7, 6]],  # order inside a group sets the rank order
+    "singletons": [[i] for i in range(8)],
 }
 
 
