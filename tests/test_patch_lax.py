@@ -12,7 +12,7 @@ import jax_dfccl as dc
 from conftest import put
 
 N = 8
-NAMES = ("psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute")
+NAMES = ("psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pshuffle")
 
 
 def layer(x):
@@ -26,6 +26,7 @@ def layer(x):
       lax.psum_scatter(x, "x", scatter_dimension=0, tiled=True),
       lax.all_to_all(x, "x", 0, 1, tiled=True),
       lax.ppermute(x, "x", [(i, (i + 3) % N) for i in range(N)]),
+      lax.pshuffle(x, "x", [(i + 5) % N for i in range(N)]),
       x * lax.psum(1, "x"),  # the axis-size idiom: no communication
   ]
   return tuple(outs)

@@ -2,7 +2,7 @@
 
 Inside ``with jax_dfccl.patch_lax():`` the collectives of the ``jax.lax`` module
 (``psum``, ``pmean``, ``pmax``, ``pmin``, ``all_gather``, ``psum_scatter``,
-``all_to_all``, ``ppermute``) are jax_dfccl's, so a model or library that calls
+``all_to_all``, ``ppermute``, ``pshuffle``) are jax_dfccl's, so a model or library that calls
 ``jax.lax.psum`` (or ``lax.psum`` after ``from jax import lax``) gets order-free
 collectives without edits.  It applies to what is *traced* inside the block
 (a function jitted and traced before keeps its compiled collectives), and,
@@ -61,6 +61,12 @@ def _ppermute(x, axis_name, perm):
   return _pp.ppermute(x, axis_name, perm)
 
 
+def _pshuffle(x, axis_name, perm):  # output at index i comes from index perm[i]
+  if set(perm) != set(range(len(perm))):
+    raise ValueError(f"`perm` does not represent a permutation: {perm}")
+  return _pp.ppermute(x, axis_name, list(zip(perm, range(len(perm)))))
+
+
 _REPLACEMENTS = {
     "psum": _reduction("psum", _ps.psum),
     "pmax": _reduction("pmax", _ps.pmax),
@@ -70,6 +76,7 @@ _REPLACEMENTS = {
     "psum_scatter": _psum_scatter,
     "all_to_all": _all_to_all,
     "ppermute": _ppermute,
+    "pshuffle": _pshuffle,
 }
 
 
