@@ -468,13 +468,60 @@ def make_leaf(x, params: dict, post: Callable | None = None, *, lead: int = 0) -
   return Leaf(words, params, lambda y: post(back(y)))
 
 
+class Assemble:
+  """Builds the result pytree from the leaves' outputs: leaf j's output goes to
+  result position slots[j] (an int), or, for a bucket, its post returns a tuple
+  for the positions slots[j] (a tuple)."""
+
+  def __init__(self, treedef, slots):
+    self.treedef, self.slots = treedef, slots
+
+  def __call__(self, outs):
+    flat = [None] * self.treedef.num_leaves
+    for out, sl in zip(outs, self.slots):
+      for i, v in (zip(sl, out) if isinstance(sl, tuple) else ((sl, out),)):
+        flat[i] = v
+    return jax.tree.unflatten(self.treedef, flat)
+
+
+def _assemble(treedef, outs):
+  return treedef(outs) if isinstance(treedef, Assemble) else jax.tree.unflatten(treedef, outs)
+
+
+def bucket(leaves: Sequence[Leaf], treedef):
+  """Element-wise reductions of several leaves of one dtype (and varying axes)
+  become one collective over their concatenation: one rendezvous and one
+  transfer instead of one per leaf.  Returns (leaves, Assemble)."""
+  groups: dict = {}
+  for i, lf in enumerate(leaves):
+    groups.setdefault((np.dtype(lf.x.dtype), frozenset(compat.varying(jax.typeof(lf.x)))), []).append(i)
+  if all(len(g) == 1 for g in groups.values()):
+    return leaves, treedef
+  out, slots = [], []
+  for idx in groups.values():
+    if len(idx) == 1:
+      out.append(leaves[idx[0]])
+      slots.append(idx[0])
+      continue
+    parts = [leaves[i] for i in idx]
+    sizes = [int(np.prod(p.x.shape, dtype=np.int64)) for p in parts]
+    offs = np.cumsum([0] + sizes)
+    params = dict(parts[0].params, key=f"{parts[0].params['key']}+{len(parts) - 1}",
+                  key_hash=_hash64("bucket:" + ",".join(str(p.params["key_hash"]) for p in parts)))
+
+    def post(y, parts=parts, offs=offs):
+      return tuple(p.post(y[offs[j]:offs[j + 1]].reshape(p.x.shape)) for j, p in enumerate(parts))
+    out.append(Leaf(jnp.concatenate([p.x.reshape(-1) for p in parts]), params, post))
+    slots.append(tuple(idx))
+  return out, Assemble(treedef, slots)
+
+
 def bind_blocking(x, params):
   return collective_p.bind(x, **params)
 
 
 def run_blocking(leaves: Sequence[Leaf], treedef):
-  return jax.tree.unflatten(treedef, [lf.post(collective_p.bind(lf.x, **lf.params))
-                                      for lf in leaves])
+  return _assemble(treedef, [lf.post(collective_p.bind(lf.x, **lf.params)) for lf in leaves])
 
 
 class _HandleState:
@@ -530,7 +577,7 @@ def done(handle: Handle):
   for i, (post, key, site) in enumerate(zip(st.posts, st.keys, st.sites)):
     out, xa, t = handle._arrays[3 * i: 3 * i + 3]
     outs.append(post(done_p.bind(out, xa, t, key=key, site=site)))
-  return jax.tree.unflatten(st.treedef, outs)
+  return _assemble(st.treedef, outs)
 
 
 def api(name: str, plan: Callable):

@@ -45,7 +45,7 @@ def _jvp(x, t, params):
 OP = c.register_op(c.OpDef("psum", "all_reduce", _abstract, _transpose, _batch, _jvp))
 
 
-def _plan(reduce, api_name):
+def _plan(reduce, api_name, mean=False):
   def plan(x, axis_name, *, axis_index_groups=None, key=None):
     if axis_index_groups is not None and reduce == "sum" and compat.check_vma_enabled():
       raise NotImplementedError(f"jax_dfccl.{api_name}: axis_index_groups under check_vma=True is not "
@@ -55,23 +55,15 @@ def _plan(reduce, api_name):
       for leaf, _, _ in items:
         if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
           raise TypeError(f"jax_dfccl.{api_name}: complex inputs are not supported")
-    leaves = [c.make_leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()))
+    post = (lambda y: y / n) if mean else None  # as jax.lax.pmean: the sum over the group size
+    leaves = [c.make_leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()), post)
               for leaf, k, h in items]
-    return leaves, treedef
+    return c.bucket(leaves, treedef)
   return plan
 
 
-def _pmean_plan(x, axis_name, *, axis_index_groups=None, key=None):
-  leaves, treedef = _plan("sum", "pmean")(x, axis_name, axis_index_groups=axis_index_groups, key=key)
-  if not leaves:
-    return leaves, treedef
-  p = leaves[0].params
-  n = len(p["groups"][0]) if p["groups"] else c.group_size(p["axes"], "pmean")
-  return [c.Leaf(lf.x, lf.params, lambda y, f=lf.post, n=n: f(y) / n) for lf in leaves], treedef  # as jax.lax.pmean
-
-
 psum, psum_start = c.api("psum", _plan("sum", "psum"))
-pmean, pmean_start = c.api("pmean", _pmean_plan)
+pmean, pmean_start = c.api("pmean", _plan("sum", "pmean", mean=True))
 pmax, pmax_start = c.api("pmax", _plan("max", "pmax"))
 pmin, pmin_start = c.api("pmin", _plan("min", "pmin"))
 
