@@ -3,8 +3,9 @@
 Per op and size (bf16, bytes per device): a chain of dependent collectives
 unrolled in one jit, and the same inside lax.fori_loop; us/op and busbw as in
 nccl-tests.  Then the chaos-order workload (rank-dependent start order) vs the
-same collectives in consistent order with jax.lax, and the chaos program with
-jax.lax collectives in a subprocess under a timeout (it hangs).
+same collectives in consistent order with jax.lax, a gradient-sync step (psum of a
+32-leaf pytree), and the chaos program with jax.lax collectives in a subprocess
+under a timeout (it hangs).
 
   python benchmarks/collectives.py [--out DIR] [--quick] [--max-mib N]
 """
@@ -144,6 +145,32 @@ def bench_ops(sizes, ops_names, reps):
 
 
 
+def bench_pytree(reps, n_leaves=32, steps=20):
+  """A gradient-sync step: psum of a pytree of `n_leaves` float32 leaves (1 KiB ..
+  512 KiB each), `steps` dependent steps in fori_loop; ms per step, ours vs jax.lax."""
+  import jax_dfccl as d  # noqa: PLC0415
+  sizes = [256 << (i % 10) for i in range(n_leaves)]  # elements: 1 KiB .. 512 KiB
+  tree = {f"p{i}": jnp.ones((N, s), jnp.float32) * (i + 1) for i, s in enumerate(sizes)}
+
+  def program(red):
+    def body(t):
+      t = {k: v[0] for k, v in t.items()}
+      t = jax.lax.fori_loop(0, steps, lambda i, t: jax.tree.map(lambda v: v * 0.5, red(t, "x")), t)
+      return {k: v[None] for k, v in t.items()}
+    return smap(body)
+
+  ours, ref = program(d.psum), program(jax.lax.psum)
+  ok = all(bool(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5))
+           for a, b in zip(jax.tree.leaves(ours(tree)), jax.tree.leaves(ref(tree))))
+  t_ours = common.median_time(ours, tree, reps=max(reps, 3)) / steps
+  t_lax = common.median_time(ref, tree, reps=max(reps, 3)) / steps
+  res = {"leaves": n_leaves, "bytes": 4 * sum(sizes), "dfccl_ms_per_step": t_ours * 1e3,
+         "lax_ms_per_step": t_lax * 1e3, "matches_lax": ok}
+  print(f"pytree psum ({n_leaves} leaves, {4 * sum(sizes)} B): dfccl {t_ours*1e3:.3f} ms/step, "
+        f"jax.lax {t_lax*1e3:.3f} ms/step, results match: {ok}", flush=True)
+  return res
+
+
 def chaos_program(kind, nbytes):
   """8 collectives (psum, all_gather alternating); 'dfccl': rank-specific start
   order then all dones; 'lax': jax.lax in one consistent order."""
@@ -226,10 +253,15 @@ def main():
   except Exception as e:  # noqa: BLE001
     chaos["error"] = repr(e)[:400]
     print("chaos benchmark failed:", repr(e)[:400], flush=True)
+  try:
+    pytree = bench_pytree(a.reps)
+  except Exception as e:  # noqa: BLE001
+    pytree = {"error": repr(e)[:400]}
+    print("pytree benchmark failed:", repr(e)[:400], flush=True)
   hang = "not run (--no-chaos)" if a.no_chaos else lax_hang(a.hang_timeout)
   print("jax.lax chaos program in a subprocess:", hang, flush=True)
   payload = {"header": common.header(), "config": a.config, "implementation": how, "n_devices": N, "dtype": "bfloat16",
-             "rows": rows, "chaos": chaos, "lax_chaos_subprocess": hang}
+             "rows": rows, "chaos": chaos, "pytree_psum": pytree, "lax_chaos_subprocess": hang}
   md = ["| op | bytes/device | ops | dfccl unrolled us | dfccl fori us | lax unrolled us | lax fori us |"
         " dfccl busbw GB/s | lax busbw GB/s |", "|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
@@ -240,6 +272,7 @@ def main():
   md.append("")
   for k, v in chaos.items():
     md.append(f"- chaos {k}: {v}")
+  md.append(f"- pytree psum (gradient-sync step): {pytree}")
   md.append(f"- jax.lax chaos program (subprocess): {hang}")
   name = "collectives_" + time.strftime("%Y-%m-%d") + "_" + a.tag
   common.write_results(name, payload, "\n".join(md), a.out)
