@@ -46,7 +46,7 @@ def _plan(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None, key=None
 
     leaves.append(c.make_leaf(leaf, dict(op="all_gather", **common, key=k, key_hash=h, reduce="sum", perm=()),
                               post))
-  return leaves, treedef
+  return c.bucket(leaves, treedef, n)
 
 
 all_gather, all_gather_start = c.api("all_gather", _plan)

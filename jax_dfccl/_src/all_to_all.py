@@ -70,7 +70,7 @@ def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_grou
     full_post = tiled_post if post is None else (lambda y, a=tiled_post, b=post: b(a(y)))
     leaves.append(c.make_leaf(xc, dict(op="all_to_all", **common, key=k, key_hash=h, reduce="sum", perm=()),
                               full_post, lead=1))
-  return leaves, treedef
+  return c.bucket(leaves, treedef, n)
 
 
 all_to_all, all_to_all_start = c.api("all_to_all", _plan)

@@ -488,15 +488,27 @@ def _assemble(treedef, outs):
   return treedef(outs) if isinstance(treedef, Assemble) else jax.tree.unflatten(treedef, outs)
 
 
-def bucket(leaves: Sequence[Leaf], treedef):
-  """Element-wise reductions of several leaves of one dtype (and varying axes)
-  become one collective over their concatenation: one rendezvous and one
-  transfer instead of one per leaf.  Returns (leaves, Assemble)."""
+# Per op: leading dims of the canonical input and output kept when leaves share a
+# bucket (rows of the group), and the canonical output shape of a leaf's input.
+_BUCKET_LEAD = {"psum": (0, 0), "all_gather": (0, 1), "psum_scatter": (1, 0), "all_to_all": (1, 1),
+                "ppermute": (0, 0)}
+
+
+def _canonical_out_shape(op, shape, n):
+  return (n, *shape) if op == "all_gather" else shape[1:] if op == "psum_scatter" else shape
+
+
+def bucket(leaves: Sequence[Leaf], treedef, n: int):
+  """Several leaves of one dtype (and varying axes) become one collective over
+  their concatenation (along the rows of the canonical form: one rendezvous and
+  one transfer instead of one per leaf).  Returns (leaves, Assemble or treedef)."""
   groups: dict = {}
   for i, lf in enumerate(leaves):
     groups.setdefault((np.dtype(lf.x.dtype), frozenset(compat.varying(jax.typeof(lf.x)))), []).append(i)
   if all(len(g) == 1 for g in groups.values()):
     return leaves, treedef
+  op = leaves[0].params["op"]
+  lead_in, _ = _BUCKET_LEAD[op]
   out, slots = [], []
   for idx in groups.values():
     if len(idx) == 1:
@@ -504,14 +516,15 @@ def bucket(leaves: Sequence[Leaf], treedef):
       slots.append(idx[0])
       continue
     parts = [leaves[i] for i in idx]
-    sizes = [int(np.prod(p.x.shape, dtype=np.int64)) for p in parts]
-    offs = np.cumsum([0] + sizes)
+    rows = [p.x.reshape(p.x.shape[:lead_in] + (-1,)) for p in parts]
+    offs = np.cumsum([0] + [r.shape[-1] for r in rows])
     params = dict(parts[0].params, key=f"{parts[0].params['key']}+{len(parts) - 1}",
                   key_hash=_hash64("bucket:" + ",".join(str(p.params["key_hash"]) for p in parts)))
 
     def post(y, parts=parts, offs=offs):
-      return tuple(p.post(y[offs[j]:offs[j + 1]].reshape(p.x.shape)) for j, p in enumerate(parts))
-    out.append(Leaf(jnp.concatenate([p.x.reshape(-1) for p in parts]), params, post))
+      return tuple(p.post(y[..., offs[j]:offs[j + 1]].reshape(_canonical_out_shape(op, p.x.shape, n)))
+                   for j, p in enumerate(parts))
+    out.append(Leaf(jnp.concatenate(rows, axis=-1), params, post))
     slots.append(tuple(idx))
   return out, Assemble(treedef, slots)
 

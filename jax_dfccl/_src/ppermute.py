@@ -32,7 +32,7 @@ def _plan(x, axis_name, perm, *, key=None):
     raise ValueError(f"jax_dfccl.ppermute: perm {perm} has ranks outside [0, {n}) of axis {axis_name!r}")
   leaves = [c.make_leaf(leaf, dict(op="ppermute", **common, key=k, key_hash=h, reduce="sum", perm=pairs))
             for leaf, k, h in items]
-  return leaves, treedef
+  return c.bucket(leaves, treedef, n)
 
 
 ppermute, ppermute_start = c.api("ppermute", _plan)

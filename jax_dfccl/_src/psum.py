@@ -58,7 +58,7 @@ def _plan(reduce, api_name, mean=False):
     post = (lambda y: y / n) if mean else None  # as jax.lax.pmean: the sum over the group size
     leaves = [c.make_leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()), post)
               for leaf, k, h in items]
-    return c.bucket(leaves, treedef)
+    return c.bucket(leaves, treedef, n)
   return plan
 
 

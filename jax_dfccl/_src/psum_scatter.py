@@ -49,7 +49,7 @@ def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=N
                          f"tiled=False needs the group size {n} of axis {axis_name!r}")
       xc = jnp.moveaxis(leaf, sd, 0)
     leaves.append(c.make_leaf(xc, dict(op="psum_scatter", **common, key=k, key_hash=h, reduce="sum", perm=())))
-  return leaves, treedef
+  return c.bucket(leaves, treedef, n)
 
 
 psum_scatter, psum_scatter_start = c.api("psum_scatter", _plan)
