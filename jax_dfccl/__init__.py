@@ -8,7 +8,7 @@ collective waiting for peers.  Drop-in for the jax.lax collectives inside
 """
 from jax_dfccl.config import config
 from jax_dfccl._src.backend import configure, stats, reset, pending
-from jax_dfccl._src.core import done, Handle
+from jax_dfccl._src.plan import done, Handle
 from jax_dfccl._src.psum import psum, pmean, pmax, pmin, psum_start, pmean_start, pmax_start, pmin_start
 from jax_dfccl._src.all_gather import all_gather, all_gather_start
 from jax_dfccl._src.psum_scatter import psum_scatter, psum_scatter_start

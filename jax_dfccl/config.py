@@ -36,8 +36,8 @@ class Config:
   #: but a short combine kernel for reductions); smaller ones run on the daemon
   #: kernel.  Reductions (psum/pmax/pmin/psum_scatter) take it on 2-GPU groups
   #: only, from ``copy_engine_reduce_min_bytes`` (a 16 MiB psum was faster on
-  #: the daemon's direct path, 150 vs 130 GB/s).  On 2xH200 it doubles
-  #: all_gather's bandwidth at 16 MiB (285-323 vs 145 GB/s).  -1: never.  The
+  #: the daemon's direct path, 150 vs 130 GB/s).  On 2xH200, all_gather: 176
+  #: vs 145 GB/s (jax.lax) at 16 MiB, 349 vs 234 at 1 GiB.  -1: never.  The
   #: mover's pipelining unit and combine-kernel blocks are
   #: ``copy_engine_chunk_bytes`` and ``copy_engine_blocks``.
   copy_engine_min_bytes: int = 4 << 20

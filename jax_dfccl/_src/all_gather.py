@@ -5,6 +5,7 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import plan as pl
 
 
 def _abstract(aval, n, params):
@@ -26,7 +27,7 @@ OP = c.register_op(c.OpDef("all_gather", "all_gather", _abstract, _transpose, _b
 
 
 def _plan(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None, key=None):
-  common, n, items, treedef = c.leaves_of(x, "all_gather", axis_name, key, "all_gather", axis_index_groups,
+  common, n, items, treedef = pl.leaves_of(x, "all_gather", axis_name, key, "all_gather", axis_index_groups,
                                           movement=True)
   leaves = []
   for leaf, k, h in items:
@@ -44,12 +45,12 @@ def _plan(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None, key=None
         y = y.reshape(shape[:ax] + (n * shape[ax],) + shape[ax + 1:])
       return y
 
-    leaves.append(c.make_leaf(leaf, dict(op="all_gather", **common, key=k, key_hash=h, reduce="sum", perm=()),
+    leaves.append(pl.make_leaf(leaf, dict(op="all_gather", **common, key=k, key_hash=h, reduce="sum", perm=()),
                               post))
-  return c.bucket(leaves, treedef, n)
+  return pl.bucket(leaves, treedef)
 
 
-all_gather, all_gather_start = c.api("all_gather", _plan)
+all_gather, all_gather_start = pl.api("all_gather", _plan)
 all_gather.__doc__ = """Gathers ``x`` from every rank of ``axis_name``; drop-in for ``jax.lax.all_gather``.
 
 ``tiled=False`` stacks along a new dimension ``axis``; ``tiled=True`` concatenates

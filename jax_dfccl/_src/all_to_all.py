@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import plan as pl
 
 
 def _abstract(aval, n, params):
@@ -35,7 +36,7 @@ def _tiled_post(n, shape, ca):
 
 
 def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_groups=None, key=None):
-  common, n, items, treedef = c.leaves_of(x, "all_to_all", axis_name, key, "all_to_all", axis_index_groups,
+  common, n, items, treedef = pl.leaves_of(x, "all_to_all", axis_name, key, "all_to_all", axis_index_groups,
                                           movement=True)
   leaves = []
   for leaf, k, h in items:
@@ -68,11 +69,11 @@ def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_grou
     chunk = shape[:sa] + (shape[sa] // n,) + shape[sa + 1:]
     tiled_post = _tiled_post(n, chunk, ca)
     full_post = tiled_post if post is None else (lambda y, a=tiled_post, b=post: b(a(y)))
-    leaves.append(c.make_leaf(xc, dict(op="all_to_all", **common, key=k, key_hash=h, reduce="sum", perm=()),
+    leaves.append(pl.make_leaf(xc, dict(op="all_to_all", **common, key=k, key_hash=h, reduce="sum", perm=()),
                               full_post, lead=1))
-  return c.bucket(leaves, treedef, n)
+  return pl.bucket(leaves, treedef)
 
 
-all_to_all, all_to_all_start = c.api("all_to_all", _plan)
+all_to_all, all_to_all_start = pl.api("all_to_all", _plan)
 all_to_all.__doc__ = """Splits ``x`` along ``split_axis`` across the ranks of ``axis_name`` and
 concatenates the received blocks along ``concat_axis``; drop-in for ``jax.lax.all_to_all``."""

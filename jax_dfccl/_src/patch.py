@@ -57,10 +57,6 @@ def _all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None
   return _a2a.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled, axis_index_groups=axis_index_groups)
 
 
-def _ppermute(x, axis_name, perm):
-  return _pp.ppermute(x, axis_name, perm)
-
-
 def _pshuffle(x, axis_name, perm):  # output at index i comes from index perm[i]
   if set(perm) != set(range(len(perm))):
     raise ValueError(f"`perm` does not represent a permutation: {perm}")
@@ -75,7 +71,7 @@ _REPLACEMENTS = {
     "all_gather": _all_gather,
     "psum_scatter": _psum_scatter,
     "all_to_all": _all_to_all,
-    "ppermute": _ppermute,
+    "ppermute": _pp.ppermute,  # same signature (no axis_index_groups in jax.lax either)
     "pshuffle": _pshuffle,
 }
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import plan as pl
 
 
 def _abstract(aval, n, params):
@@ -23,19 +24,19 @@ OP = c.register_op(c.OpDef("ppermute", "ppermute", _abstract, _transpose, _batch
 
 
 def _plan(x, axis_name, perm, *, key=None):
-  common, n, items, treedef = c.leaves_of(x, "ppermute", axis_name, key, "ppermute", movement=True)
+  common, n, items, treedef = pl.leaves_of(x, "ppermute", axis_name, key, "ppermute", movement=True)
   pairs = tuple((int(s), int(d)) for s, d in perm)
   srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
   if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
     raise ValueError(f"jax_dfccl.ppermute: perm sources and destinations must be unique, got {perm}")
   if any(not 0 <= i < n for i in srcs + dsts):
     raise ValueError(f"jax_dfccl.ppermute: perm {perm} has ranks outside [0, {n}) of axis {axis_name!r}")
-  leaves = [c.make_leaf(leaf, dict(op="ppermute", **common, key=k, key_hash=h, reduce="sum", perm=pairs))
+  leaves = [pl.make_leaf(leaf, dict(op="ppermute", **common, key=k, key_hash=h, reduce="sum", perm=pairs))
             for leaf, k, h in items]
-  return c.bucket(leaves, treedef, n)
+  return pl.bucket(leaves, treedef)
 
 
-ppermute, ppermute_start = c.api("ppermute", _plan)
+ppermute, ppermute_start = pl.api("ppermute", _plan)
 ppermute.__doc__ = """Sends ``x`` from rank ``src`` to rank ``dst`` for each ``(src, dst)`` in
 ``perm`` over ``axis_name``; ranks that receive nothing get zeros.  Drop-in for
 ``jax.lax.ppermute``."""

@@ -1,11 +1,11 @@
 """psum / pmax / pmin: all-reduce over one or more mesh axes (drop-in for jax.lax)."""
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import plan as pl
 
 
 def _abstract(aval, n, params):
@@ -50,22 +50,22 @@ def _plan(reduce, api_name, mean=False):
     if axis_index_groups is not None and reduce == "sum" and compat.check_vma_enabled():
       raise NotImplementedError(f"jax_dfccl.{api_name}: axis_index_groups under check_vma=True is not "
                                 "supported (as in jax.lax); use shard_map(..., check_vma=False)")
-    common, n, items, treedef = c.leaves_of(x, f"p{reduce}", axis_name, key, api_name, axis_index_groups)
+    common, n, items, treedef = pl.leaves_of(x, f"p{reduce}", axis_name, key, api_name, axis_index_groups)
     if reduce != "sum":
       for leaf, _, _ in items:
         if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
           raise TypeError(f"jax_dfccl.{api_name}: complex inputs are not supported")
     post = (lambda y: y / n) if mean else None  # as jax.lax.pmean: the sum over the group size
-    leaves = [c.make_leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()), post)
+    leaves = [pl.make_leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()), post)
               for leaf, k, h in items]
-    return c.bucket(leaves, treedef, n)
+    return pl.bucket(leaves, treedef)
   return plan
 
 
-psum, psum_start = c.api("psum", _plan("sum", "psum"))
-pmean, pmean_start = c.api("pmean", _plan("sum", "pmean", mean=True))
-pmax, pmax_start = c.api("pmax", _plan("max", "pmax"))
-pmin, pmin_start = c.api("pmin", _plan("min", "pmin"))
+psum, psum_start = pl.api("psum", _plan("sum", "psum"))
+pmean, pmean_start = pl.api("pmean", _plan("sum", "pmean", mean=True))
+pmax, pmax_start = pl.api("pmax", _plan("max", "pmax"))
+pmin, pmin_start = pl.api("pmin", _plan("min", "pmin"))
 
 psum.__doc__ = """All-reduce (sum) over mesh axis/axes ``axis_name``; drop-in for ``jax.lax.psum``.
 

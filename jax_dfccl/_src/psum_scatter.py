@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import plan as pl
 
 
 def _abstract(aval, n, params):
@@ -28,7 +29,7 @@ OP = c.register_op(c.OpDef("psum_scatter", "reduce_scatter", _abstract, _transpo
 
 
 def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=None, key=None):
-  common, n, items, treedef = c.leaves_of(x, "psum_scatter", axis_name, key, "psum_scatter",
+  common, n, items, treedef = pl.leaves_of(x, "psum_scatter", axis_name, key, "psum_scatter",
                                           axis_index_groups)
   leaves = []
   for leaf, k, h in items:
@@ -48,10 +49,10 @@ def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=N
         raise ValueError(f"jax_dfccl.psum_scatter: dimension {sd} has size {shape[sd]}, but "
                          f"tiled=False needs the group size {n} of axis {axis_name!r}")
       xc = jnp.moveaxis(leaf, sd, 0)
-    leaves.append(c.make_leaf(xc, dict(op="psum_scatter", **common, key=k, key_hash=h, reduce="sum", perm=())))
-  return c.bucket(leaves, treedef, n)
+    leaves.append(pl.make_leaf(xc, dict(op="psum_scatter", **common, key=k, key_hash=h, reduce="sum", perm=())))
+  return pl.bucket(leaves, treedef)
 
 
-psum_scatter, psum_scatter_start = c.api("psum_scatter", _plan)
+psum_scatter, psum_scatter_start = pl.api("psum_scatter", _plan)
 psum_scatter.__doc__ = """Sums over ``axis_name`` and scatters along ``scatter_dimension``;
 drop-in for ``jax.lax.psum_scatter``."""

@@ -234,8 +234,9 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
   // Phase 1: the transfers, on the stream `pull` of the rank whose engines run them (the
   // receiver when pulling, the sender when pushing), then the local copies.  `move(dst_rank,
   // src_rank, ...)` enqueues one transfer and returns the rank whose stream holds it.
+  auto engine_of = [&](int dst_r, int src_r) { return s.push ? src_r : dst_r; };  // whose engines move the data
   auto move = [&](int dst_r, int src_r, int64_t dst_off, int64_t src_off, int64_t bytes) {
-    const int by = s.push ? src_r : dst_r;
+    const int by = engine_of(dst_r, src_r);
     copy(on(by)->pull, op.ranks[dst_r].out + dst_off, op.ranks[src_r].in + src_off, bytes);
     return by;
   };
@@ -272,7 +273,7 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
   if (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce) {
     for (int r = 0; r < n; ++r) {
       const CeRank& me = op.ranks[r];
-      const int by = s.push ? 1 - r : r;
+      const int by = engine_of(r, 1 - r);
       Dev* d = on(r);
       const Range g = range_of(r);
       for (size_t c = 0; c < g.chunks.size(); ++c) {
@@ -288,7 +289,7 @@ void CopyEngine::Issue(const CeOp& op, const CeSettings& s) {
   if (op.kind == OpKind::kAllReduce) {
     for (int r = 0; r < n; ++r) {
       const int p = 1 - r;
-      const int by = s.push ? p : r;
+      const int by = engine_of(r, p);
       Dev* d = on(by);
       const auto [lo, len] = seg_of(p);
       const auto chunks = Chunks(len, s.chunk_bytes, op.elem_bytes);

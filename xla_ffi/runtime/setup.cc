@@ -31,7 +31,7 @@ Device& Runtime::GetDevice(int ordinal) {
   DFCCL_CUDA(cudaStreamSynchronize(d->aux));
   DFCCL_CUDA(PreloadStreamWait());
   DFCCL_CUDA(PreloadReduceKernels());
-  // The daemon needs several KiB of local memory per thread (ptxas: stack frame).
+  // The daemon needs local memory per thread (its stack: 528 bytes, ptxas).
   // A launch that needs more local memory than the context holds makes the driver
   // grow it, and growing waits inside cuLaunchKernel for the device's running
   // kernels: a larger daemon (Launch on a large message) launched while XLA's
