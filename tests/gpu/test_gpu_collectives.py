@@ -100,6 +100,28 @@ def test_large_paths(op, path, elems):
   assert moved == (1 if path != "daemon" and (N == 2 or not reduction) else 0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["psum", "pmax", "psum_scatter"])
+def test_copy_engine_combine_dtypes(op, dtype):
+  """The copy engines' combine kernel for every dtype, on a size with a tail of odd elements."""
+  elems = ((1 << 20) + 5) * (N if op == "psum_scatter" else 1)
+  names = ("copy_engine_min_bytes", "copy_engine_reduce_min_bytes")
+  saved = {k: getattr(d.config, k) for k in names}
+  d.configure(copy_engine_min_bytes=0, copy_engine_reduce_min_bytes=0)
+  try:
+    before = d.stats()["cuda"]["copy_engine_ops"]
+    x = data(elems, dtype, elems + len(op))
+    ours, ref = pair(op)
+    got = np.asarray(ours(x), np.float64)
+    moved = d.stats()["cuda"]["copy_engine_ops"] - before
+  finally:
+    d.configure(**saved)
+  want = np.asarray(ref(x), np.float64)
+  tol = {jnp.bfloat16: 2e-2, jnp.float16: 2e-3}.get(dtype, 1e-6)
+  assert np.max(np.abs(got - want)) <= tol * (np.max(np.abs(want)) + 1e-30)
+  assert moved == (1 if N == 2 else 0)
+
+
 @pytest.mark.parametrize("groups", ["reversed", "singletons"])
 @pytest.mark.parametrize("op", ["psum", "pmax", "all_gather", "psum_scatter", "all_to_all"])
 def test_axis_index_groups(op, groups):
