@@ -96,6 +96,8 @@ def test_large_paths(op, path, elems):
     d.configure(**saved)
   want = np.asarray(ref(x))
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+  if op in ("psum", "pmax", "pmin"):
+    assert (got == got[:1]).all(), "ranks disagree on an all-reduce"
   reduction = op in ("psum", "pmax", "pmin", "psum_scatter")
   assert moved == (1 if path != "daemon" and (N == 2 or not reduction) else 0)
 

@@ -1,21 +1,24 @@
 // Large collectives on the GPUs' copy engines, driven by a host thread (the
 // mover).  Once every rank has started an instance (host-side matching, as for
 // the daemon) the instance is submitted here and the mover enqueues the whole
-// collective on per-device side streams: each rank *pulls* what it needs from
-// the peers' buffers over NVLink (cudaMemcpyAsync, UVA peer access), folds
-// pulled chunks into its output with a small combine kernel (reductions), and
-// writes its *done* word after every peer finished reading its buffers
-// (cross-device events).  No SMs are held (the combine kernel runs briefly).
+// collective on per-device side streams: each rank's engines *push* its data
+// into the peers' buffers over NVLink (or *pull* what it needs from them;
+// cudaMemcpyAsync, UVA peer access), a small combine kernel folds arrived
+// chunks into the output (reductions), and each rank's *done* word is written
+// once every peer finished with its buffers (cross-device events).  No SMs are
+// held (the combine kernel runs briefly).
 //
 // Nothing is enqueued before every rank's *ready* word is set (host-mapped,
 // written by the XLA streams, polled by the mover), so the side streams never
 // wait on an XLA stream: instances complete in any order and the path stays
-// deadlock-free.
+// deadlock-free.  (Enqueueing ahead, behind a wait for the ready words on the
+// side streams, deadlocked on 2xH200: a side stream's wait can share a hardware
+// queue with the XLA work it waits for.)
 //
-//   ALL_GATHER, ALL_TO_ALL, PPERMUTE   any group size: pulls, plus a local copy
-//   REDUCE_SCATTER, ALL_REDUCE         2 ranks (one pulled operand per element;
+//   ALL_GATHER, ALL_TO_ALL, PPERMUTE   any group size: transfers, plus a local copy
+//   REDUCE_SCATTER, ALL_REDUCE         2 ranks (one peer operand per element;
 //                                      all-reduce: reduce-scatter, then each
-//                                      rank pulls the peer's reduced half)
+//                                      rank's reduced half to the peer)
 #pragma once
 
 #include <cuda_runtime.h>
