@@ -78,6 +78,12 @@ class Config:
   #: 2xH200 the copy engine won with 16 MiB blocks (0.48 vs 0.70 ms for
   #: 4096x4096x14336) and lost with 4 MiB blocks (0.59 vs 0.39 ms).  Read at trace time.
   overlap_rs_copy_engine_min_bytes: int = 8 << 20
+  #: Fused GEMMs (both kinds): CTAs per cluster along M, 1 or 2.  2: clusters
+  #: of two CTAs compute pairs of vertically adjacent tiles of one row block
+  #: and load each weight tile once per pair (TMA multicast to both CTAs),
+  #: which cuts the mainloop's L2 traffic by a third; the grid is whole
+  #: clusters.  1 until measured faster on GPU.  Read (and checked) at trace time.
+  overlap_cluster_m: int = 1
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -23,7 +23,8 @@ def _bench():
 
 
 def _cfg(**kw):
-  base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20)
+  base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20,
+              overlap_cluster_m=1)
   base.update(kw)
   return types.SimpleNamespace(**base)
 
@@ -37,6 +38,56 @@ def test_mode_bits():
   with og.diag_mode(og.MODE_MAILBOX_ONLY):
     assert og._mode(_cfg(overlap_copy_engine=False, overlap_cta_fence=False), "ag", 2, 0) == 8
   assert og._mode(_cfg(overlap_copy_engine=False, overlap_cta_fence=False), "ag", 2, 0) == 0
+
+
+def test_mode_cluster_bit():
+  assert og.MODE_CLUSTER_M2 == 16
+  assert og._mode(_cfg(overlap_cluster_m=2), "ag", 2, 0) == 1 | 2 | 16
+  assert og._mode(_cfg(overlap_cluster_m=2), "rs", 2, 8 << 20) == 1 | 2 | 4 | 16
+  assert og._mode(_cfg(overlap_cluster_m=1), "rs", 2, 8 << 20) == 1 | 2 | 4
+  for bad in (0, 3, 4, True, "2"):
+    with pytest.raises(ValueError, match="overlap_cluster_m"):
+      og._mode(_cfg(overlap_cluster_m=bad), "ag", 2, 0)
+
+
+def _lower_for_cuda(kind):
+  """StableHLO of one fused op on 2 ranks, lowered for CUDA on the CPU host (no GPU)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jax_dfccl._src import overlap as ov
+  mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2])
+  if kind == "ag":
+    op, specs, out = ov.all_gather_matmul, (P("tp", None), P(None, "tp")), P(None, "tp")
+    shapes = ((2 * 200, 136), (136, 2 * 136))
+  else:
+    op, specs, out = ov.matmul_reduce_scatter, (P(None, "tp"), P("tp", None)), P("tp", None)
+    shapes = ((2 * 200, 2 * 72), (2 * 72, 136))
+  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, sp)) for s, sp in zip(shapes, specs)]
+  f = jax.jit(jax.shard_map(lambda x, w: op(x, w, "tp"), mesh=mesh, in_specs=specs, out_specs=out))
+  return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("cluster_m", [1, 2])
+def test_lowering_for_cuda_carries_the_cluster_bit(monkeypatch, kind, cluster_m):
+  """overlap_cluster_m is read at trace time into the custom call's `mode` (CPU host, CUDA lowering)."""
+  from jax_dfccl.config import config
+  monkeypatch.setattr(og, "available", lambda: True)
+  monkeypatch.setattr(config, "overlap_cluster_m", cluster_m)
+  monkeypatch.setattr(config, "overlap_rs_copy_engine_min_bytes", -1)
+  text = _lower_for_cuda(kind)
+  assert f"dfccl_overlap_{kind}" in text
+  assert f"mode = {1 | 2 | (16 if cluster_m == 2 else 0)} : i32" in text
+
+
+def test_lowering_rejects_a_bad_cluster_m(monkeypatch):
+  from jax_dfccl.config import config
+  monkeypatch.setattr(og, "available", lambda: True)
+  monkeypatch.setattr(config, "overlap_cluster_m", 4)
+  with pytest.raises(ValueError, match="overlap_cluster_m must be 1 or 2"):
+    _lower_for_cuda("rs")
 
 
 def test_profile_results_parsing(monkeypatch):

@@ -7,6 +7,8 @@ global (sharded jit) and gradients.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -257,6 +259,45 @@ def test_mailbox_only_and_back(kind, rs_ce):
   ref = _ref(kind, x, w)
   for it in range(6):  # same op key: one channel, instances of both schemes interleaved
     _close((f if it % 3 else g)(*args), ref, dtype, f"{kind} iter {it}")
+  og.check()
+
+
+# (kind, global M, N, K) for the 2x1-cluster GEMM: per-rank row blocks of 3, 1 and 5 m tiles
+# (odd: the last pair's second tile lies below the block), no dimension a multiple of 128.
+CLUSTER_SHAPES = [("ag", 656, 528, 200), ("ag", 96, 272, 136), ("ag", 1200, 1040, 1000),
+                  ("rs", 656, 264, 464), ("rs", 96, 136, 272), ("rs", 1200, 520, 1008)]
+
+
+def _traced_with(settings, kind, x, w):
+  """A per-shard program traced, checked for its `mode` and compiled under `settings` (config)."""
+  from jax_dfccl.config import config
+  old = {k: getattr(config, k) for k in settings}
+  for k, v in settings.items():
+    setattr(config, k, v)
+  try:
+    f, args = _per_shard(kind, x, w)
+    mode = int(re.search(r"mode = (\d+)", f.lower(*args).as_text()).group(1))
+    assert bool(mode & og.MODE_CLUSTER_M2) == (settings.get("overlap_cluster_m", 1) == 2), mode
+    jax.block_until_ready(f(*args))  # compiled (and run once) with these settings
+  finally:
+    for k, v in old.items():
+      setattr(config, k, v)
+  return f, args
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("rs_ce", [False, True], ids=["sm", "ce"])
+@pytest.mark.parametrize("kind,M,N,K", CLUSTER_SHAPES)
+def test_cluster_m2_numerics(kind, M, N, K, dtype, rs_ce):
+  """overlap_cluster_m=2 (tile pairs on 2x1 clusters, W multicast) against the f32 reference,
+  alternating with the 1x1 kernel on the same channel (one tile counter for both)."""
+  x, w = _inputs(M, N, K, dtype, seed=13)
+  lim = 0 if rs_ce else -1
+  f2, args = _traced_with({"overlap_cluster_m": 2, "overlap_rs_copy_engine_min_bytes": lim}, kind, x, w)
+  f1, _ = _traced_with({"overlap_cluster_m": 1, "overlap_rs_copy_engine_min_bytes": lim}, kind, x, w)
+  ref = _ref(kind, x, w)
+  for it in range(6):  # copy engines from the second instance on; variants interleaved
+    _close((f1 if it % 3 == 2 else f2)(*args), ref, dtype, f"{kind} {M}x{N}x{K} cluster iter {it}")
   og.check()
 
 

@@ -3,9 +3,10 @@
 // groups) inside our own persistent kernel, which adds
 //   * a dynamic tile scheduler (atomic counter) over row blocks in the order of
 //     the overlap schedule: AG: own block, then rank+1, ...; RS: rank+1, ...,
-//     own block last.  Tiles are handed out in that global order, so a CTA only
-//     waits for peers once every earlier tile has been taken by a running CTA
-//     (no deadlock however many CTAs are resident);
+//     own block last.  Tiles (CM = 2: tile pairs) are handed out in that global
+//     order, so a CTA only waits for peers once every earlier tile has been
+//     taken by a running CTA (no deadlock however many CTAs are resident;
+//     gemm_sched.cuh);
 //   * AG: the producer waits for the arrival flag of a row chunk before its TMA
 //     loads (rows pushed by the peer's PushKernel);
 //   * RS: the epilogue of a peer's tile stores the bf16/f16 partial straight
@@ -17,6 +18,10 @@
 // Every row block is its own (mb x n x k) problem with its own TMA descriptor
 // for A, so row blocks need not be multiples of the tile; TMA zero-fills out of
 // bounds and the epilogue predicates its stores.
+// Two variants (template parameter CM, GemmLaunch::cluster_m): CM = 1 one CTA
+// per tile; CM = 2 clusters of 2x1 CTAs computing a pair of m tiles of one
+// row block and n tile, the W tile multicast to both (gemm_sched.cuh: units,
+// their order and the handoff of a unit between the cluster's CTAs).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -29,18 +34,21 @@
 
 #include <mutex>
 
+#include "overlap/gemm_sched.cuh"
 #include "overlap/launch.h"
 #include "overlap/sync.cuh"
 
 namespace dfccl::overlap {
 
-template <class T>
+template <class T, int CM>
 struct GemmCfg {
+  static_assert(CM == 1 || CM == 2, "cluster shape 1x1 or 2x1");
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<CM>, cute::_1, cute::_1>;
   struct Extra {  // our shared memory beside the mainloop's (carved out of the stages)
     typename cutlass::PipelineAsync<4>::SharedStorage sched;
     int tile_ids[4];
+    Handoff handoff;  // CM = 2: units from cluster rank 0 (gemm_sched.cuh)
     uint64_t peer_recv[kMaxRanks];
     uint64_t peer_flags[kMaxRanks];
     int ready_ok[kMaxRanks];
@@ -72,26 +80,22 @@ __device__ __forceinline__ void ConsumerBarrier(int threads) {
   asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory");  // id 8: unused by CUTLASS here
 }
 
-// Tile index -> (row block, m tile within the block, n tile).  Within a row
-// block, tiles go in groups of kGroupN n tiles, m tiles outer inside a group,
-// so that the ~132 resident tiles share few A and W panels (L2 reuse).
-struct TileCoord {
-  int b, mi, ni;
-};
-constexpr int kGroupN = 8;
-__device__ __forceinline__ TileCoord Decode(const GemmLaunch& l, int t, int mt, int nt) {
-  const int per = mt * nt, s = t / per, rem = t % per;
-  const int b = l.kind == kAllGatherGemm ? (l.rank + s) % l.nranks : (l.rank + 1 + s) % l.nranks;
-  const int g = rem / (mt * kGroupN), in = rem % (mt * kGroupN);
-  const int gw = min(kGroupN, nt - g * kGroupN);
-  return {b, in / gw, g * kGroupN + in % gw};
+// Every thread of the CTA before it exits (CM = 2): no CTA of a cluster
+// exits while its peer may still multicast into its shared memory or arrive
+// on its barriers.
+template <int CM>
+__device__ __forceinline__ void ClusterSyncBeforeExit() {
+  if constexpr (CM > 1) {
+    __syncwarp();
+    cute::cluster_sync();
+  }
 }
 
-template <class T>
-__global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
-    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T>::Params p) {
+template <class T, int CM>
+__global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
+    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T, CM>::Params p) {
   using namespace cute;
-  using C = GemmCfg<T>;
+  using C = GemmCfg<T, CM>;
   using Mainloop = typename C::Mainloop;
   const GemmLaunch& l = p.l;
   extern __shared__ __align__(128) char smem_raw[];
@@ -103,7 +107,9 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
   const int lane = cutlass::canonical_lane_idx();
   const int mt = (l.mb + kTileM - 1) / kTileM, nt = (l.n + kTileN - 1) / kTileN;
   const int per_block = mt * nt, total = l.nranks * per_block;
+  const int units = l.nranks * ((mt + CM - 1) / CM) * nt;  // work units (gemm_sched.cuh)
   const int k_tiles = (l.k + 63) / 64;
+  const uint32_t crank = CM > 1 ? cute::block_rank_in_cluster() : 0u;
 
   if (warp_idx == 0 && cute::elect_one_sync())
     for (int b = 0; b < l.nranks; ++b) Mainloop::prefetch_tma_descriptors(p.ml[b]);
@@ -136,8 +142,13 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
   sp.producer_arv_count = 1;
   sp.consumer_arv_count = C::kMmaThreads;
   typename C::SchedPipeline sched(ss.extra.sched, sp);
+  if (CM > 1 && thread_idx == 0) InitHandoff(ss.extra.handoff);
   cutlass::arch::fence_barrier_init();
   __syncthreads();
+  if constexpr (CM > 1) {  // every barrier of the cluster initialized before any remote arrival or multicast
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  }
 
   Mainloop collective;
   auto problem = make_shape(l.mb, l.n, l.k, 1);
@@ -146,36 +157,49 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (warp_idx != 0) return;
+    if (warp_idx != 0) {
+      ClusterSyncBeforeExit<CM>();
+      return;
+    }
     auto state = cutlass::make_producer_start_state<typename C::Pipeline>();
     auto sstate = cutlass::make_producer_start_state<typename C::SchedPipeline>();
+    int hslot = 0;
+    uint32_t hphase = 0;
     while (true) {
-      int t = 0;
-      if (lane == 0) {  // fetch the next tile and hand it to the consumers
+      int u = 0;
+      if (lane == 0) {  // fetch the next unit and hand it to the consumers
         sched.producer_acquire(sstate);
-        t = static_cast<int>(atomicAdd(l.tile_counter, 1u) - l.tile_base);
-        ss.extra.tile_ids[sstate.index()] = t;
+        u = NextUnit<CM>(l, ss.extra.handoff, crank, hslot, hphase);
+        ss.extra.tile_ids[sstate.index()] = u;
         sched.producer_commit(sstate);
       }
       ++sstate;
-      t = __shfl_sync(0xffffffffu, t, 0);
-      if (t >= total) break;
-      const TileCoord tc = Decode(l, t, mt, nt);
-      if (l.kind == kAllGatherGemm && tc.b != l.rank && !l.no_comm) {
+      u = __shfl_sync(0xffffffffu, u, 0);
+      if (u >= units) break;
+      const TileCoord tc = Decode<CM>(l, u, mt, nt, int(crank));
+      // AG: each CTA waits for the rows of its own m tile (none below the
+      // block).  The peer CTA of a pair waits for the other chunk of the same
+      // row block; the consumers of both need both CTAs' halves of W, so a
+      // CTA may wait for its peer's chunk too: chunks are pushed by the peers'
+      // side streams / push kernels, which do not wait for this GEMM's tiles,
+      // so that wait ends (or times out) like the CTA's own.
+      if (l.kind == kAllGatherGemm && tc.b != l.rank && !l.no_comm && tc.mi < mt) {
         if (lane == 0) {  // rows of chunk mi of block b pushed by rank b (release.sys)
-          if (l.tl) l.tl[size_t(t) * kTlWords + 4] = GlobalTimer();
+          uint64_t* tl = l.tl != nullptr ? l.tl + TimelineRow<CM>(u, tc, mt, nt) * kTlWords : nullptr;
+          if (tl) tl[4] = GlobalTimer();
           WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitRows, l.rank, tc.b));
-          if (l.tl) l.tl[size_t(t) * kTlWords + 5] = GlobalTimer();
+          if (tl) tl[5] = GlobalTimer();
         }
         __syncwarp();
         FenceProxyAsyncGlobal();
       }
       auto k_iter = cute::make_coord_iterator(idx2crd(0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
       collective.load(p.ml[tc.b], pipeline, state, load_inputs, make_coord(tc.mi, tc.ni, _, 0), k_iter, k_tiles, lane,
-                      0u, ss.tensors);
+                      crank, ss.tensors);
       state.advance(k_tiles);
     }
     collective.load_tail(pipeline, state);
+    ClusterSyncBeforeExit<CM>();
     return;
   }
 
@@ -190,18 +214,21 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
   T* out = static_cast<T*>(l.out);
   while (true) {
     sched.consumer_wait(sstate);
-    const int t = ss.extra.tile_ids[sstate.index()];
+    const int u = ss.extra.tile_ids[sstate.index()];
     sched.consumer_release(sstate);
     ++sstate;
-    if (t >= total) break;
-    uint64_t* tl = l.tl != nullptr && mma_tid == 0 ? l.tl + size_t(t) * kTlWords : nullptr;
+    if (u >= units) break;
+    const TileCoord tc = Decode<CM>(l, u, mt, nt, int(crank));
+    const bool in_block = tc.mi < mt;  // CM = 2: false for the empty second tile of a pair
+    uint64_t* tl = l.tl != nullptr && mma_tid == 0 && in_block ? l.tl + TimelineRow<CM>(u, tc, mt, nt) * kTlWords
+                                                                : nullptr;
     if (tl) tl[0] = GlobalTimer();
-    const TileCoord tc = Decode(l, t, mt, nt);
     auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename C::TileShape{}));
     collective.mma(pipeline, state, acc, k_tiles, mma_tid, ss.tensors, p.ml[tc.b]);
     collective.mma_tail(pipeline, state, k_tiles);
     state.advance(k_tiles);
     if (tl) tl[1] = tl[2] = GlobalTimer();
+    if (!in_block) continue;  // its stages are released (the peer's multicast); nothing to store
 
     const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
     const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
@@ -327,31 +354,60 @@ __global__ void __launch_bounds__(GemmCfg<T>::kThreads, 1)
       tl[6] = sm;
     }
   }
+  ClusterSyncBeforeExit<CM>();
 }
 
-// Loads the kernel on the current device and sets its shared-memory size.
-// Called when a device is first used (handlers.cc): with lazy module loading
-// the first launch of a kernel loads it, which waits for the whole device to
-// be idle -- including a side stream's wait kernel that spins until this very
-// GEMM has made progress (RS copy engine): a deadlock until the wait times out.
+// Loads the kernel variants on the current device and sets their shared-memory
+// size.  Called when a device is first used (handlers.cc): with lazy module
+// loading the first launch of a kernel loads it, which waits for the whole
+// device to be idle -- including a side stream's wait kernel that spins until
+// this very GEMM has made progress (RS copy engine): a deadlock until the wait
+// times out.
+template <class T, int CM>
+cudaError_t PreloadVariant() {
+  cudaFuncAttributes a;
+  const cudaError_t e = cudaFuncSetAttribute(OverlapGemmKernel<T, CM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(sizeof(typename GemmCfg<T, CM>::SharedStorage)));
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T, CM>);
+}
 template <class T>
 cudaError_t PreloadGemm() {
-  cudaFuncAttributes a;
-  const cudaError_t e = cudaFuncSetAttribute(OverlapGemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(sizeof(typename GemmCfg<T>::SharedStorage)));
-  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T>);
+  const cudaError_t e = PreloadVariant<T, 1>();
+  return e != cudaSuccess ? e : PreloadVariant<T, 2>();
+}
+
+// CTAs of the 2x1 cluster variant that can be resident at once (after PreloadGemm).
+template <class T>
+cudaError_t GemmClusterCtas(int* ctas) {
+  using C = GemmCfg<T, 2>;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(2, 1, 1);
+  cfg.blockDim = dim3(C::kThreads, 1, 1);
+  cfg.dynamicSmemBytes = sizeof(typename C::SharedStorage);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, 2>, &cfg);
+  *ctas = 2 * clusters;
+  return e;
 }
 
 // Host: builds the per-block TMA descriptors (cached for the last operands of
 // each device: XLA reuses buffer addresses, so steady-state calls encode
-// nothing) and launches on `stream`.
-template <class T>
-cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
-  using C = GemmCfg<T>;
+// nothing) and launches on `stream` (CM = 2: clusters of 2x1 CTAs, grid even).
+template <class T, int CM>
+cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
+  using C = GemmCfg<T, CM>;
   using Mainloop = typename C::Mainloop;
   static_assert(sizeof(typename C::SharedStorage) <= 232448, "shared memory over the sm90 limit");
   static_assert(sizeof(typename C::Params) <= 32000, "kernel parameters too large (CUDA >= 12.1 allows 32 KiB)");
   constexpr int smem = sizeof(typename C::SharedStorage);
+  if (l.grid <= 0 || l.grid % CM != 0) return cudaErrorInvalidConfiguration;
   struct Cached {
     bool attr = false;
     const void* a[kMaxRanks] = {};
@@ -370,7 +426,7 @@ cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     Cached& c = cache[dev & 63];
     if (!c.attr) {  // per device (normally done by PreloadGemm already)
-      e = PreloadGemm<T>();
+      e = PreloadVariant<T, CM>();
       if (e != cudaSuccess) return e;
       c.attr = true;
     }
@@ -390,8 +446,34 @@ cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
     }
     for (int b = 0; b < l.nranks; ++b) p.ml[b] = c.ml[b];
   }
-  OverlapGemmKernel<T><<<l.grid, C::kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  if constexpr (CM == 1) {
+    OverlapGemmKernel<T, 1><<<l.grid, C::kThreads, smem, stream>>>(p);
+    return cudaGetLastError();
+  } else {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = CM;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(l.grid, 1, 1);
+    cfg.blockDim = dim3(C::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM>, p);
+  }
+}
+
+// The one dispatch over the cluster shape (GemmLaunch::cluster_m).
+template <class T>
+cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
+  switch (l.cluster_m) {
+    case 1: return LaunchVariant<T, 1>(l, stream);
+    case 2: return LaunchVariant<T, 2>(l, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace dfccl::overlap

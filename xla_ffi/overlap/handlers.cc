@@ -35,7 +35,7 @@ struct RankState {
   uint32_t* ready_in = nullptr;  // [kMaxRanks]: the peers' announcements (protocol.h)
   uint32_t seq = 0;
   uint32_t rs_ce_rounds = 0;  // RS copy-engine launches so far (done counter target / tiles)
-  uint32_t tiles_taken = 0;  // GEMM tile counter value after all launches so far (tiles + grid each)
+  uint32_t tiles_taken = 0;  // GEMM tile counter value after all launches so far (units + clusters each)
 };
 
 struct Channel {
@@ -51,6 +51,7 @@ struct DeviceState {  // per device: side stream for the AG pushes
   cudaStream_t side = nullptr;
   cudaEvent_t start = nullptr, done = nullptr;
   int sms = 0;
+  int cluster_ctas = 0;  // CTAs of the 2x1-cluster GEMM resident at once (both dtypes)
 };
 
 std::mutex g_mu;
@@ -76,6 +77,10 @@ DeviceState& Device(int ordinal) {
     OV_CUDA(PreloadGemmBF16());
     OV_CUDA(PreloadGemmF16());
     OV_CUDA(PreloadSideKernels());
+    int bf16 = 0, f16 = 0;
+    OV_CUDA(GemmClusterCtasBF16(&bf16));
+    OV_CUDA(GemmClusterCtasF16(&f16));
+    d->cluster_ctas = std::min(bf16, f16);
   }
   return *d;
 }
@@ -161,6 +166,20 @@ GemmDims CheckOperands(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const c
 }
 
 using LaunchFn = cudaError_t (*)(const GemmLaunch&, cudaStream_t);
+
+// The GEMM's cluster variant (kModeClusterM2: 2x1, GemmLaunch::cluster_m).
+int ClusterM(int32_t mode) { return (mode & kModeClusterM2) ? 2 : 1; }
+
+// Work units of the GEMM (gemm_sched.cuh): cm m tiles of a row block x one n tile.
+int Units(int nranks, int mtiles, int ntiles, int cm) { return nranks * ((mtiles + cm - 1) / cm) * ntiles; }
+
+// Grid of the persistent GEMM: at most `avail` CTAs (the SMs left to it) and
+// one per unit; cm = 2 whole clusters only, no more than are resident at once.
+int GemmGrid(const DeviceState& dev, int avail, int units, int cm) {
+  if (cm == 1) return std::max(1, std::min(avail, units));
+  DFCCL_CHECK(dev.cluster_ctas >= 2, "dfccl overlap: no 2x1 cluster of the GEMM fits on the device");
+  return std::max(2, std::min({avail, 2 * units, dev.cluster_ctas}) & ~1);
+}
 
 LaunchFn Dispatch(ffi::DataType t) {  // the one dtype table
   switch (t) {
@@ -294,9 +313,11 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     PeerAddresses(pro, P, mode, gl);
     // Copy engine: one SM stays free for the side stream's wait / signal kernels
     // (the persistent GEMM's CTAs wait for flags those kernels raise).
-    gl.grid = std::max(1, std::min(dev.sms - (push ? std::max(push_ctas, 1) : 0), tiles));
+    gl.cluster_m = ClusterM(mode);
+    const int units = Units(P, int(mtiles), (n + kTileN - 1) / kTileN, gl.cluster_m);
+    gl.grid = GemmGrid(dev, dev.sms - (push ? std::max(push_ctas, 1) : 0), units, gl.cluster_m);
     gl.tile_base = pro.rs->tiles_taken;
-    pro.rs->tiles_taken += uint32_t(tiles + gl.grid);
+    pro.rs->tiles_taken += uint32_t(units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
     OV_CUDA(launch(gl, stream));
     Keep(key, no_comm ? "|gemm_nocomm" : "|gemm", g0, Mark(stream));
@@ -364,9 +385,11 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
       OV_CUDA(cudaEventRecord(dev.done, dev.side));
     }
     // Copy engine: one SM stays free for the side stream's wait / signal kernels.
-    gl.grid = std::max(1, std::min(dev.sms - (ce ? 1 : 0), P * per_block));
+    gl.cluster_m = ClusterM(mode);
+    const int units = Units(P, (mb + kTileM - 1) / kTileM, (N + kTileN - 1) / kTileN, gl.cluster_m);
+    gl.grid = GemmGrid(dev, dev.sms - (ce ? 1 : 0), units, gl.cluster_m);
     gl.tile_base = pro.rs->tiles_taken;
-    pro.rs->tiles_taken += uint32_t(P * per_block + gl.grid);
+    pro.rs->tiles_taken += uint32_t(units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
     OV_CUDA(launch(gl, stream));
     Keep(key, gl.no_comm ? "|gemm_nocomm" : "|gemm", g0, Mark(stream));

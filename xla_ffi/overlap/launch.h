@@ -20,8 +20,13 @@ cudaError_t LaunchGemmF16(const GemmLaunch& l, cudaStream_t stream);
 // Load every overlap kernel on the current device before any of them runs
 // (lazy module loading would otherwise wait for the device to be idle at a
 // kernel's first launch, while a wait kernel of ours spins: gemm.cuh).
+// Both cluster variants of each (GemmLaunch::cluster_m 1 and 2).
 cudaError_t PreloadGemmBF16();
 cudaError_t PreloadGemmF16();
+// CTAs of the 2x1-cluster GEMM that fit on the current device at once (even;
+// after the preload).
+cudaError_t GemmClusterCtasBF16(int* ctas);
+cudaError_t GemmClusterCtasF16(int* ctas);
 cudaError_t PreloadSideKernels();  // push, ready wait, signal
 
 }  // namespace dfccl::overlap

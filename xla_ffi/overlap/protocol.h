@@ -77,7 +77,14 @@ enum Kind : int32_t { kAllGatherGemm = 0, kGemmReduceScatter = 1 };
 // Bits of the custom call's `mode` attribute (jax_dfccl.config).
 // kModeMailboxOnly (diagnostic, no config entry): announcements and addresses
 // only through the host-mapped mailbox (the first version's handshake).
-enum Mode : int32_t { kModeCopyEngine = 1, kModeCtaFence = 2, kModeRsCopyEngine = 4, kModeMailboxOnly = 8 };
+// kModeClusterM2 (config overlap_cluster_m=2): the GEMM's 2x1-cluster variant.
+enum Mode : int32_t {
+  kModeCopyEngine = 1,
+  kModeCtaFence = 2,
+  kModeRsCopyEngine = 4,
+  kModeMailboxOnly = 8,
+  kModeClusterM2 = 16
+};
 
 // Profile timeline (globaltimer ns, written only when GemmLaunch::tl is set):
 // per tile t of the launch kTlWords words at tl[t * kTlWords]: consumer got the
@@ -122,12 +129,13 @@ struct GemmLaunch {
   void* out = nullptr;                  // AG: [P*mb, n]; RS: [mb, n]
   const void* local_recv = nullptr;     // RS: this rank's recv [P][mb][n]
   uint32_t* local_flags = nullptr;      // this rank's flag array
-  uint32_t* tile_counter = nullptr;     // dynamic tile scheduler (never reset: every launch
-  uint32_t tile_base = 0;               // takes exactly tiles + grid values; base = its first)
+  uint32_t* tile_counter = nullptr;     // dynamic tile scheduler (never reset: every launch takes
+  uint32_t tile_base = 0;               // exactly units + grid / cluster_m values; base = its first)
   Mailbox* mbox = nullptr;
   uint32_t seq = 0;
   uint64_t timeout_ns = 0;
-  int32_t grid = 0;
+  int32_t grid = 0;                     // cluster_m = 2: even
+  int32_t cluster_m = 1;                // 1: one CTA per tile; 2: 2x1 clusters on tile pairs (gemm_sched.cuh)
   int32_t no_comm = 0;  // diagnostic: no waits, no remote stores (GEMM cost alone; results invalid)
   int32_t thread_fences = 0;  // RS: every storing thread fences (else one fence per CTA)
   uint64_t* tl = nullptr;     // profile timeline (see kTlWords) or null
