@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the fused overlap kernels (_dfccl_overlap) on a machine with 2
-# NVIDIA GPUs (sm90), from the repository root with the built modules in
-# jax_dfccl/.  Everything goes to $OUT; the whole run stays within
+# NVIDIA GPUs (sm90; the `gemm` step needs one), from the repository root with
+# the built modules in jax_dfccl/.  Everything goes to $OUT; the whole run stays within
 # OVERLAP_BUDGET_S (default 470 s), every step under `timeout`:
 #   tests     pytest -m gpu tests/gpu/test_overlap_gpu.py            (timeout 120 s)
 #   timeline  benchmarks/overlap_diag.py on AG 1024x14336x4096 and RS 1024x4096x14336
@@ -14,8 +14,11 @@
 #             {1024, 4096, 8192}, three (N, K) pairs), XLA windowed einsum in a
 #             child process, within the time left (at most 330 s)
 #             -> overlap_<date>_<tag>.{json,md}
+#   gemm      (one GPU; only if listed in OVERLAP_STEPS) pytest -m gpu tests/gpu/test_overlap_gemm.py,
+#             then benchmarks/overlap_gemm.py (the fused GEMM alone, 1x1 and 2x1 clusters, vs XLA's
+#             dot; OVERLAP_GEMM_ARGS) -> overlap_gemm_<date>_<tag>.{json,md}
 #   memcheck  (only if listed in OVERLAP_STEPS) compute-sanitizer memcheck of a tiny
-#             fused-op program (timeout <= 120 s)
+#             fused-op program (one GPU: the one-rank GEMM, both cluster shapes; timeout <= 120 s)
 # OVERLAP_STEPS (default tests,timeline,bench) picks the steps, OVERLAP_TAG (default
 # h200x2) names the results.  The kernels' settings come from jax_dfccl.config.
 set -u
@@ -37,6 +40,18 @@ log machine
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ls -la jax_dfccl/*.so
 timeout 60 $PY -c "import jax, jax_dfccl._src.overlap_gpu as g; print('jax', jax.__version__, jax.devices()); print('fused module available:', g.available())" 2>&1 | filt | tail -3
+
+if step gemm; then
+  log "pytest -m gpu tests/gpu/test_overlap_gemm.py (timeout 150 s)"
+  timeout 150 $PY -m pytest -m gpu -q tests/gpu/test_overlap_gemm.py -p no:cacheprovider -rfE \
+    > "$OUT/overlap_gemm_tests.log" 2>&1
+  echo "gemm tests rc=$?"; filt < "$OUT/overlap_gemm_tests.log" | tail -30
+  gt=$(( $(left) - 30 )); (( gt > 240 )) && gt=240
+  log "benchmarks/overlap_gemm.py (timeout $gt s)"
+  timeout $gt $PY benchmarks/overlap_gemm.py --tag "$TAG" --outdir "$OUT" ${OVERLAP_GEMM_ARGS:-} \
+    > "$OUT/overlap_gemm_bench.log" 2>&1
+  echo "gemm bench rc=$?"; filt < "$OUT/overlap_gemm_bench.log" | grep -v '^{' | tail -30
+fi
 
 if step tests; then
   log "pytest -m gpu tests/gpu/test_overlap_gpu.py (timeout 120 s)"
@@ -83,9 +98,22 @@ import numpy as np, jax, jax.numpy as jnp, jax_dfccl
 jax_dfccl.configure(overlap_wait_timeout_s=3.0)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax_dfccl._src import overlap as ov, overlap_gpu as og
+from jax_dfccl.config import config
+x = jnp.ones((136, 72), jnp.bfloat16); w = jnp.ones((72, 40), jnp.bfloat16)
+if len(jax.devices()) < 2:  # one GPU: the GEMM alone (a one-rank group), 1x1 and 2x1 clusters
+  mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
+  x = jnp.ones((392, 72), jnp.bfloat16)  # 4 m tiles: the 2x1 variant's last pair is whole
+  for cm in (1, 2):
+    config.overlap_cluster_m = cm
+    for name, op in (("ag", lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]),
+                     ("rs", lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1))):
+      for rows in (392, 264):  # 264: 3 m tiles, the last pair's second tile below the matrix
+        f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
+        y = np.asarray(f(x[:rows], w).astype(jnp.float32))
+        print(name, "cluster", cm, y.shape, "max", y.max(), "min", y.min(), "errors:", og.errors(), flush=True)
+  raise SystemExit(0)
 mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
 put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
-x = jnp.ones((136, 72), jnp.bfloat16); w = jnp.ones((72, 40), jnp.bfloat16)
 for name, op, xs, ws, os_ in (("ag", ov.all_gather_matmul, P("tp"), P(None, "tp"), P(None, "tp")),
                               ("rs", ov.matmul_reduce_scatter, P(None, "tp"), P("tp"), P("tp"))):
   f = jax.jit(jax.shard_map(lambda x, w: op(x, w, "tp"), mesh=mesh, in_specs=(xs, ws), out_specs=os_))

@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
     } else {
       dst = out + size_t(tc.b) * l.mb * l.n + tile_off;
     }
-    const bool fold = rs && tc.b == l.rank;
+    const bool fold = rs && tc.b == l.rank && l.nranks > 1;  // one rank: nothing to fold in
     // Epilogue through shared memory, in two halves of 128 columns: the
     // accumulator (rounded to T) goes to a swizzled 128 x 128 staging tile,
     // then every thread moves 16-byte vectors, a warp two contiguous 256-byte

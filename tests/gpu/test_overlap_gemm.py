@@ -1,0 +1,96 @@
+"""GPU tests of the fused overlap GEMM alone, on one GPU (`pytest -m gpu tests/gpu/test_overlap_gemm.py`).
+
+The fused kernels of xla_ffi/overlap/ run here over a one-device axis (a group
+of one rank: no peers, so no pushes, waits or remote stores), which leaves the
+GEMM itself -- tile scheduler, TMA loads with zero fill, the 1x1 and 2x1
+cluster variants, predicated epilogues -- checked against a float32 jnp.dot of
+the same rounded inputs, on shapes whose M, N, K are not multiples of the
+128x256x64 tile and whose m-tile counts are odd (the second tile of the last
+2x1 pair lies below the matrix).  Needs one sm90 GPU; the cross-rank paths are
+tested in test_overlap_gpu.py (two GPUs).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
+
+from jax_dfccl.testing import gpus  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(gpus()) < 1, reason="needs a GPU")]
+
+TOL = {jnp.bfloat16: 2.5e-2, jnp.float16: 4e-3}
+# (M, N, K): 1, 3, 5 and 9 m tiles; N and K odd multiples of 8; K < 64; one exact tile multiple
+SHAPES = [(96, 272, 136), (328, 528, 200), (600, 1040, 1000), (1100, 264, 8), (1024, 2048, 1024)]
+
+
+def _og():
+  from jax_dfccl._src import overlap_gpu as og
+  if not og.available():
+    pytest.skip("fused overlap module not available (needs sm90 GPUs and _dfccl_overlap)")
+  return og
+
+
+def _inputs(M, N, K, dtype, seed):
+  kx, kw = jax.random.split(jax.random.key(seed))
+  x = jax.random.normal(kx, (M, K), jnp.float32).astype(dtype)
+  w = (jax.random.normal(kw, (K, N), jnp.float32) / K ** 0.5).astype(dtype)
+  return x, w
+
+
+def _close(got, ref, dtype, what):
+  got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
+  assert got.shape == ref.shape, (what, got.shape, ref.shape)
+  err = np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-6)
+  assert np.isfinite(got).all() and err < TOL[dtype], f"{what}: max rel error {err:.3g}"
+
+
+def _run(kind, cluster_m, x, w):
+  """The fused op traced under overlap_cluster_m (the setting is read at trace time)."""
+  og = _og()
+  from jax_dfccl.config import config
+  mesh = Mesh(np.array(gpus()[:1]), ("one",))
+  if kind == "ag":
+    body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
+  else:
+    body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
+  old = config.overlap_cluster_m
+  config.overlap_cluster_m = cluster_m
+  try:
+    text = f.lower(x, w).as_text()
+    compiled = f.lower(x, w).compile()
+  finally:
+    config.overlap_cluster_m = old
+  assert f"dfccl_overlap_{kind}" in text, "fused kernel not used"
+  mode = int(re.search(r"mode = (\d+)", text).group(1))
+  assert bool(mode & og.MODE_CLUSTER_M2) == (cluster_m == 2), mode
+  return compiled
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("cluster_m", [1, 2], ids=["1x1", "2x1"])
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_one_rank_gemm(M, N, K, kind, cluster_m, dtype):
+  x, w = _inputs(M, N, K, dtype, seed=M + N + K)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  g = _run(kind, cluster_m, x, w)
+  for it in range(3):  # repeated instances on one channel (tile counter base, flags by instance)
+    _close(g(x, w), ref, dtype, f"{kind} {M}x{N}x{K} cluster {cluster_m} iter {it}")
+  _og().check()
+
+
+def test_variants_alternate_on_one_channel():
+  """1x1 and 2x1 launches of the same op share a channel (one tile counter): alternating them stays exact."""
+  x, w = _inputs(600, 1040, 1000, jnp.bfloat16, seed=5)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  g1, g2 = _run("rs", 1, x, w), _run("rs", 2, x, w)
+  for it in range(6):
+    _close((g2 if it % 2 else g1)(x, w), ref, jnp.bfloat16, f"alternating iter {it}")
+  _og().check()
