@@ -13,14 +13,21 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
 Timing as in overlap.py (a chain of dependent ops per program, programs
 called back to back, median over reps).  Needs one sm90 GPU.
 
-  python benchmarks/overlap_gemm.py --tag h200 --outdir $OUT
+  python benchmarks/overlap_gemm.py --tag h200 --outdir $OUT [--profile]
+
+--profile also traces one call of each chain (jax.profiler) and reports the
+GEMM kernel's own time and the GPU's idle gap between consecutive GEMMs.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as dt
+import glob
+import gzip
 import json
 import os
+import statistics
 import sys
 
 VARIANTS = ["xla_dot", "fused_1x1", "fused_2x1"]
@@ -71,6 +78,35 @@ def build(kind, M, N, K, names, iters):
   return {v: makers[v] for v in names}, (m, n, k)
 
 
+def gpu_kernel_events(trace_dir):
+  """[(name, start_us, dur_us)] of the GPU activities in a jax.profiler trace folder, by start."""
+  out = []
+  for fn in glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True):  # one per host
+    with gzip.open(fn) as fh:
+      data = json.load(fh)
+    evs = data.get("traceEvents", []) if isinstance(data, dict) else data
+    gpu = {e["pid"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"
+           and "GPU" in str(e.get("args", {}).get("name", ""))}
+    out += [(e["name"], e["ts"], e["dur"]) for e in evs if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
+  return sorted(out, key=lambda e: e[1])
+
+
+def chain_profile(f, a, trace_dir):
+  """One traced call of a chain: median GEMM kernel time and median idle gap between consecutive GEMMs (us)."""
+  import jax
+  with jax.profiler.trace(trace_dir):
+    jax.block_until_ready(f(*a))
+  evs = gpu_kernel_events(trace_dir)
+  if not evs:
+    return None
+  name = max({e[0] for e in evs}, key=lambda n: sum(e[2] for e in evs if e[0] == n))  # the GEMM: most time
+  ks = [e for e in evs if e[0] == name]
+  gaps = [b[1] - (a_[1] + a_[2]) for a_, b in zip(ks, ks[1:])]
+  between = collections.Counter(e[0][:60] for e in evs if e[0] != name)
+  return {"kernel": name[:120], "kernel_us": statistics.median(e[2] for e in ks),
+          "gap_us": statistics.median(gaps) if gaps else None, "other_activities": dict(between)}
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--ops", default="ag,rs", type=lambda s: s.split(","))
@@ -81,6 +117,8 @@ def main():
   p.add_argument("--min-rep-ms", type=float, default=30.0)
   p.add_argument("--tag", default="local")
   p.add_argument("--outdir", default=None, help="default benchmarks/results")
+  p.add_argument("--profile", action="store_true",
+                 help="also trace one call of each chain: GEMM kernel time and the GPU's idle gap between GEMMs")
   args = p.parse_args()
   here = os.path.dirname(os.path.abspath(__file__))
   sys.path.insert(0, os.path.join(here, ".."))
@@ -102,6 +140,9 @@ def main():
             f, a = make()
             ms, _ = time_per_op(f, a, iters, args.reps, args.min_rep_ms / 1e3)
             row["ms"][v], row["tflops"][v] = ms, 2 * m * n * k / (ms * 1e-3) / 1e12
+            if args.profile:
+              import tempfile  # noqa: PLC0415
+              row.setdefault("profile", {})[v] = chain_profile(f, a, tempfile.mkdtemp())
           except Exception as e:  # noqa: BLE001  (recorded, the run goes on)
             row["ms"][v] = None
             row.setdefault("errors", {})[v] = f"{type(e).__name__}: {e}"[:300]
@@ -124,6 +165,14 @@ def main():
     cells = [f"{r['ms'][v]:.3f} ({r['tflops'][v]:.0f})" if r["ms"].get(v) else "err" for v in args.variants]
     lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | {'x'.join(map(str, r['gemm']))} | "
                  + " | ".join(cells) + " |")
+  if args.profile:
+    lines += ["", "Traced chains: GEMM kernel us / GPU idle gap between consecutive GEMMs us (median)", "",
+              "| op | M | N | K | " + " | ".join(args.variants) + " |", "|---|---|---|---|" + "---|" * len(args.variants)]
+    for r in rows:
+      pr = r.get("profile", {})
+      cells = [f"{pr[v]['kernel_us']:.1f} / {pr[v]['gap_us']:.1f}" if pr.get(v) and pr[v]["gap_us"] is not None
+               else "-" for v in args.variants]
+      lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
   with open(base + ".md", "w") as fh:
     fh.write("\n".join(lines) + "\n")
   print("\n".join(lines))
