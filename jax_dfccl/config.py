@@ -82,7 +82,9 @@ class Config:
   #: of two CTAs compute pairs of vertically adjacent tiles of one row block
   #: and load each weight tile once per pair (TMA multicast to both CTAs),
   #: which cuts the mainloop's L2 traffic by a third; the grid is whole
-  #: clusters.  1 until measured faster on GPU.  Read (and checked) at trace time.
+  #: clusters.  The GEMM alone on one H200 (benchmarks/overlap_gemm.py):
+  #: within -3%..+4% of 1 over the 18 benchmark shapes, so 1 stays the default
+  #: (not yet measured with communication on 2 GPUs).  Read (and checked) at trace time.
   overlap_cluster_m: int = 1
 
   def as_dict(self) -> dict:
