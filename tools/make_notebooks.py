@@ -161,7 +161,8 @@ overlap = [
        "This notebook (1) checks the ops against jax.lax on 4 CPU devices, (2) plots the committed\n"
        "GPU benchmark (`benchmarks/results/overlap_*.json`, written by `benchmarks/overlap.py`) and\n"
        "(3) the per-tile timeline of the fused kernels (`benchmarks/results/overlap_timeline_*.json`,\n"
-       "written by `benchmarks/overlap_diag.py --timeline`)."),
+       "written by `benchmarks/overlap_diag.py --timeline`) and (4) the fused GEMM alone on one GPU against\n"
+       "XLA's dot (`benchmarks/results/overlap_gemm_*.json`, written by `benchmarks/overlap_gemm.py`)."),
     code("""import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 import glob, json
@@ -198,7 +199,7 @@ print("matmul_reduce_scatter (plain jit) sharding:", y.sharding.spec,
     except (OSError, ValueError):
         return ""
 paths = [p for p in glob.glob(os.path.join(RESULTS, "overlap_*.json"))
-         if "timeline" not in os.path.basename(p) and "cpu" not in os.path.basename(p)]
+         if not any(w in os.path.basename(p) for w in ("timeline", "cpu", "overlap_gemm"))]
 paths = sorted(paths, key=lambda p: (_date(p), p))
 if not paths:
     print("No benchmark results yet: run `python benchmarks/overlap.py --tag h200x2` on a GPU machine.")
@@ -338,6 +339,26 @@ if tl:
         axes[0, 0].legend(fontsize=7, loc="upper right", ncol=3)
         fig.suptitle(f"{shape[0].upper()} {shape[1]}x{shape[2]}x{shape[3]} (global), TP=2")
         fig.tight_layout(); plt.show()"""),
+    md("## The fused GEMM alone\n\n"
+       "The per-rank GEMM of every benchmark shape on one GPU, with the fused kernel over a one-GPU axis (no "
+       "communication) in its 1x1 and 2x1 cluster shapes, against XLA's dot (cuBLAS / Triton): what the "
+       "fused op could reach if the communication were entirely hidden."),
+    code("""gemm_paths = sorted(p for p in glob.glob(os.path.join(RESULTS, "overlap_gemm_*.json"))
+                    if not any(w in os.path.basename(p) for w in ("_exp", "_profile")))
+if not gemm_paths:
+    print("No GEMM-alone results yet: run `python benchmarks/overlap_gemm.py` on a GPU machine.")
+else:
+    import matplotlib.pyplot as plt
+    g = json.load(open(gemm_paths[-1]))
+    print(gemm_paths[-1], g["meta"]["date"], g["meta"]["device"])
+    names = ["xla_dot", "fused_1x1", "fused_2x1"]
+    labels = [f"{r['kind']} {'x'.join(map(str, r['gemm']))}" for r in g["rows"]]
+    fig, ax = plt.subplots(figsize=(12, 4))
+    for j, v in enumerate(names):
+        ax.bar([i + 0.27 * (j - 1) for i in range(len(labels))],
+               [(r["tflops"].get(v) or 0) for r in g["rows"]], width=0.27, label=v)
+    ax.set_xticks(range(len(labels))); ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("TFLOP/s"); ax.legend(); fig.tight_layout(); plt.show()"""),
 ]
 
 NOTEBOOKS = {"01_quickstart": quickstart, "02_profiling": profiling, "03_overlap": overlap}
