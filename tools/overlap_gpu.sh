@@ -17,8 +17,10 @@
 #   gemm      (one GPU; only if listed in OVERLAP_STEPS) pytest -m gpu tests/gpu/test_overlap_gemm.py,
 #             then benchmarks/overlap_gemm.py (the fused GEMM alone, 1x1 and 2x1 clusters, vs XLA's
 #             dot; OVERLAP_GEMM_ARGS) -> overlap_gemm_<date>_<tag>.{json,md}
-#   memcheck  (only if listed in OVERLAP_STEPS) compute-sanitizer memcheck of a tiny
-#             fused-op program (one GPU: the one-rank GEMM, both cluster shapes; timeout <= 120 s)
+#   memcheck  (only if listed in OVERLAP_STEPS) compute-sanitizer of a tiny fused-op program
+#             (one GPU: the one-rank GEMM, both cluster shapes), one run per tool in
+#             OVERLAP_SANITIZERS (default memcheck; also racecheck, synccheck), each within the
+#             time left (at most 120 s)
 # OVERLAP_STEPS (default tests,timeline,bench) picks the steps, OVERLAP_TAG (default
 # h200x2) names the results.  The kernels' settings come from jax_dfccl.config.
 set -u
@@ -92,7 +94,6 @@ fi
 
 mt=$(( $(left) - 5 )); (( mt > 120 )) && mt=120
 if step memcheck && (( mt >= 45 )) && command -v compute-sanitizer >/dev/null; then
-  log "compute-sanitizer memcheck (timeout $mt s)"
   cat > "$OUT/overlap_memcheck.py" <<'PYEOF'
 import numpy as np, jax, jax.numpy as jnp, jax_dfccl
 jax_dfccl.configure(overlap_wait_timeout_s=3.0)
@@ -121,10 +122,14 @@ for name, op, xs, ws, os_ in (("ag", ov.all_gather_matmul, P("tp"), P(None, "tp"
     y = np.asarray(f(put(x, xs), put(w, ws)).astype(jnp.float32))
   print(name, y.shape, "max", y.max(), "min", y.min(), "errors:", og.errors(), flush=True)
 PYEOF
-  XLA_PYTHON_CLIENT_PREALLOCATE=false \
-  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
-    timeout $mt compute-sanitizer --tool memcheck --print-limit 20 $PY "$OUT/overlap_memcheck.py" \
-    > "$OUT/overlap_memcheck.log" 2>&1
-  echo "memcheck rc=$?"; filt < "$OUT/overlap_memcheck.log" | grep -v "^=========  *Host Frame\|^=========     " | tail -30
+  for tool in ${OVERLAP_SANITIZERS:-memcheck}; do
+    mt=$(( $(left) - 5 )); (( mt > 120 )) && mt=120; (( mt >= 45 )) || break
+    log "compute-sanitizer $tool (timeout $mt s)"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+      timeout $mt compute-sanitizer --tool $tool --print-limit 20 $PY "$OUT/overlap_memcheck.py" \
+      > "$OUT/overlap_$tool.log" 2>&1
+    echo "$tool rc=$?"; filt < "$OUT/overlap_$tool.log" | grep -v "^=========  *Host Frame\|^=========     " | tail -30
+  done
 fi
 log done
