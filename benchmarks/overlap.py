@@ -85,6 +85,23 @@ def _setup_jax(args):
   sys.path.insert(0, here)
 
 
+def chain(body, iters):
+  """f(x, w) -> the results of `iters` dependent calls of body(x, w), every one an output.
+
+  XLA removes ops whose result is unused (an optimization barrier does not keep
+  them); the barrier makes op i+1 start after op i ends."""
+  from jax import lax
+
+  def f(x, w):
+    ys = []
+    for _ in range(iters):
+      y = body(x, w)
+      x, y = lax.optimization_barrier((x, y))
+      ys.append(y)
+    return tuple(ys)
+  return f
+
+
 def build(kind, M, N, K, names, it):
   """Returns {variant: maker() -> (jitted fn, args)} for one shape."""
   import jax
@@ -105,18 +122,6 @@ def build(kind, M, N, K, names, it):
   put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))  # noqa: E731
   x = put(jax.random.normal(kx, (M, K), bf), xs)
   w = put((jax.random.normal(kw, (K, N), jnp.float32) / K ** 0.5).astype(bf), ws)
-
-  def chain(body, iters):
-    # Every op's result is an output: XLA removes ops whose result is unused
-    # (an optimization barrier does not keep them).
-    def f(x, w):
-      ys = []
-      for _ in range(iters):
-        y = body(x, w)
-        x, y = lax.optimization_barrier((x, y))  # op i+1 starts after op i ends
-        ys.append(y)
-      return tuple(ys)
-    return f
 
   def per_shard(body, in_specs, out_specs):
     return jax.jit(jax.shard_map(chain(body, it), mesh=mesh, in_specs=in_specs,

@@ -37,10 +37,10 @@ def build(kind, M, N, K, names, iters):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from jax import lax
   from jax.sharding import Mesh, PartitionSpec as P
 
   from jax_dfccl._src import overlap_gpu as og
+  from overlap import chain  # benchmarks/ (on sys.path, main)
   from jax_dfccl.config import config
 
   m, n, k = (M, N // 2, K) if kind == "ag" else (M, N, K // 2)
@@ -49,22 +49,12 @@ def build(kind, M, N, K, names, iters):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
 
-  def chain(body):
-    def f(x, w):
-      ys = []
-      for _ in range(iters):
-        y = body(x, w)
-        x, y = lax.optimization_barrier((x, y))  # op i+1 starts after op i ends
-        ys.append(y)
-      return tuple(ys)
-    return f
-
   def fused(cluster_m):
     if kind == "ag":
       body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
     else:
       body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
-    f = jax.jit(jax.shard_map(chain(body), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
+    f = jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
     old, config.overlap_cluster_m = config.overlap_cluster_m, cluster_m
     try:
       if "dfccl_overlap_" not in f.lower(x, w).as_text():
@@ -73,7 +63,7 @@ def build(kind, M, N, K, names, iters):
     finally:
       config.overlap_cluster_m = old
 
-  makers = {"xla_dot": lambda: (jax.jit(chain(jnp.dot)), (x, w)),
+  makers = {"xla_dot": lambda: (jax.jit(chain(jnp.dot, iters)), (x, w)),
             "fused_1x1": lambda: fused(1), "fused_2x1": lambda: fused(2)}
   return {v: makers[v] for v in names}, (m, n, k)
 

@@ -43,11 +43,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ls -la jax_dfccl/*.so
 timeout 60 $PY -c "import jax, jax_dfccl._src.overlap_gpu as g; print('jax', jax.__version__, jax.devices()); print('fused module available:', g.available())" 2>&1 | filt | tail -3
 
+gpu_tests() {  # name, test file, timeout (s)
+  log "pytest -m gpu $2 (timeout $3 s)"
+  timeout $3 $PY -m pytest -m gpu -q "$2" -p no:cacheprovider -rfE > "$OUT/$1.log" 2>&1
+  echo "$1 rc=$?"; filt < "$OUT/$1.log" | tail -40
+}
+
 if step gemm; then
-  log "pytest -m gpu tests/gpu/test_overlap_gemm.py (timeout 150 s)"
-  timeout 150 $PY -m pytest -m gpu -q tests/gpu/test_overlap_gemm.py -p no:cacheprovider -rfE \
-    > "$OUT/overlap_gemm_tests.log" 2>&1
-  echo "gemm tests rc=$?"; filt < "$OUT/overlap_gemm_tests.log" | tail -30
+  gpu_tests overlap_gemm_tests tests/gpu/test_overlap_gemm.py 150
   gt=$(( $(left) - 30 )); (( gt > 240 )) && gt=240
   log "benchmarks/overlap_gemm.py (timeout $gt s)"
   timeout $gt $PY benchmarks/overlap_gemm.py --tag "$TAG" --outdir "$OUT" ${OVERLAP_GEMM_ARGS:-} \
@@ -56,10 +59,7 @@ if step gemm; then
 fi
 
 if step tests; then
-  log "pytest -m gpu tests/gpu/test_overlap_gpu.py (timeout 120 s)"
-  timeout 120 $PY -m pytest -m gpu -q tests/gpu/test_overlap_gpu.py -p no:cacheprovider -rfE \
-    > "$OUT/overlap_tests.log" 2>&1
-  echo "tests rc=$?"; filt < "$OUT/overlap_tests.log" | tail -40
+  gpu_tests overlap_tests tests/gpu/test_overlap_gpu.py 120
 fi
 
 tt=$(( $(left) - 200 )); (( tt > 100 )) && tt=100
