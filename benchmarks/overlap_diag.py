@@ -45,23 +45,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from overlap import chain  # noqa: E402  (benchmarks/overlap.py)
 
 DEFAULT_SHAPES = "ag:1024:14336:4096,rs:1024:4096:14336,ag:4096:14336:4096,rs:4096:4096:14336"
 VARIANTS = ["fused", "mailbox", "legacy", "rs_ce", "rs_sm", "nocomm"]
 TIMELINE_VARIANTS = ("fused", "mailbox", "nocomm")
-
-
-def chain(body, iters):
-  from jax import lax
-
-  def f(x, w):
-    ys = []
-    for _ in range(iters):
-      y = body(x, w)
-      x, y = lax.optimization_barrier((x, y))
-      ys.append(y)
-    return tuple(ys)
-  return f
 
 
 def _median(xs):
