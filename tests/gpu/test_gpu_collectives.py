@@ -1,4 +1,9 @@
-"""GPU tests of the CUDA backend through the public API (run with `pytest -m gpu tests/gpu`)."""
+"""GPU tests of the CUDA backend through the public API (run with `pytest -m gpu tests/gpu`).
+
+The mesh axis spans every GPU JAX sees; on a machine with one GPU the tests
+that need a peer (chaos orders, a missing rank, the jax.lax hang) are skipped
+and the rest run over a group of one.
+"""
 from __future__ import annotations
 
 import os
@@ -16,9 +21,10 @@ from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 from jax_dfccl.testing import gpus  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(gpus()) < 2, reason="needs >= 2 GPUs")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(gpus()) < 1, reason="needs a GPU")]
+needs_peer = pytest.mark.skipif(len(gpus()) < 2, reason="needs >= 2 GPUs")
 
-if len(gpus()) >= 2:
+if len(gpus()) >= 1:
   import jax_dfccl as d
   N = len(gpus())
   MESH = Mesh(np.array(gpus()), ("x",))
@@ -99,7 +105,8 @@ def test_large_paths(op, path, elems):
   if op in ("psum", "pmax", "pmin"):
     assert (got == got[:1]).all(), "ranks disagree on an all-reduce"
   reduction = op in ("psum", "pmax", "pmin", "psum_scatter")
-  assert moved == (1 if path != "daemon" and (N == 2 or not reduction) else 0)
+  # A group of one never uses the copy engines (nothing to move); reductions do with 2 ranks.
+  assert moved == (1 if path != "daemon" and N > 1 and (N == 2 or not reduction) else 0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -164,6 +171,7 @@ def test_parity_1gib(mib):
   assert np.array_equal(np.asarray(ours(x)), np.asarray(ref(x)))
 
 
+@needs_peer
 def test_chaos_order():
   """8 collectives started in rank-specific orders, 100 iterations, exact results."""
   from jax_dfccl import testing as T
@@ -181,6 +189,7 @@ def test_chaos_order():
   assert np.array_equal(np.asarray(out), np.stack([want] * N))
 
 
+@needs_peer
 def test_chaos_order_copy_engine():
   """The chaos-order program with 8 MiB collectives (copy engines), exact."""
   from jax_dfccl import testing as T
@@ -225,6 +234,7 @@ print("OK", d.stats()["cuda"]["copy_engine_ops"])
 """
 
 
+@needs_peer
 def test_mixed_paths_chaos_in_fresh_process():
   """psums on the daemon and all_gathers on the copy engines, started in rank-specific orders, in a
   process whose daemon first ran with the default grid: the larger grid's first launch must not wait
@@ -257,6 +267,7 @@ def test_two_programs_in_flight():
   np.testing.assert_allclose(np.asarray(b2), 2 * np.asarray(b), rtol=1e-6)
 
 
+@needs_peer
 def test_timeout_names_missing_rank():
   d.configure(timeout_s=2.0)
   try:
@@ -292,6 +303,7 @@ def test_idle_daemon_quits_and_memory_is_flat():
   assert d.stats()["cuda"]["daemons_running"] == 0
 
 
+@needs_peer
 def test_chaos_workload_exact():
   """The shared chaos workload (8 kinds/sizes, rank-specific start and done orders), 100 iterations."""
   from jax_dfccl import testing as T
@@ -302,6 +314,7 @@ def test_chaos_workload_exact():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
 
 
+@needs_peer
 def test_lax_chaos_program_hangs():
   """The same chaos program with blocking jax.lax collectives deadlocks (subprocess, killed)."""
   env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
