@@ -361,12 +361,33 @@ def _async_start_lowering(ctx, x, *, site, **params):
   return _start_lowering(ctx, x, site=site, **params)
 
 
+# Sites whose group has one member: lowered without the runtime (see _trivial).
+_TRIVIAL_SITES: set[int] = set()
+
+
+def _trivial(ctx, x, op, perm):
+  """A collective over a group of one rank, as plain HLO (what XLA makes of
+  jax.lax's): every op's canonical output holds the input's elements in its
+  own shape (reduce / gather / scatter / exchange of one rank), except a
+  ppermute in which the rank sends itself nothing: zeros."""
+  out_aval = ctx.avals_out[0]
+  if op == "ppermute" and not perm:
+    return mlir.full_like_aval(ctx, 0, out_aval)
+  return mlir.reshape(ctx, x, out_aval)
+
+
 def _start_lowering(ctx, x, *, op, axes, groups, key, key_hash, reduce, perm, site,
                     target="dfccl_start", aliases=None):
-  from jax_dfccl._src import backend
-  backend.load()  # registers the FFI targets before XLA compiles the call
   mesh = _spmd_mesh(ctx, op)
   groups = group_table(mesh, axes, groups)
+  if groups.shape[1] == 1:  # nothing to match or move: no custom call, no runtime
+    _TRIVIAL_SITES.add(site)
+    out = _trivial(ctx, x, op, perm)
+    if target == "dfccl_collective":
+      return [out]
+    return [out, x, mlir.ir_constant(np.array(0, np.int64))]
+  from jax_dfccl._src import backend
+  backend.load()  # registers the FFI targets before XLA compiles the call
   perm_arr = np.asarray(perm if perm else [(-1, -1)], dtype=np.int32).reshape(-1)
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 1} if aliases is None else aliases,
                               has_side_effect=True)
@@ -379,6 +400,8 @@ def _start_lowering(ctx, x, *, op, axes, groups, key, key_hash, reduce, perm, si
 
 
 def _done_lowering(ctx, out, x_alias, ticket, *, key, site):
+  if site in _TRIVIAL_SITES:  # its start had a group of one
+    return [out]
   rule = jax.ffi.ffi_lowering("dfccl_done", operand_output_aliases={0: 0}, has_side_effect=True)
   return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
 

@@ -2,7 +2,8 @@
 
 The mesh axis spans every GPU JAX sees; on a machine with one GPU the tests
 that need a peer (chaos orders, a missing rank, the jax.lax hang) are skipped
-and the rest run over a group of one.
+and the rest run over a group of one, which lowers without the runtime
+(core._trivial): they then check the CUDA lowering of that path.
 """
 from __future__ import annotations
 
