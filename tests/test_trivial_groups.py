@@ -94,3 +94,17 @@ def test_singleton_index_groups_skip_the_runtime(mesh8):
   want = np.asarray(x).reshape(2, 4, 1, 6).sum(1, keepdims=True).repeat(4, 1).reshape(8, 6)
   np.testing.assert_allclose(np.asarray(h(x)), want, rtol=1e-6)
   assert dc.stats()["cpu"]["started"] > started
+
+
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "matmul_psum"])
+def test_overlap_ops_with_tensor_parallelism_of_one(mesh41, op):
+  """The GEMM + communication ops over an axis of size 1: x @ w, nothing through the runtime."""
+  rng = np.random.default_rng(4)
+  x = put(jnp.asarray(rng.standard_normal((16, 32)), jnp.float32), mesh41, P("x"))
+  w = jnp.asarray(rng.standard_normal((32, 24)), jnp.float32)
+  f = jax.jit(jax.shard_map(lambda a, b: getattr(dc, op)(a, b, "one"), mesh=mesh41, in_specs=(P("x"), P()),
+                            out_specs=P("x"), check_vma=False))
+  started = dc.stats()["cpu"]["started"]
+  np.testing.assert_allclose(np.asarray(f(x, w)), np.asarray(x) @ np.asarray(w), rtol=1e-5, atol=1e-5)
+  assert dc.stats()["cpu"]["started"] == started
+  assert "dfccl_" not in f.lower(x, w).as_text()
