@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
   const int lane = cutlass::canonical_lane_idx();
   const int mt = (l.mb + kTileM - 1) / kTileM, nt = (l.n + kTileN - 1) / kTileN;
   const int per_block = mt * nt, total = l.nranks * per_block;
-  const int units = l.nranks * ((mt + CM - 1) / CM) * nt;  // work units (gemm_sched.cuh)
+  const int units = l.units;  // work units (gemm_sched.cuh), counted by the host
   const int k_tiles = (l.k + 63) / 64;
   const uint32_t crank = CM > 1 ? cute::block_rank_in_cluster() : 0u;
 
@@ -376,21 +376,32 @@ cudaError_t PreloadGemm() {
   return e != cudaSuccess ? e : PreloadVariant<T, 2>();
 }
 
+// Launch configuration of variant CM with `grid` CTAs on `stream`: dynamic
+// shared memory and, for CM > 1, the cluster shape (`attr` must outlive it).
+template <class T, int CM>
+cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr) {
+  using C = GemmCfg<T, CM>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid, 1, 1);
+  cfg.blockDim = dim3(C::kThreads, 1, 1);
+  cfg.dynamicSmemBytes = sizeof(typename C::SharedStorage);
+  cfg.stream = stream;
+  if constexpr (CM > 1) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = CM;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cfg;
+}
+
 // CTAs of the 2x1 cluster variant that can be resident at once (after PreloadGemm).
 template <class T>
 cudaError_t GemmClusterCtas(int* ctas) {
-  using C = GemmCfg<T, 2>;
   cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(2, 1, 1);
-  cfg.blockDim = dim3(C::kThreads, 1, 1);
-  cfg.dynamicSmemBytes = sizeof(typename C::SharedStorage);
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = LaunchConfig<T, 2>(2, nullptr, &attr);
   int clusters = 0;
   const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, 2>, &cfg);
   *ctas = 2 * clusters;
@@ -406,7 +417,6 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
   using Mainloop = typename C::Mainloop;
   static_assert(sizeof(typename C::SharedStorage) <= 232448, "shared memory over the sm90 limit");
   static_assert(sizeof(typename C::Params) <= 32000, "kernel parameters too large (CUDA >= 12.1 allows 32 KiB)");
-  constexpr int smem = sizeof(typename C::SharedStorage);
   if (l.grid <= 0 || l.grid % CM != 0) return cudaErrorInvalidConfiguration;
   struct Cached {
     bool attr = false;
@@ -446,24 +456,9 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     }
     for (int b = 0; b < l.nranks; ++b) p.ml[b] = c.ml[b];
   }
-  if constexpr (CM == 1) {
-    OverlapGemmKernel<T, 1><<<l.grid, C::kThreads, smem, stream>>>(p);
-    return cudaGetLastError();
-  } else {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = CM;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(l.grid, 1, 1);
-    cfg.blockDim = dim3(C::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM>, p);
-  }
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM>(l.grid, stream, &attr);
+  return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM>, p);
 }
 
 // The one dispatch over the cluster shape (GemmLaunch::cluster_m).

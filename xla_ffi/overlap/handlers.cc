@@ -314,10 +314,10 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     // Copy engine: one SM stays free for the side stream's wait / signal kernels
     // (the persistent GEMM's CTAs wait for flags those kernels raise).
     gl.cluster_m = ClusterM(mode);
-    const int units = Units(P, int(mtiles), (n + kTileN - 1) / kTileN, gl.cluster_m);
-    gl.grid = GemmGrid(dev, dev.sms - (push ? std::max(push_ctas, 1) : 0), units, gl.cluster_m);
+    gl.units = Units(P, int(mtiles), (n + kTileN - 1) / kTileN, gl.cluster_m);
+    gl.grid = GemmGrid(dev, dev.sms - (push ? std::max(push_ctas, 1) : 0), gl.units, gl.cluster_m);
     gl.tile_base = pro.rs->tiles_taken;
-    pro.rs->tiles_taken += uint32_t(units + gl.grid / gl.cluster_m);
+    pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
     OV_CUDA(launch(gl, stream));
     Keep(key, no_comm ? "|gemm_nocomm" : "|gemm", g0, Mark(stream));
@@ -386,10 +386,10 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     }
     // Copy engine: one SM stays free for the side stream's wait / signal kernels.
     gl.cluster_m = ClusterM(mode);
-    const int units = Units(P, (mb + kTileM - 1) / kTileM, (N + kTileN - 1) / kTileN, gl.cluster_m);
-    gl.grid = GemmGrid(dev, dev.sms - (ce ? 1 : 0), units, gl.cluster_m);
+    gl.units = Units(P, (mb + kTileM - 1) / kTileM, (N + kTileN - 1) / kTileN, gl.cluster_m);
+    gl.grid = GemmGrid(dev, dev.sms - (ce ? 1 : 0), gl.units, gl.cluster_m);
     gl.tile_base = pro.rs->tiles_taken;
-    pro.rs->tiles_taken += uint32_t(units + gl.grid / gl.cluster_m);
+    pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
     OV_CUDA(launch(gl, stream));
     Keep(key, gl.no_comm ? "|gemm_nocomm" : "|gemm", g0, Mark(stream));

@@ -136,6 +136,7 @@ struct GemmLaunch {
   uint64_t timeout_ns = 0;
   int32_t grid = 0;                     // cluster_m = 2: even
   int32_t cluster_m = 1;                // 1: one CTA per tile; 2: 2x1 clusters on tile pairs (gemm_sched.cuh)
+  int32_t units = 0;                    // work units: nranks x ceil(m tiles / cluster_m) x n tiles
   int32_t no_comm = 0;  // diagnostic: no waits, no remote stores (GEMM cost alone; results invalid)
   int32_t thread_fences = 0;  // RS: every storing thread fences (else one fence per CTA)
   uint64_t* tl = nullptr;     // profile timeline (see kTlWords) or null
