@@ -162,18 +162,11 @@ def build(kind, M, N, K, names, it):
   def make_fused(bits=0, **cfg):  # config entries and diag bits are read at trace time
     if not ovg.available():
       raise RuntimeError("fused overlap module not available (needs sm90 GPUs and _dfccl_overlap)")
-    from jax_dfccl.config import config  # noqa: PLC0415
-    old = {k: getattr(config, k) for k in cfg}
-    try:
-      for k, v in cfg.items():
-        setattr(config, k, v)
-      with ovg.fused(True), ovg.diag_mode(bits):
-        f = per_shard(lambda x, w: op(x, w, "tp"), (xs, ws), os_)
-        if "dfccl_overlap_" not in f.lower(x, w).as_text():
-          raise RuntimeError("fused kernel not applicable to this shape")
-    finally:
-      for k, v in old.items():
-        setattr(config, k, v)
+    import jax_dfccl  # noqa: PLC0415
+    with jax_dfccl.configured(**cfg), ovg.fused(True), ovg.diag_mode(bits):
+      f = per_shard(lambda x, w: op(x, w, "tp"), (xs, ws), os_)
+      if "dfccl_overlap_" not in f.lower(x, w).as_text():
+        raise RuntimeError("fused kernel not applicable to this shape")
     return f, (x, w)
   add("ours_fused", make_fused)
   add("fused_legacy", lambda: make_fused(overlap_copy_engine=False, overlap_cta_fence=False,

@@ -64,7 +64,7 @@ def run_shape(kind, M, N, K, args, timelines):
   from overlap import time_per_op  # benchmarks/overlap.py: the same timing
   from jax_dfccl._src import overlap as ov
   from jax_dfccl._src import overlap_gpu as og
-  from jax_dfccl.config import config
+  import jax_dfccl
 
   mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2])
   bf = jnp.bfloat16
@@ -87,17 +87,10 @@ def run_shape(kind, M, N, K, args, timelines):
   r["xla_dot"], _ = time_per_op(jax.jit(chain(lambda x, w: x @ w, it)), (a, b), it, args.reps, 0.02)
 
   def build(bits=0, **cfg):  # transfer / fence / handshake schemes are read at trace time
-    old = {k: getattr(config, k) for k in cfg}
-    try:
-      for k, v in cfg.items():
-        setattr(config, k, v)
-      with og.fused(True), og.diag_mode(bits):
-        f = jax.jit(jax.shard_map(chain(lambda x, w: op(x, w, "tp"), it), mesh=mesh,
-                                  in_specs=(xs, ws), out_specs=(os_,) * it))
-        f.lower(x, w)
-    finally:
-      for k, v in old.items():
-        setattr(config, k, v)
+    with jax_dfccl.configured(**cfg), og.fused(True), og.diag_mode(bits):
+      f = jax.jit(jax.shard_map(chain(lambda x, w: op(x, w, "tp"), it), mesh=mesh,
+                                in_specs=(xs, ws), out_specs=(os_,) * it))
+      f.lower(x, w)
     return f
 
   makers = {"fused": build, "mailbox": lambda: build(og.MODE_MAILBOX_ONLY),

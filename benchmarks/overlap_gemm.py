@@ -39,9 +39,9 @@ def build(kind, M, N, K, names, iters):
   import numpy as np
   from jax.sharding import Mesh, PartitionSpec as P
 
+  import jax_dfccl
   from jax_dfccl._src import overlap_gpu as og
   from overlap import chain  # benchmarks/ (on sys.path, main)
-  from jax_dfccl.config import config
 
   m, n, k = (M, N // 2, K) if kind == "ag" else (M, N, K // 2)
   kx, kw = jax.random.split(jax.random.key(0))
@@ -55,13 +55,11 @@ def build(kind, M, N, K, names, iters):
     else:
       body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
     f = jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
-    old, config.overlap_cluster_m = config.overlap_cluster_m, cluster_m
-    try:
-      if "dfccl_overlap_" not in f.lower(x, w).as_text():
-        raise RuntimeError("fused kernel not used")
-      return f.lower(x, w).compile(), (x, w)
-    finally:
-      config.overlap_cluster_m = old
+    with jax_dfccl.configured(overlap_cluster_m=cluster_m):
+      lowered = f.lower(x, w)
+    if "dfccl_overlap_" not in lowered.as_text():
+      raise RuntimeError("fused kernel not used")
+    return lowered.compile(), (x, w)
 
   makers = {"xla_dot": lambda: (jax.jit(chain(jnp.dot, iters)), (x, w)),
             "fused_1x1": lambda: fused(1), "fused_2x1": lambda: fused(2)}

@@ -7,7 +7,7 @@ collective waiting for peers.  Drop-in for the jax.lax collectives inside
 :func:`done`.
 """
 from jax_dfccl.config import config
-from jax_dfccl._src.backend import configure, stats, reset, pending
+from jax_dfccl._src.backend import configure, configured, stats, reset, pending
 from jax_dfccl._src.plan import done, Handle
 from jax_dfccl._src.psum import psum, pmean, pmax, pmin, psum_start, pmean_start, pmax_start, pmin_start
 from jax_dfccl._src.all_gather import all_gather, all_gather_start
@@ -24,5 +24,5 @@ __all__ = [
     "psum_start", "pmean_start", "pmax_start", "pmin_start", "all_gather_start", "psum_scatter_start",
     "all_to_all_start", "ppermute_start", "done", "Handle",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_psum",
-    "config", "configure", "stats", "reset", "pending", "export_trace", "patch_lax",
+    "config", "configure", "configured", "stats", "reset", "pending", "export_trace", "patch_lax",
 ]

@@ -38,6 +38,23 @@ def test_configure_rejects_unknown_entries():
   dc.configure(timeout_s=300.0)
 
 
+def test_configured_sets_for_a_block_and_restores():
+  before = dc.config.timeout_s
+  with dc.configured(timeout_s=77.0, overlap_cluster_m=2):
+    assert dc.config.timeout_s == 77.0 and dc.config.overlap_cluster_m == 2
+    assert dc.stats()["cpu"]["timeout_s"] == 77.0  # pushed to the runtime
+  assert dc.config.timeout_s == before and dc.config.overlap_cluster_m == 1
+  assert dc.stats()["cpu"]["timeout_s"] == before
+  with pytest.raises(RuntimeError, match="inside"):
+    with dc.configured(timeout_s=55.0):
+      raise RuntimeError("inside")
+  assert dc.config.timeout_s == before
+  with pytest.raises(AttributeError, match="unknown entry 'timeout'"):
+    with dc.configured(timeout=3):
+      pass
+  assert dc.config.timeout_s == before
+
+
 def test_pending_names_the_stuck_collective_and_its_ranks(mesh8):
   """jax_dfccl.pending(), called from another thread while a program waits for peers that never
   start a collective, names the collective and which ranks did and did not start it."""

@@ -99,13 +99,12 @@ import numpy as np, jax, jax.numpy as jnp, jax_dfccl
 jax_dfccl.configure(overlap_wait_timeout_s=3.0)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax_dfccl._src import overlap as ov, overlap_gpu as og
-from jax_dfccl.config import config
 x = jnp.ones((136, 72), jnp.bfloat16); w = jnp.ones((72, 40), jnp.bfloat16)
 if len(jax.devices()) < 2:  # one GPU: the GEMM alone (a one-rank group), 1x1 and 2x1 clusters
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
   x = jnp.ones((392, 72), jnp.bfloat16)  # 4 m tiles: the 2x1 variant's last pair is whole
   for cm in (1, 2):
-    config.overlap_cluster_m = cm
+    jax_dfccl.configure(overlap_cluster_m=cm)
     for name, op in (("ag", lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]),
                      ("rs", lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1))):
       for rows in (392, 264):  # 264: 3 m tiles, the last pair's second tile below the matrix

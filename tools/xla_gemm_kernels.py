@@ -30,18 +30,15 @@ def _fused(cluster_m):
   import numpy as np
   from jax.sharding import Mesh, PartitionSpec as P
 
+  import jax_dfccl
   from jax_dfccl._src import overlap_gpu as og
-  from jax_dfccl.config import config
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
   f = jax.jit(jax.shard_map(lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1), mesh=mesh,
                             in_specs=(P(), P()), out_specs=P()))
-  old, config.overlap_cluster_m = config.overlap_cluster_m, cluster_m
 
-  def run(x, w):
-    try:
+  def run(x, w):  # the first call traces (under the setting); later ones reuse it
+    with jax_dfccl.configured(overlap_cluster_m=cluster_m):
       return f(x, w)
-    finally:
-      config.overlap_cluster_m = old
   return run
 
 

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 
@@ -60,6 +61,23 @@ def configure(**entries):
     setattr(config, k, type(getattr(config, k))(v))
   for rt in load().values():
     rt.configure(config.as_dict())
+
+
+@contextlib.contextmanager
+def configured(**entries):
+  """``configure(**entries)`` inside the block, the previous values restored
+  after it (also on an error).  Settings read at trace time (the ``overlap_*``
+  entries) apply to what is traced inside the block."""
+  old = {}
+  for k in entries:
+    if not hasattr(config, k):
+      raise AttributeError(f"jax_dfccl.configured: unknown entry {k!r}; see jax_dfccl.config")
+    old[k] = getattr(config, k)
+  configure(**entries)
+  try:
+    yield config
+  finally:
+    configure(**old)
 
 
 def stats() -> dict:

@@ -53,20 +53,16 @@ def _close(got, ref, dtype, what):
 def _run(kind, cluster_m, x, w):
   """The fused op traced under overlap_cluster_m (the setting is read at trace time)."""
   og = _og()
-  from jax_dfccl.config import config
+  import jax_dfccl
   mesh = Mesh(np.array(gpus()[:1]), ("one",))
   if kind == "ag":
     body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
   else:
     body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
-  old = config.overlap_cluster_m
-  config.overlap_cluster_m = cluster_m
-  try:
-    text = f.lower(x, w).as_text()
-    compiled = f.lower(x, w).compile()
-  finally:
-    config.overlap_cluster_m = old
+  with jax_dfccl.configured(overlap_cluster_m=cluster_m):
+    lowered = f.lower(x, w)
+  text, compiled = lowered.as_text(), lowered.compile()
   assert f"dfccl_overlap_{kind}" in text, "fused kernel not used"
   mode = int(re.search(r"mode = (\d+)", text).group(1))
   assert bool(mode & og.MODE_CLUSTER_M2) == (cluster_m == 2), mode

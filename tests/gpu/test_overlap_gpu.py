@@ -184,20 +184,14 @@ def test_vmap_per_shard():
                                                          (True, True, True)], ids=["sm-push", "ce", "rs-ce"])
 def test_modes(kind, copy_engine, cta_fence, rs_ce):
   """The transfer / fence schemes (jax_dfccl.config, traced into `mode`)."""
-  from jax_dfccl.config import config
-  names = ("overlap_copy_engine", "overlap_cta_fence", "overlap_rs_copy_engine_min_bytes")
-  old = [getattr(config, k) for k in names]
-  for k, v in zip(names, (copy_engine, cta_fence, 0 if rs_ce else -1)):
-    setattr(config, k, v)
-  try:
+  import jax_dfccl
+  with jax_dfccl.configured(overlap_copy_engine=copy_engine, overlap_cta_fence=cta_fence,
+                            overlap_rs_copy_engine_min_bytes=0 if rs_ce else -1):
     dtype = jnp.bfloat16
     x, w = _inputs(512, 768, 384, dtype, seed=8)
     f, args = _per_shard(kind, x, w)
     rs_bit = 4 * int(rs_ce and kind == "rs")
     assert f"mode = {int(copy_engine) | 2 * int(cta_fence) | rs_bit}" in f.lower(*args).as_text()
-  finally:
-    for k, v in zip(names, old):
-      setattr(config, k, v)
   ref = _ref(kind, x, w)
   for it in range(4):  # copy engine: from the second instance on (peer buffers known)
     _close(f(*args), ref, dtype, f"{kind} mode {copy_engine},{cta_fence} iter {it}")
@@ -270,18 +264,12 @@ CLUSTER_SHAPES = [("ag", 656, 528, 200), ("ag", 96, 272, 136), ("ag", 1200, 1040
 
 def _traced_with(settings, kind, x, w):
   """A per-shard program traced, checked for its `mode` and compiled under `settings` (config)."""
-  from jax_dfccl.config import config
-  old = {k: getattr(config, k) for k in settings}
-  for k, v in settings.items():
-    setattr(config, k, v)
-  try:
+  import jax_dfccl
+  with jax_dfccl.configured(**settings):
     f, args = _per_shard(kind, x, w)
     mode = int(re.search(r"mode = (\d+)", f.lower(*args).as_text()).group(1))
     assert bool(mode & og.MODE_CLUSTER_M2) == (settings.get("overlap_cluster_m", 1) == 2), mode
     jax.block_until_ready(f(*args))  # compiled (and run once) with these settings
-  finally:
-    for k, v in old.items():
-      setattr(config, k, v)
   return f, args
 
 
