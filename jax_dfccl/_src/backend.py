@@ -40,6 +40,9 @@ def load() -> dict:
       except ImportError as e:
         raise ImportError("jax_dfccl: JAX sees GPUs but the CUDA backend (_dfccl_cuda) is not "
                           "built; reinstall jax_dfccl on a machine with nvcc") from e
+      if cuda.op_table() != cpu.op_table():
+        raise ImportError("jax_dfccl: the CPU and CUDA extension modules were built from different "
+                          "op tables; rebuild jax_dfccl")
       for name, capsule in cuda.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
       _runtimes["cuda"] = cuda
@@ -47,6 +50,12 @@ def load() -> dict:
       rt.configure(config.as_dict())
     _loaded = True
     return _runtimes
+
+
+def op_table() -> dict:
+  """The runtimes' op, reduce-op and dtype tables (xla_ffi/include/dfccl/ops.h).
+  Importing the CPU module registers nothing and touches no device."""
+  return importlib.import_module("jax_dfccl._dfccl_cpu").op_table()
 
 
 def runtimes() -> dict:

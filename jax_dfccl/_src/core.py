@@ -20,6 +20,7 @@ call site; the runtime counts ``seq`` per key on each rank.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import os
@@ -58,10 +59,27 @@ for _s in (effects.lowerable_effects, effects.control_flow_allowed_effects,
 # --------------------------------------------------------------------------
 # Op registry
 
-KIND = {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 2, "all_to_all": 3, "ppermute": 4}
-REDUCE = {"sum": 0, "max": 1, "min": 2}
-SUPPORTED_DTYPES = tuple(np.dtype(d) for d in
-                         (np.float32, jnp.bfloat16, np.float16, np.float64, np.int32))
+# The op kinds, reduce ops and the runtimes' dtypes are defined once, in the C++
+# op table (xla_ffi/include/dfccl/ops.h, collective.h); the extension modules
+# export it (`op_table()`), and these names read it on first use:
+#   KIND              op kind name -> the `kind` attribute of the custom calls
+#   REDUCE            reduce op name -> the `reduce_op` attribute
+#   SUPPORTED_DTYPES  the dtypes the runtimes compute on
+
+
+@functools.cache
+def _tables() -> dict:
+  from jax_dfccl._src import backend
+  t = backend.op_table()
+  return dict(KIND={k: v[0] for k, v in t["ops"].items()}, REDUCE=dict(t["reduces"]),
+              SUPPORTED_DTYPES=tuple(np.dtype(jnp.bfloat16) if n == "bfloat16" else np.dtype(n)
+                                     for n in t["dtypes"]))
+
+
+def __getattr__(name):
+  if name in ("KIND", "REDUCE", "SUPPORTED_DTYPES"):
+    return _tables()[name]
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,7 +411,7 @@ def _start_lowering(ctx, x, *, op, axes, groups, key, key_hash, reduce, perm, si
                               has_side_effect=True)
   sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL])
   return rule(sub, x, _partition_id(ctx),
-              kind=np.int32(KIND[OPS[op].kind]), reduce_op=np.int32(REDUCE[reduce]),
+              kind=np.int32(_tables()['KIND'][OPS[op].kind]), reduce_op=np.int32(_tables()['REDUCE'][reduce]),
               key=key, key_hash=np.int64(key_hash), site=np.int64(site),
               group_size=np.int32(groups.shape[1]), groups=groups.reshape(-1),
               device_ids=device_ids(mesh), perm=perm_arr)

@@ -14,10 +14,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_dfccl import _dfccl_cpu as rt
+from jax_dfccl._src.core import KIND, REDUCE as RED  # the runtime's op table
 
 N = 8
-KIND = {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 2, "all_to_all": 3, "ppermute": 4}
-RED = {"sum": 0, "max": 1, "min": 2}
 _registered = False
 
 

@@ -1,6 +1,8 @@
 // nanobind module _dfccl_cpu: the extension-module contract of
 // docs/architecture.md for the CPU backend.
 #include <nanobind/nanobind.h>
+
+#include "bindings/tables.h"
 #include <nanobind/stl/string.h>
 
 #include <string>
@@ -91,6 +93,7 @@ nb::list TraceRecords() {
 
 NB_MODULE(_dfccl_cpu, m) {
   m.doc() = "jax_dfccl CPU backend: deadlock-free, order-free collectives on host threads";
+  m.def("op_table", &dfccl::bindings::OpTable, "The op, reduce-op and dtype tables (ids)");
   m.def("registrations", &Registrations, "FFI handler capsules by target name");
   m.def("configure", &Configure, nb::arg("cfg"), "Apply jax_dfccl.config entries (unknown keys ignored)");
   m.def("stats", &Stats, "Runtime counters");

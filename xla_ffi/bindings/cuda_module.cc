@@ -1,6 +1,8 @@
 // nanobind module _dfccl_cuda: the extension-module contract of
 // docs/architecture.md (registrations, configure, stats, trace_records, reset).
 #include <nanobind/nanobind.h>
+
+#include "bindings/tables.h"
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -15,6 +17,7 @@ using dfccl::gpu::Runtime;
 NB_MODULE(_dfccl_cuda, m) {
   m.doc() = "jax_dfccl CUDA backend: daemon-kernel collectives as XLA FFI custom calls";
 
+  m.def("op_table", &dfccl::bindings::OpTable, "The op, reduce-op and dtype tables (ids)");
   m.def("registrations", [] {
     nb::dict d;  // the one table of FFI targets
     d["dfccl_start"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));

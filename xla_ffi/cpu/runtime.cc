@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "cpu/daemon.h"
-#include "cpu/reduce.h"
+#include "cpu/collectives.h"
 #include <deque>
 #include <future>
 #include <functional>

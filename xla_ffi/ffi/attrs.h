@@ -1,9 +1,11 @@
 // The FFI signature of the collective custom calls, shared by the CPU and CUDA
 // handlers, and its decoding into a dfccl::CollectiveSpec.
 //
-// dfccl_start(x, partition_id) -> (out, x_alias, ticket)
+// dfccl_start(x, partition_id[, init]) -> (out, x_alias, ticket)
 //   x             the rank's input (any supported dtype)
 //   partition_id  s32[] this program instance's partition id (flat mesh index)
+//   init          only for ops whose result starts from the caller's values
+//                 (ragged_all_to_all): aliased to out
 //   out           the result buffer; written asynchronously after start returns
 //   x_alias       aliases x: keeps the input alive until done consumes it
 //   ticket        s64[] identifies the started instance on this device (CPU; the
@@ -20,7 +22,8 @@
 //   group_size  ranks per group
 //   groups      (num_groups*group_size) partition ids, a row per group, in rank order
 //   device_ids  global device id of each partition id
-//   perm        PPERMUTE (src, dst) rank pairs, flattened; (-1, -1) otherwise
+//   perm        ppermute: (src, dst) rank pairs, flattened; broadcast: (source, -1);
+//               (-1, -1) otherwise
 // Attributes of dfccl_done: key, site.
 #pragma once
 
@@ -52,12 +55,14 @@ struct DoneAttrs {
   int64_t site;
 };
 
-// Builds the spec of one rank's part of a collective.  Throws dfccl::Error.
+// Builds the spec of one rank's part of a collective; `out_elems` is the result
+// buffer's size, checked against the op's size rule (dfccl/ops.h).  Throws dfccl::Error.
 inline CollectiveSpec ParseSpec(const StartAttrs& a, int32_t partition_id,
-                                xla::ffi::DataType dtype, int64_t in_elems) {
+                                xla::ffi::DataType dtype, int64_t in_elems, int64_t out_elems) {
   CollectiveSpec s;
-  DFCCL_CHECK(a.kind >= 0 && a.kind <= 4, "dfccl: bad op kind " << a.kind);
-  DFCCL_CHECK(a.reduce_op >= 0 && a.reduce_op <= 2, "dfccl: bad reduce op " << a.reduce_op);
+  const OpInfo* op = FindOp(a.kind);
+  DFCCL_CHECK(op != nullptr, "dfccl: collective '" << a.key << "': unknown op kind " << a.kind);
+  DFCCL_CHECK(FindReduce(a.reduce_op) != nullptr, "dfccl: collective '" << a.key << "': unknown reduce op " << a.reduce_op);
   DFCCL_CHECK(IsSupportedDType(static_cast<int32_t>(dtype)),
               "dfccl: collective '" << a.key << "': unsupported element type " << static_cast<int>(dtype));
   s.kind = static_cast<OpKind>(a.kind);
@@ -87,24 +92,37 @@ inline CollectiveSpec ParseSpec(const StartAttrs& a, int32_t partition_id,
   }
   s.in_elems = in_elems;
   const int64_t n = s.nranks;
-  switch (s.kind) {
-    case OpKind::kAllReduce:
-    case OpKind::kPermute:
-      s.elems_per_block = in_elems; s.out_elems = in_elems; break;
-    case OpKind::kAllGather:
-      s.elems_per_block = in_elems; s.out_elems = n * in_elems; break;
-    case OpKind::kReduceScatter:
-      DFCCL_CHECK(in_elems % n == 0, "dfccl: collective '" << a.key << "': input not divisible by group size");
-      s.elems_per_block = in_elems / n; s.out_elems = in_elems / n; break;
-    case OpKind::kAllToAll:
-      DFCCL_CHECK(in_elems % n == 0, "dfccl: collective '" << a.key << "': input not divisible by group size");
-      s.elems_per_block = in_elems / n; s.out_elems = in_elems; break;
+  auto divisible = [&] {
+    DFCCL_CHECK(in_elems % n == 0, "dfccl: collective '" << a.key << "': input of " << in_elems
+                                       << " elements not divisible by the group size " << n);
+  };
+  switch (op->rule) {
+    case SizeRule::kSame: s.elems_per_block = in_elems; s.out_elems = in_elems; break;
+    case SizeRule::kGather: s.elems_per_block = in_elems; s.out_elems = n * in_elems; break;
+    case SizeRule::kScatter: divisible(); s.elems_per_block = in_elems / n; s.out_elems = in_elems / n; break;
+    case SizeRule::kExchange: divisible(); s.elems_per_block = in_elems / n; s.out_elems = in_elems; break;
+    case SizeRule::kGiven: s.elems_per_block = in_elems; s.out_elems = out_elems; break;
   }
-  if (s.kind == OpKind::kPermute) {
-    for (size_t i = 0; i + 1 < a.perm.size(); i += 2) {
-      if (a.perm[i] == s.rank) s.send_to = a.perm[i + 1];
-      if (a.perm[i + 1] == s.rank) s.recv_from = a.perm[i];
+  DFCCL_CHECK(out_elems == s.out_elems, "dfccl: collective '" << a.key << "': result has " << out_elems
+                                            << " elements, expected " << s.out_elems);
+  // Pairs (src, dst) of ranks: a ppermute's permutation; a broadcast's (source, -1).
+  for (size_t i = 0; i + 1 < a.perm.size(); i += 2) {
+    if (a.perm[i] < 0) continue;
+    DFCCL_CHECK(a.perm[i] < n && a.perm[i + 1] < n, "dfccl: collective '" << a.key << "': rank pair ("
+                    << a.perm[i] << ", " << a.perm[i + 1] << ") outside the group of " << n);
+    if (s.kind == OpKind::kBroadcast) {
+      s.recv_from = a.perm[i];
+      s.send_to = a.perm[i] == s.rank ? -2 : -1;
+      continue;
     }
+    if (a.perm[i] == s.rank) s.send_to = a.perm[i + 1];
+    if (a.perm[i + 1] == s.rank) s.recv_from = a.perm[i];
+  }
+  DFCCL_CHECK(s.kind != OpKind::kBroadcast || s.recv_from >= 0,
+              "dfccl: collective '" << a.key << "': broadcast without a source rank");
+  if (s.kind == OpKind::kRaggedAllToAll) {
+    DFCCL_CHECK(s.dtype == DType::kS32 && in_elems * 4 >= RaggedHeader::Bytes(n),
+                "dfccl: collective '" << a.key << "': malformed ragged_all_to_all input");
   }
   return s;
 }

@@ -3,6 +3,7 @@
 // and must never be captured into a command buffer.
 #include <cstring>
 #include <exception>
+#include <optional>
 
 #include "cpu/handlers.h"
 #include "cpu/runtime.h"
@@ -22,8 +23,9 @@ ffi::Error ToFfi(dfccl::cpu::ErrKind kind, const std::string& msg) {
   return ffi::Error(ffi::ErrorCode::kInternal, msg);
 }
 
-// dfccl_start(x, partition_id) -> (out, x_alias, ticket).  Never blocks.
-ffi::Error StartImpl(ffi::AnyBuffer x, ffi::AnyBuffer partition_id, ffi::Result<ffi::AnyBuffer> out,
+// dfccl_start(x, partition_id[, init]) -> (out, x_alias, ticket).  Never blocks.
+ffi::Error StartImpl(ffi::AnyBuffer x, ffi::AnyBuffer partition_id, std::optional<ffi::AnyBuffer> init,
+                     ffi::Result<ffi::AnyBuffer> out,
                      ffi::Result<ffi::AnyBuffer> x_alias, ffi::Result<ffi::AnyBuffer> ticket,
                      dfccl::StartAttrs attrs) {
   try {
@@ -32,12 +34,18 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::AnyBuffer partition_id, ffi::Result<
     DFCCL_CHECK(ticket->element_type() == ffi::DataType::S64 && ticket->element_count() == 1,
                 "dfccl: collective '" << attrs.key << "': ticket must be s64[]");
     const int32_t pid = *static_cast<const int32_t*>(partition_id.untyped_data());
-    dfccl::CollectiveSpec spec =
-        dfccl::ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()));
-    DFCCL_CHECK(out->element_type() == x.element_type() &&
-                    static_cast<int64_t>(out->element_count()) == spec.out_elems,
-                "dfccl: collective '" << attrs.key << "': result has " << out->element_count()
-                                      << " elements, expected " << spec.out_elems);
+    dfccl::CollectiveSpec spec = dfccl::ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()),
+                                                  static_cast<int64_t>(out->element_count()));
+    DFCCL_CHECK(out->element_type() == x.element_type(),
+                "dfccl: collective '" << attrs.key << "': result and input element types differ");
+    // An op whose output starts from the caller's values (ragged_all_to_all)
+    // passes them as `init`, aliased to out; XLA may still hand over a copy.
+    if (init.has_value()) {
+      DFCCL_CHECK(init->size_bytes() == out->size_bytes(),
+                  "dfccl: collective '" << attrs.key << "': init does not match the result");
+      if (init->untyped_data() != out->untyped_data() && init->size_bytes() > 0)
+        std::memcpy(out->untyped_data(), init->untyped_data(), init->size_bytes());
+    }
     DFCCL_CHECK(x_alias->size_bytes() == x.size_bytes(),
                 "dfccl: collective '" << attrs.key << "': x_alias does not match x");
     // Peers read the input until done(); x_alias is what keeps it alive.  When
@@ -92,6 +100,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCpuStart, StartImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()   // x
                                   .Arg<ffi::AnyBuffer>()   // partition_id
+                                  .OptionalArg<ffi::AnyBuffer>()  // init (aliased to out)
                                   .Ret<ffi::AnyBuffer>()   // out
                                   .Ret<ffi::AnyBuffer>()   // x_alias
                                   .Ret<ffi::AnyBuffer>()   // ticket

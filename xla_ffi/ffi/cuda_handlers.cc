@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <optional>
 #include <unordered_map>
 
 #include "ffi/attrs.h"
@@ -67,7 +68,8 @@ class HandlerTimer {
 thread_local Clock::time_point HandlerTimer::last_exit_{};
 
 // The parsed spec of this call site on this device (built at its first call).
-const Parsed* SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, const StartAttrs& attrs, ffi::Error* error) {
+const Parsed* SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, int64_t out_elems, const StartAttrs& attrs,
+                     ffi::Error* error) {
   thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
   const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
                   static_cast<int32_t>(x.element_type())};
@@ -81,7 +83,7 @@ const Parsed* SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, const StartAttrs&
       return nullptr;
     }
     Parsed p;
-    p.spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()));
+    p.spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()), out_elems);
     p.signature = p.spec.Signature();
     return &cache.emplace(k, std::move(p)).first->second;
   } catch (const std::exception& e) {
@@ -91,13 +93,21 @@ const Parsed* SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, const StartAttrs&
 }
 
 // Both start forms: the task submitted, the ready write (and, blocking, the done wait) enqueued.
-ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, void* out, const StartAttrs& attrs,
-                 bool blocking) {
+// `init` (ragged_all_to_all): the caller's output values, aliased to out; when
+// XLA did not alias them, copied into out in stream order before the ready write.
+ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, const std::optional<ffi::AnyBuffer>& init,
+                 ffi::AnyBuffer& out_buf, const StartAttrs& attrs, bool blocking) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.start_ns, times.starts);
   ffi::Error error = ffi::Error::Success();
-  const Parsed* p = SpecOf(ordinal, x, attrs, &error);
+  void* out = out_buf.untyped_data();
+  const Parsed* p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs, &error);
   if (!p) return error;
+  if (init.has_value() && init->untyped_data() != out && init->size_bytes() > 0) {
+    if (init->size_bytes() != out_buf.size_bytes()) return ffi::Error::InvalidArgument("dfccl: init does not match the result");
+    const cudaError_t e = cudaMemcpyAsync(out, init->untyped_data(), init->size_bytes(), cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) return ffi::Error::Internal(std::string("dfccl: copy of init: ") + cudaGetErrorString(e));
+  }
   std::string err = Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out, blocking);
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
@@ -106,15 +116,15 @@ ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, 
 // The ticket buffer stays unwritten: done pairs with start through the
 // per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
 ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
-                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*x_alias*/,
-                     ffi::Result<ffi::AnyBuffer> /*ticket*/, StartAttrs attrs) {
-  return Begin(stream, ordinal, x, out->untyped_data(), attrs, /*blocking=*/false);
+                     std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> /*x_alias*/, ffi::Result<ffi::AnyBuffer> /*ticket*/, StartAttrs attrs) {
+  return Begin(stream, ordinal, x, init, *out, attrs, /*blocking=*/false);
 }
 
 // The blocking form (start and done in one call).
 ffi::Error CollectiveImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
-                          ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
-  return Begin(stream, ordinal, x, out->untyped_data(), attrs, /*blocking=*/true);
+                          std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
+  return Begin(stream, ordinal, x, init, *out, attrs, /*blocking=*/true);
 }
 
 ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer /*x_alias*/,
@@ -139,6 +149,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl,
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()    // x
                                   .Arg<ffi::AnyBuffer>()    // partition_id (s32[], unused on GPU)
+                                  .OptionalArg<ffi::AnyBuffer>()  // init (aliased to out)
                                   .Ret<ffi::AnyBuffer>()    // out
                                   .Ret<ffi::AnyBuffer>()    // x_alias (aliases x)
                                   .Ret<ffi::AnyBuffer>()    // ticket (s64[], unused on GPU)
@@ -150,6 +161,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveCuda, CollectiveImpl,
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()    // x
                                   .Arg<ffi::AnyBuffer>()    // partition_id (s32[], unused on GPU)
+                                  .OptionalArg<ffi::AnyBuffer>()  // init (aliased to out)
                                   .Ret<ffi::AnyBuffer>()    // out
                                   .Attrs<StartAttrs>());
 

@@ -3,13 +3,8 @@
 // (xla_ffi/ffi/attrs.h) and identifies an instance by (group, key, sequence):
 // collectives are matched across ranks by identity, never by issue order.
 //
-// Buffer semantics, per rank, with E = elems_per_block and n = nranks
-// (the Python layer reshapes/transposes so every op has this canonical form):
-//   ALL_REDUCE      in: E          out: E          out = reduce_r in_r
-//   ALL_GATHER      in: E          out: n*E        out[r] = in_r
-//   REDUCE_SCATTER  in: n*E        out: E          out = reduce_r in_r[me]
-//   ALL_TO_ALL      in: n*E        out: n*E        out[r] = in_r[me]
-//   PPERMUTE        in: E          out: E          out = in_{recv_from} (or 0)
+// The canonical buffers of every op and what it computes are defined in
+// dfccl/ops.h (the op table).
 #pragma once
 
 #include <cstdint>
@@ -17,46 +12,26 @@
 #include <string>
 #include <vector>
 
+#include "dfccl/ops.h"
+
 namespace dfccl {
 
-enum class OpKind : int32_t {
-  kAllReduce = 0,
-  kAllGather = 1,
-  kReduceScatter = 2,
-  kAllToAll = 3,
-  kPermute = 4,
-};
+// Element types the runtimes compute on: the one dtype table.
+// DFCCL_DTYPE(Enum, id, name, bytes, CType): id matches xla::ffi::DataType (so
+// an FFI buffer's dtype converts directly), name is numpy's (Python's
+// SUPPORTED_DTYPES come from it), CType the C++ type (the 16-bit floats come
+// from the caller's type set `Types`, see dtype.h).
+#define DFCCL_DTYPE_TABLE(X)                    \
+  X(kS32, 4, "int32", 4, int32_t)               \
+  X(kF16, 10, "float16", 2, typename Types::f16) \
+  X(kF32, 11, "float32", 4, float)              \
+  X(kF64, 12, "float64", 8, double)             \
+  X(kBF16, 16, "bfloat16", 2, typename Types::bf16)
 
-enum class ReduceOp : int32_t { kSum = 0, kMax = 1, kMin = 2 };
-
-inline const char* OpKindName(OpKind k) {
-  switch (k) {
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAllToAll: return "all_to_all";
-    case OpKind::kPermute: return "ppermute";
-  }
-  return "?";
-}
-
-inline const char* ReduceOpName(ReduceOp r) {
-  switch (r) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-  }
-  return "?";
-}
-
-// Element types the runtimes support (values match xla::ffi::DataType so the
-// FFI buffer's dtype converts directly).  dtype.h dispatches on them.
 enum class DType : int32_t {
-  kS32 = 4,
-  kF16 = 10,
-  kF32 = 11,
-  kF64 = 12,
-  kBF16 = 16,
+#define DFCCL_X(E, id, name, bytes, CType) E = id,
+  DFCCL_DTYPE_TABLE(DFCCL_X)
+#undef DFCCL_X
 };
 
 struct CollectiveSpec {
@@ -71,8 +46,8 @@ struct CollectiveSpec {
   int32_t rank = 0;
   int64_t self_device = 0;             // global device id of this rank
   std::vector<int64_t> group_devices;  // global device id of each rank
-  int32_t send_to = -1;                // PPERMUTE: rank I send to, or -1
-  int32_t recv_from = -1;              // PPERMUTE: rank I receive from, or -1
+  int32_t send_to = -1;                // ppermute: rank I send to, or -1; broadcast: -2 (every rank) at the source
+  int32_t recv_from = -1;              // ppermute: rank I receive from, or -1; broadcast: the source
   std::string key;                     // readable identity, for messages
   uint64_t key_hash = 0;               // identity used for matching
   int64_t site = 0;                    // the start op in the program
@@ -91,7 +66,7 @@ struct CollectiveSpec {
   std::string Signature() const {
     std::ostringstream os;
     os << OpKindName(kind);
-    if (kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter) os << "(" << ReduceOpName(reduce) << ")";
+    if (Reduces(kind)) os << "(" << ReduceOpName(reduce) << ")";
     os << " dtype=" << static_cast<int>(dtype) << " elems=" << in_elems;
     return os.str();
   }

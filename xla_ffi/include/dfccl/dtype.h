@@ -86,19 +86,29 @@ struct half_t {
 
 inline int64_t DTypeBytes(DType t) {
   switch (t) {
-    case DType::kS32: case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kF16: case DType::kBF16: return 2;
+#define DFCCL_X(E, id, name, bytes, CType) case DType::E: return bytes;
+    DFCCL_DTYPE_TABLE(DFCCL_X)
+#undef DFCCL_X
   }
   return 0;
 }
 
 inline bool IsSupportedDType(int32_t raw) {
   switch (static_cast<DType>(raw)) {
-    case DType::kS32: case DType::kF16: case DType::kF32: case DType::kF64: case DType::kBF16:
-      return true;
+#define DFCCL_X(E, id, name, bytes, CType) case DType::E: return true;
+    DFCCL_DTYPE_TABLE(DFCCL_X)
+#undef DFCCL_X
   }
   return false;
+}
+
+inline const char* DTypeName(DType t) {
+  switch (t) {
+#define DFCCL_X(E, id, name, bytes, CType) case DType::E: return name;
+    DFCCL_DTYPE_TABLE(DFCCL_X)
+#undef DFCCL_X
+  }
+  return "?";
 }
 
 // Host-side type set; a CUDA caller passes its own with __half/__nv_bfloat16.
@@ -112,11 +122,9 @@ struct HostTypes {
 template <typename Types = HostTypes, typename F>
 DFCCL_HD decltype(auto) DispatchDType(DType t, F&& f) {
   switch (t) {
-    case DType::kS32: return f.template operator()<int32_t>();
-    case DType::kF32: return f.template operator()<float>();
-    case DType::kF64: return f.template operator()<double>();
-    case DType::kF16: return f.template operator()<typename Types::f16>();
-    case DType::kBF16: return f.template operator()<typename Types::bf16>();
+#define DFCCL_X(E, id, name, bytes, CType) case DType::E: return f.template operator()<CType>();
+    DFCCL_DTYPE_TABLE(DFCCL_X)
+#undef DFCCL_X
   }
 #if defined(__CUDA_ARCH__)
   __trap();
