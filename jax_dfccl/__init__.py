@@ -14,6 +14,8 @@ from jax_dfccl._src.all_gather import all_gather, all_gather_start
 from jax_dfccl._src.psum_scatter import psum_scatter, psum_scatter_start
 from jax_dfccl._src.all_to_all import all_to_all, all_to_all_start
 from jax_dfccl._src.ppermute import ppermute, ppermute_start
+from jax_dfccl._src.pbroadcast import pbroadcast, pbroadcast_start
+from jax_dfccl._src.ragged_all_to_all import ragged_all_to_all, ragged_all_to_all_start
 from jax_dfccl._src.overlap import all_gather_matmul, matmul_reduce_scatter, matmul_psum
 from jax_dfccl._src.patch import patch_lax
 from jax_dfccl.trace import export_trace
@@ -22,7 +24,8 @@ __version__ = "0.1.0"
 __all__ = [
     "psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute",
     "psum_start", "pmean_start", "pmax_start", "pmin_start", "all_gather_start", "psum_scatter_start",
-    "all_to_all_start", "ppermute_start", "done", "Handle",
+    "all_to_all_start", "ppermute_start", "pbroadcast", "pbroadcast_start", "ragged_all_to_all",
+    "ragged_all_to_all_start", "done", "Handle",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_psum",
     "config", "configure", "configured", "stats", "reset", "pending", "export_trace", "patch_lax",
 ]

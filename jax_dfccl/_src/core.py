@@ -86,10 +86,17 @@ def __getattr__(name):
 class OpDef:
   """The canonical form of one collective (see xla_ffi/include/dfccl/collective.h).
 
-  abstract(aval, n, params) -> output aval
+  abstract(aval, n, params, *init_avals) -> output aval
   transpose(ct, params) -> cotangent of the input (built from blocking binds)
   batch(x, bdim) -> (x with the batch dim where the op allows it, output bdim)
   jvp(x, t, params) -> (y, t_out), or None for linear ops
+  trivial(x, *init, params=...) -> the output over a group of one rank (jnp code;
+      None: the input's elements in the output's shape, see _trivial)
+
+  ``kind`` names the op's row of the C++ op table.  An op whose result starts
+  from the caller's values (ragged_all_to_all) binds them as a second operand,
+  ``init``, aliased to the output (no JVP/transpose/batching through the
+  primitives then: its public function defines its derivatives).
   """
   name: str
   kind: str
@@ -97,6 +104,7 @@ class OpDef:
   transpose: Callable
   batch: Callable
   jvp: Callable | None = None
+  trivial: Callable | None = None
 
 
 OPS: dict[str, OpDef] = {}
@@ -202,18 +210,18 @@ done_p = core.Primitive("dfccl_done")
 _SITES = itertools.count(1)
 
 
-def _out_aval(aval, params):
+def _out_aval(aval, params, *init):
   groups = params["groups"]
   n = len(groups[0]) if groups else group_size(params["axes"], params["op"])
-  return OPS[params["op"]].abstract(aval, n, params)
+  return OPS[params["op"]].abstract(aval, n, params, *init)
 
 
 def _effects(params):
   return {dfccl_effect, *map(core.NamedAxisEffect, params["axes"])}
 
 
-def _collective_abstract(aval, **params):
-  return _out_aval(aval, params), _effects(params)
+def _collective_abstract(aval, *init, **params):
+  return _out_aval(aval, params, *init), _effects(params)
 
 
 def _ticket_aval(aval):
@@ -221,8 +229,8 @@ def _ticket_aval(aval):
                                                                       weak_type=False)
 
 
-def _start_abstract(aval, *, site, **params):
-  return [_out_aval(aval, params), aval, _ticket_aval(aval)], _effects(params)
+def _start_abstract(aval, *init, site, **params):
+  return [_out_aval(aval, params, *init), aval, _ticket_aval(aval)], _effects(params)
 
 
 def _done_abstract(out, x_alias, ticket, *, key, site):
@@ -246,6 +254,8 @@ for _p in (collective_p, start_p, done_p):
 
 
 def _collective_jvp(primals, tangents, **params):
+  if len(primals) > 1:
+    raise NotImplementedError(f"jax_dfccl: forward-mode differentiation of {params['op']} is not supported")
   (x,), (t,) = primals, tangents
   op = OPS[params["op"]]
   if op.jvp is not None:
@@ -256,7 +266,9 @@ def _collective_jvp(primals, tangents, **params):
   return y, collective_p.bind(t, **derive(params, "jvp"))
 
 
-def _collective_transpose(ct, x, **params):
+def _collective_transpose(ct, x, *init, **params):
+  if init:
+    raise NotImplementedError(f"jax_dfccl: {params['op']} is differentiated by its public function only")
   if type(ct) is ad.Zero:
     return [ad.Zero(x.aval)]
   return [OPS[params["op"]].transpose(ct, derive(params, "T"))]
@@ -282,20 +294,27 @@ def _check_not_batched_axis(axis_data, params):
     raise NotImplementedError("jax_dfccl: collectives over a vmapped axis name are not supported")
 
 
+def _check_no_init(vals_in, params):
+  if len(vals_in) > 1:
+    raise NotImplementedError(f"jax_dfccl: vmap of {params['op']} is not supported")
+
+
 def _collective_batch(axis_data, vals_in, dims_in, **params):
   _check_not_batched_axis(axis_data, params)
+  if all(d is None for d in dims_in):
+    return collective_p.bind(*vals_in, **params), None
+  _check_no_init(vals_in, params)
   (x,), (d,) = vals_in, dims_in
-  if d is None:
-    return collective_p.bind(x, **params), d
   x, out_d = OPS[params["op"]].batch(x, d)
   return collective_p.bind(x, **params), out_d
 
 
 def _start_batch(axis_data, vals_in, dims_in, **params):
   _check_not_batched_axis(axis_data, params)
+  if all(d is None for d in dims_in):
+    return start_p.bind(*vals_in, **params), [None, None, None]
+  _check_no_init(vals_in, params)
   (x,), (d,) = vals_in, dims_in
-  if d is None:
-    return start_p.bind(x, **params), [d, d, d]
   x, out_d = OPS[params["op"]].batch(x, d)
   out, xa, t = start_p.bind(x, **params)
   # The ticket is per device, not per batch element: broadcast it.
@@ -371,46 +390,54 @@ _TICKET = core.ShapedArray((), np.int64)
 _DONE_SITES: set[int] = set()
 
 
-def _async_start_lowering(ctx, x, *, site, **params):
+def _async_start_lowering(ctx, x, *init, site, **params):
   if site not in _DONE_SITES:
     raise ValueError(f"jax_dfccl: the handle of {params['op']} start {params['key']!r} is never "
                      "passed to jax_dfccl.done in this program; every *_start needs exactly one "
                      "done in the same jitted program")
-  return _start_lowering(ctx, x, site=site, **params)
+  return _start_lowering(ctx, x, *init, site=site, **params)
 
 
 # Sites whose group has one member: lowered without the runtime (see _trivial).
 _TRIVIAL_SITES: set[int] = set()
 
 
-def _trivial(ctx, x, op, perm):
+def _trivial(ctx, x, init, op, params):
   """A collective over a group of one rank, as plain HLO (what XLA makes of
   jax.lax's): every op's canonical output holds the input's elements in its
   own shape (reduce / gather / scatter / exchange of one rank), except a
-  ppermute in which the rank sends itself nothing: zeros."""
+  ppermute in which the rank sends itself nothing (zeros) and ops with their
+  own rule (OpDef.trivial)."""
   out_aval = ctx.avals_out[0]
-  if op == "ppermute" and not perm:
+  rule = OPS[op].trivial
+  if rule is not None:
+    fn = mlir.lower_fun(lambda *a: [rule(*a, params=params)], multiple_results=True)
+    return fn(ctx.replace(avals_in=ctx.avals_in[:1 + len(init)], avals_out=[out_aval]), x, *init)[0]
+  if op == "ppermute" and not params["perm"]:
     return mlir.full_like_aval(ctx, 0, out_aval)
   return mlir.reshape(ctx, x, out_aval)
 
 
-def _start_lowering(ctx, x, *, op, axes, groups, key, key_hash, reduce, perm, site,
+def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm, site,
                     target="dfccl_start", aliases=None):
   mesh = _spmd_mesh(ctx, op)
+  params = dict(op=op, axes=axes, groups=groups, key=key, key_hash=key_hash, reduce=reduce, perm=perm)
   groups = group_table(mesh, axes, groups)
   if groups.shape[1] == 1:  # nothing to match or move: no custom call, no runtime
     _TRIVIAL_SITES.add(site)
-    out = _trivial(ctx, x, op, perm)
+    out = _trivial(ctx, x, init, op, params)
     if target == "dfccl_collective":
       return [out]
     return [out, x, mlir.ir_constant(np.array(0, np.int64))]
   from jax_dfccl._src import backend
   backend.load()  # registers the FFI targets before XLA compiles the call
   perm_arr = np.asarray(perm if perm else [(-1, -1)], dtype=np.int32).reshape(-1)
-  rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 1} if aliases is None else aliases,
-                              has_side_effect=True)
-  sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL])
-  return rule(sub, x, _partition_id(ctx),
+  aliases = dict({0: 1} if aliases is None else aliases)
+  if init:  # operand 2 (after x and the partition id) is the output's initial value
+    aliases[2] = 0
+  rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)
+  sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL, *ctx.avals_in[1:]])
+  return rule(sub, x, _partition_id(ctx), *init,
               kind=np.int32(_tables()['KIND'][OPS[op].kind]), reduce_op=np.int32(_tables()['REDUCE'][reduce]),
               key=key, key_hash=np.int64(key_hash), site=np.int64(site),
               group_size=np.int32(groups.shape[1]), groups=groups.reshape(-1),
@@ -424,19 +451,19 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site):
   return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
 
 
-def _collective_lowering(ctx, x, **params):
+def _collective_lowering(ctx, x, *init, **params):
   site = next(_SITES)
-  (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
+  x_aval, (out_aval,) = ctx.avals_in[0], ctx.avals_out
   t_aval = _TICKET
-  out, xa, t = _start_lowering(ctx.replace(avals_out=[out_aval, x_aval, t_aval]), x,
+  out, xa, t = _start_lowering(ctx.replace(avals_out=[out_aval, x_aval, t_aval]), x, *init,
                                site=site, **params)
   return _done_lowering(ctx.replace(avals_in=[out_aval, x_aval, t_aval], avals_out=[out_aval]),
                         out, xa, t, key=params["key"], site=site)
 
 
-def _collective_lowering_cuda(ctx, x, **params):
+def _collective_lowering_cuda(ctx, x, *init, **params):
   # One custom call: the ready write and the done wait go on the stream together.
-  return _start_lowering(ctx, x, site=next(_SITES), target="dfccl_collective", aliases={}, **params)
+  return _start_lowering(ctx, x, *init, site=next(_SITES), target="dfccl_collective", aliases={}, **params)
 
 
 mlir.register_lowering(collective_p, _collective_lowering, cacheable=False)
@@ -445,6 +472,6 @@ mlir.register_lowering(start_p, _async_start_lowering, cacheable=False)
 mlir.register_lowering(done_p, _done_lowering, cacheable=False)
 
 
-def bind_blocking(x, params):
+def bind_blocking(x, params, *init):
   """The blocking collective on canonical input `x` (the op modules' transposes use it)."""
-  return collective_p.bind(x, **params)
+  return collective_p.bind(x, *init, **params)

@@ -2,7 +2,7 @@
 
 Inside ``with jax_dfccl.patch_lax():`` the collectives of the ``jax.lax`` module
 (``psum``, ``pmean``, ``pmax``, ``pmin``, ``all_gather``, ``psum_scatter``,
-``all_to_all``, ``ppermute``, ``pshuffle``) are jax_dfccl's, so a model or library that calls
+``all_to_all``, ``ppermute``, ``pshuffle``, ``pbroadcast``, ``ragged_all_to_all``) are jax_dfccl's, so a model or library that calls
 ``jax.lax.psum`` (or ``lax.psum`` after ``from jax import lax``) gets order-free
 collectives without edits.  It applies to what is *traced* inside the block
 (a function jitted and traced before keeps its compiled collectives), and,
@@ -14,6 +14,7 @@ passed on (groups of unequal sizes raise ``NotImplementedError``).
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 
 import jax
@@ -21,9 +22,11 @@ import numpy as np
 
 from jax_dfccl._src import all_gather as _ag
 from jax_dfccl._src import all_to_all as _a2a
+from jax_dfccl._src import pbroadcast as _pb
 from jax_dfccl._src import ppermute as _pp
 from jax_dfccl._src import psum as _ps
 from jax_dfccl._src import psum_scatter as _rs
+from jax_dfccl._src import ragged_all_to_all as _ra
 
 _lock = threading.Lock()
 _depth = 0
@@ -63,6 +66,16 @@ def _pshuffle(x, axis_name, perm):  # output at index i comes from index perm[i]
   return _pp.ppermute(x, axis_name, list(zip(perm, range(len(perm)))))
 
 
+def _pbroadcast(x, axis_name, source):
+  try:
+    source = operator.index(source)
+  except TypeError:  # a traced source: jax.lax's documented definition, on our psum
+    import jax.numpy as jnp
+    return jax.tree.map(lambda v: _ps.psum(jnp.where(jax.lax.axis_index(axis_name) == source, v,
+                                                     jnp.zeros_like(v)), axis_name), x)
+  return _pb.pbroadcast(x, axis_name, source)
+
+
 _REPLACEMENTS = {
     "psum": _reduction("psum", _ps.psum),
     "pmax": _reduction("pmax", _ps.pmax),
@@ -73,6 +86,8 @@ _REPLACEMENTS = {
     "all_to_all": _all_to_all,
     "ppermute": _pp.ppermute,  # same signature (no axis_index_groups in jax.lax either)
     "pshuffle": _pshuffle,
+    "pbroadcast": _pbroadcast,
+    "ragged_all_to_all": _ra.ragged_all_to_all,  # same signature
 }
 
 

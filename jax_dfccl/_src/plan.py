@@ -64,10 +64,12 @@ def _to_words(x, lead: int):
 
 @dataclasses.dataclass
 class Leaf:
-  """One array's part of a collective: canonical input, post-processing."""
+  """One array's part of a collective: canonical input, post-processing, and
+  for an op whose output starts from the caller's values, those (`init`)."""
   x: Any
   params: dict
   post: Callable = lambda y: y
+  init: tuple = ()
 
 
 def make_leaf(x, params: dict, post: Callable | None = None, *, lead: int = 0) -> Leaf:
@@ -139,7 +141,7 @@ def bucket(leaves: Sequence[Leaf], treedef):
 
 
 def run_blocking(leaves: Sequence[Leaf], treedef):
-  return _assemble(treedef, [lf.post(c.collective_p.bind(lf.x, **lf.params)) for lf in leaves])
+  return _assemble(treedef, [lf.post(c.collective_p.bind(lf.x, *lf.init, **lf.params)) for lf in leaves])
 
 
 class _HandleState:
@@ -176,7 +178,7 @@ def run_start(name: str, leaves: Sequence[Leaf], treedef) -> Handle:
   arrays, sites = [], []
   for lf in leaves:
     site = next(c._SITES)
-    arrays.extend(c.start_p.bind(lf.x, site=site, **lf.params))
+    arrays.extend(c.start_p.bind(lf.x, *lf.init, site=site, **lf.params))
     sites.append(site)
   return Handle(arrays, _HandleState(name, [lf.post for lf in leaves], treedef,
                                      [lf.params["key"] for lf in leaves], sites))

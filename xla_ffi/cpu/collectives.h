@@ -100,7 +100,7 @@ struct CpuOp<OpKind::kBroadcast> {
   static void Run(const CollectiveSpec& s, const std::vector<const void*>& ins, void* out) { CopyFrom(s, ins, out); }
 };
 
-// ragged_all_to_all: the rows every rank sends this one, placed into the
+// ragged_all_to_all: the slices every rank sends this one, placed into the
 // output (which already holds the caller's values: rows nobody sends keep them).
 template <>
 struct CpuOp<OpKind::kRaggedAllToAll> {
@@ -108,23 +108,32 @@ struct CpuOp<OpKind::kRaggedAllToAll> {
     using H = RaggedHeader;
     const int64_t n = s.nranks, me = s.rank;
     const int64_t* mine = static_cast<const int64_t*>(ins[me]);
-    const int64_t row = mine[H::kRowBytes];
-    const int64_t out_rows = row > 0 ? s.out_bytes() / row : 0;
+    const int64_t row = mine[H::kRowBytes], k = mine[H::kSlices];
+    const int64_t out_rows = mine[H::kOutRows];
+    DFCCL_CHECK(row >= 0 && out_rows >= 0 && out_rows * row <= s.out_bytes(),
+                "dfccl: ragged_all_to_all '" << s.key << "': malformed header of rank " << me);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t* h = static_cast<const int64_t*>(ins[r]);
-      const int64_t off = h[H::InOffset(me)], size = h[H::SendSize(me)], dst = h[H::OutOffset(me)];
-      DFCCL_CHECK(h[H::kRowBytes] == row, "dfccl: ragged_all_to_all '" << s.key << "': ranks " << r << " and " << me
-                                                                    << " disagree on the row size");
-      DFCCL_CHECK(size == mine[H::RecvSize(r)],
-                  "dfccl: ragged_all_to_all '" << s.key << "': rank " << r << " sends " << size << " rows to rank "
-                                               << me << ", whose recv_sizes[" << r << "] is " << mine[H::RecvSize(r)]);
-      DFCCL_CHECK(size >= 0 && off >= 0 && off + size <= h[H::kInRows] && dst >= 0 && dst + size <= out_rows,
-                  "dfccl: ragged_all_to_all '" << s.key << "': rank " << r << " sends rows [" << off << ", "
-                                               << off + size << ") of its " << h[H::kInRows] << " to rows [" << dst
-                                               << ", " << dst + size << ") of rank " << me << "'s " << out_rows);
-      if (size > 0)
-        std::memcpy(static_cast<char*>(out) + dst * row,
-                    reinterpret_cast<const char*>(h) + H::Bytes(n) + off * row, size * row);
+      DFCCL_CHECK(h[H::kRowBytes] == row && h[H::kSlices] == k,
+                  "dfccl: ragged_all_to_all '" << s.key << "': ranks " << r << " and " << me
+                                               << " disagree on the row size or the slices per peer");
+      DFCCL_CHECK(s.in_bytes() >= H::Bytes(n, k) + h[H::kInRows] * row,
+                  "dfccl: ragged_all_to_all '" << s.key << "': malformed input of rank " << r);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t i = me * k + j;  // r's slice to me
+        const int64_t off = h[H::InOffset(i)], size = h[H::SendSize(i)], dst = h[H::OutOffset(i)];
+        const int64_t want = mine[H::RecvSize(r * k + j)];
+        DFCCL_CHECK(size == want, "dfccl: ragged_all_to_all '" << s.key << "': rank " << r << " sends " << size
+                                      << " rows to rank " << me << " (slice " << j << "), whose recv_sizes["
+                                      << r * k + j << "] is " << want);
+        DFCCL_CHECK(size >= 0 && off >= 0 && off + size <= h[H::kInRows] && dst >= 0 && dst + size <= out_rows,
+                    "dfccl: ragged_all_to_all '" << s.key << "': rank " << r << " sends rows [" << off << ", "
+                                                 << off + size << ") of its " << h[H::kInRows] << " to rows [" << dst
+                                                 << ", " << dst + size << ") of rank " << me << "'s " << out_rows);
+        if (size > 0)
+          std::memcpy(static_cast<char*>(out) + dst * row,
+                      reinterpret_cast<const char*>(h) + H::Bytes(n, k) + off * row, size * row);
+      }
     }
   }
 };

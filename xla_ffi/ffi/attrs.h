@@ -121,7 +121,7 @@ inline CollectiveSpec ParseSpec(const StartAttrs& a, int32_t partition_id,
   DFCCL_CHECK(s.kind != OpKind::kBroadcast || s.recv_from >= 0,
               "dfccl: collective '" << a.key << "': broadcast without a source rank");
   if (s.kind == OpKind::kRaggedAllToAll) {
-    DFCCL_CHECK(s.dtype == DType::kS32 && in_elems * 4 >= RaggedHeader::Bytes(n),
+    DFCCL_CHECK(s.dtype == DType::kS32 && in_elems * 4 >= RaggedHeader::Bytes(n, 0),
                 "dfccl: collective '" << a.key << "': malformed ragged_all_to_all input");
   }
   return s;

@@ -117,22 +117,25 @@ inline bool Reduces(OpKind k) {
 }
 
 // The input of a ragged_all_to_all starts with this header, in int64 words
-// (the Python layer writes it: jax_dfccl/_src/ragged_all_to_all.py), followed
-// by the operand's bytes:
+// (written by jax_dfccl/_src/ragged_all_to_all.py), followed by the operand's
+// bytes.  With k slices per peer (jax.lax's offsets and sizes have n*k
+// entries; slice i goes to rank i / k):
 //   [0] row_bytes   bytes of one row (operand and output rows alike)
 //   [1] in_rows     rows of the operand
-//   [2 + 4*p + 0]   input_offsets[p]   rows of the operand sent to rank p start here
-//   [2 + 4*p + 1]   send_sizes[p]      ... this many
-//   [2 + 4*p + 2]   output_offsets[p]  ... and land at this row of rank p's output
-//   [2 + 4*p + 3]   recv_sizes[p]      rows this rank receives from rank p
+//   [2] out_rows    rows of this rank's output
+//   [3] k           slices per peer
+//   [4 + 4*i + 0]   input_offsets[i]   slice i: rows of the operand from here
+//   [4 + 4*i + 1]   send_sizes[i]      ... this many
+//   [4 + 4*i + 2]   output_offsets[i]  ... land at this row of rank i/k's output
+//   [4 + 4*i + 3]   recv_sizes[i]      rows this rank receives as rank i/k's slice i%k
 struct RaggedHeader {
-  static constexpr int64_t Words(int64_t nranks) { return 2 + 4 * nranks; }
-  static constexpr int64_t Bytes(int64_t nranks) { return 8 * Words(nranks); }
-  static constexpr int64_t kRowBytes = 0, kInRows = 1;
-  static constexpr int64_t InOffset(int64_t p) { return 2 + 4 * p; }
-  static constexpr int64_t SendSize(int64_t p) { return 3 + 4 * p; }
-  static constexpr int64_t OutOffset(int64_t p) { return 4 + 4 * p; }
-  static constexpr int64_t RecvSize(int64_t p) { return 5 + 4 * p; }
+  static constexpr int64_t kRowBytes = 0, kInRows = 1, kOutRows = 2, kSlices = 3;
+  static constexpr int64_t Words(int64_t nranks, int64_t k) { return 4 + 4 * nranks * k; }
+  static constexpr int64_t Bytes(int64_t nranks, int64_t k) { return 8 * Words(nranks, k); }
+  static constexpr int64_t InOffset(int64_t i) { return 4 + 4 * i; }
+  static constexpr int64_t SendSize(int64_t i) { return 5 + 4 * i; }
+  static constexpr int64_t OutOffset(int64_t i) { return 6 + 4 * i; }
+  static constexpr int64_t RecvSize(int64_t i) { return 7 + 4 * i; }
 };
 
 }  // namespace dfccl

@@ -1,0 +1,55 @@
+"""pbroadcast: every rank of the group receives rank ``source``'s value
+(drop-in for ``jax.lax.pbroadcast``).  Canonical form: in E -> out E with
+out = in_source (the op table's ``broadcast``)."""
+from __future__ import annotations
+
+import operator
+
+import jax
+import jax.numpy as jnp
+
+from jax_dfccl._src import compat
+from jax_dfccl._src import core as c
+from jax_dfccl._src import plan as pl
+
+
+def _abstract(aval, n, params):
+  from jax._src.lax.parallel import collective_vma_rule
+  vma = collective_vma_rule("pbroadcast", params["axes"], aval)
+  return compat.with_shape_vma(aval, aval.shape, vma)
+
+
+def _transpose(ct, params):
+  # As jax.lax: the source receives the sum of every rank's cotangent, the others zero.
+  (source, _), = params["perm"]
+  total = c.bind_blocking(ct, {**params, "op": "psum", "perm": ()})
+  is_source = jax.lax.axis_index(params["axes"]) == source
+  return jnp.where(is_source, total, jnp.zeros_like(total))
+
+
+def _batch(x, d):
+  return x, d
+
+
+OP = c.register_op(c.OpDef("pbroadcast", "broadcast", _abstract, _transpose, _batch))
+
+
+def _plan(x, axis_name, source, *, key=None):
+  common, n, items, treedef = pl.leaves_of(x, "pbroadcast", axis_name, key, "pbroadcast", movement=True)
+  try:
+    src = operator.index(source)
+  except TypeError:
+    raise TypeError(f"jax_dfccl.pbroadcast: source must be a Python int (a rank of axis {axis_name!r}), "
+                    f"got {source!r}; for a traced source use psum(where(axis_index(axis_name) == source, "
+                    "x, 0), axis_name)") from None
+  if not 0 <= src < n:
+    raise ValueError(f"jax_dfccl.pbroadcast: source {src} is outside [0, {n}) of axis {axis_name!r}")
+  leaves = [pl.make_leaf(leaf, dict(op="pbroadcast", **common, key=k, key_hash=h, reduce="sum", perm=((src, -1),)))
+            for leaf, k, h in items]
+  return pl.bucket(leaves, treedef)
+
+
+pbroadcast, pbroadcast_start = pl.api("pbroadcast", _plan)
+pbroadcast.__doc__ = """Every rank of ``axis_name`` receives the value of ``x`` on rank ``source``
+(an int); drop-in for ``jax.lax.pbroadcast`` (defined there as
+``psum(where(axis_index(axis_name) == source, x, 0), axis_name)``).  ``x`` may be a pytree."""
