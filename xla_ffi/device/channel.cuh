@@ -112,7 +112,7 @@ DFCCL_DEV uint2 ReduceUnit(const uint2* v, int n) {
   const R op;
   A acc[K];
 #pragma unroll
-  for (int k = 0; k < K; ++k) acc[k] = Acc<T>::Load(reinterpret_cast<const T*>(&v[0])[k]);
+  for (int k = 0; k < K; ++k) acc[k] = Begin<R, kDeviceStart>(Acc<T>::Load(reinterpret_cast<const T*>(&v[0])[k]));
   for (int r = 1; r < n; ++r)
 #pragma unroll
     for (int k = 0; k < K; ++k) acc[k] = op(acc[k], Acc<T>::Load(reinterpret_cast<const T*>(&v[r])[k]));

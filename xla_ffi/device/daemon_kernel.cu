@@ -12,7 +12,9 @@
 #include "device/collectives/all_gather.cuh"
 #include "device/collectives/all_reduce.cuh"
 #include "device/collectives/all_to_all.cuh"
+#include "device/collectives/broadcast.cuh"
 #include "device/collectives/ppermute.cuh"
+#include "device/collectives/ragged_all_to_all.cuh"
 #include "device/collectives/reduce_scatter.cuh"
 #include "device/daemon.h"
 #include "dfccl/dtype.h"
@@ -22,8 +24,8 @@ namespace {
 
 constexpr int kMaxCand = 64;
 
-// The one step dispatch: (op kind, reduce op) here, the element type through
-// DispatchDType.  It selects the lane function and calls it from one call site
+// The one step dispatch, generated from the op table (dfccl/ops.h): (op kind,
+// reduce op) here, the element type through DispatchDType.  It selects the lane function and calls it from one call site
 // (a call site per instantiation would each reserve its own stack: kilobytes of
 // local memory per thread).
 using LaneFn = int (*)(const TaskDesc&, LaneState&, int, const DaemonParams&);
@@ -34,11 +36,12 @@ __device__ LaneFn SelectLane(const TaskDesc& d) {
       return DispatchReduce(static_cast<ReduceOp>(d.reduce), [&]<class R>() -> LaneFn { return &RunLane<Op, T, R>; });
     };
     switch (static_cast<OpKind>(d.kind)) {
-      case OpKind::kAllReduce: return reduced.template operator()<AllReduceOp>();
-      case OpKind::kReduceScatter: return reduced.template operator()<ReduceScatterOp>();
-      case OpKind::kAllGather: return &RunLane<AllGatherOp, T, SumOp>;
-      case OpKind::kAllToAll: return &RunLane<AllToAllOp, T, SumOp>;
-      case OpKind::kPermute: return &RunLane<PermuteOp, T, SumOp>;
+#define DFCCL_X(E, name, id, reduces, rule, Trait)                  \
+  case OpKind::E:                                                  \
+    if constexpr (reduces) return reduced.template operator()<Trait>(); \
+    else return &RunLane<Trait, T, SumOp>;
+      DFCCL_OP_TABLE(DFCCL_X)
+#undef DFCCL_X
     }
     return nullptr;
   });

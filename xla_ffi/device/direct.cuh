@@ -9,7 +9,7 @@
 //             fence.sc.sys, then st.release.sys p.credits[1][slot][r][l] = E + 1.
 //   wait      lane l polls (ld.acquire.sys) its own credits[1][slot][p][l] >= E + 1
 //             for every rank p it touches, then reads p's addresses from its mailbox.
-//   move      the op's DirectShape (below) on the lane's chunks: the unit is cut
+//   move      the op's DirectMove (device/collectives/<op>.cuh) on the lane's chunks: the unit is cut
 //             into TaskDesc::lane_bytes pieces (4 KiB .. kDirectChunk, so that every
 //             lane has one) dealt round-robin to the lanes (chunk c to
 //             lane c % lanes), so at any time every lane works in the same few
@@ -36,15 +36,6 @@ namespace dfccl::gpu {
 
 inline constexpr int64_t kDirectStep = 1 << 20;  // bytes a lane moves per scheduling turn
 
-// What a collective does with its lane range on the direct path (each trait's kDirect).
-enum class DirectShape : int {
-  kReduceSegment,  // all-reduce: rank r reduces segment r of every input into segment r of every output
-  kReduceBlock,    // reduce-scatter: rank r reduces block r of every input into its output
-  kPlaceWhole,     // all-gather: rank r writes its input into block r of every output
-  kPlaceBlock,     // all-to-all: rank r writes block p of its input into block r of p's output
-  kPermute,        // ppermute: rank r writes its input into send_to's output
-};
-
 namespace direct {
 
 constexpr int U = 4;  // 16-byte vectors in flight per thread and source
@@ -70,7 +61,7 @@ DFCCL_DEV void Reduce(char* const* dst, int ndst, const char* const* src, int ns
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int k = 0; k < K; ++k) acc[u][k] = Acc<T>::Load(reinterpret_cast<const T*>(&v[u])[k]);
+      for (int k = 0; k < K; ++k) acc[u][k] = Begin<R, kDeviceStart>(Acc<T>::Load(reinterpret_cast<const T*>(&v[u])[k]));
     for (int s = 1; s < nsrc; ++s) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -91,7 +82,7 @@ DFCCL_DEV void Reduce(char* const* dst, int ndst, const char* const* src, int ns
   // The rest element by element (a tail, or everything when a buffer is not 16-byte aligned).
   const int64_t e0 = n16 * 16 / static_cast<int64_t>(sizeof(T)), ne = len / static_cast<int64_t>(sizeof(T));
   for (int64_t i = e0 + threadIdx.x; i < ne; i += kThreads) {
-    A acc = Acc<T>::Load(__ldcg(reinterpret_cast<const T*>(src[0]) + i));
+    A acc = Begin<R, kDeviceStart>(Acc<T>::Load(__ldcg(reinterpret_cast<const T*>(src[0]) + i)));
     for (int s = 1; s < nsrc; ++s) acc = op(acc, Acc<T>::Load(__ldcg(reinterpret_cast<const T*>(src[s]) + i)));
     const T r = Acc<T>::Store(acc);
     for (int k = 0; k < ndst; ++k) reinterpret_cast<T*>(dst[k])[i] = r;
@@ -116,7 +107,8 @@ DFCCL_DEV void Copy(char* const* dst, int ndst, const char* src, int64_t len) {
         for (int k = 0; k < ndst; ++k) reinterpret_cast<uint4*>(dst[k])[i0 + u * kThreads] = v[u];
   }
   using W = std::conditional_t<sizeof(T) == 8, unsigned long long,
-                               std::conditional_t<sizeof(T) == 4, unsigned int, unsigned short>>;
+                               std::conditional_t<sizeof(T) == 4, unsigned int,
+                                                  std::conditional_t<sizeof(T) == 2, unsigned short, unsigned char>>>;
   const int64_t e0 = n16 * 16 / static_cast<int64_t>(sizeof(W)), ne = len / static_cast<int64_t>(sizeof(W));
   for (int64_t i = e0 + threadIdx.x; i < ne; i += kThreads) {
     const W w = src ? __ldcg(reinterpret_cast<const W*>(src) + i) : W{0};
@@ -124,50 +116,22 @@ DFCCL_DEV void Copy(char* const* dst, int ndst, const char* src, int64_t len) {
   }
 }
 
+// Who touches whose buffers: the op's SendsTo / RecvsFrom (every trait in
+// device/collectives/ has them), never the rank itself.
 template <class Op>
 DFCCL_DEV bool Touches(const TaskDesc& d, int p) {  // this rank accesses p's buffers
-  if (p == d.rank) return false;
-  return Op::kDirect == DirectShape::kPermute ? p == d.send_to : true;
+  return p != d.rank && Op::SendsTo(d, p);
 }
 template <class Op>
 DFCCL_DEV bool TouchedBy(const TaskDesc& d, int p) {  // p accesses this rank's buffers
-  if (p == d.rank) return false;
-  return Op::kDirect == DirectShape::kPermute ? p == d.recv_from : true;
+  return p != d.rank && Op::RecvsFrom(d, p);
 }
 
-// Moves [a, a + len) of this rank's share of the unit.
-template <class Op, class T, class R>
-DFCCL_DEV void Move(const TaskDesc& d, const char* const* in, char* const* out, int64_t unit, int64_t a, int64_t len) {
-  const int n = d.nranks, me = d.rank;
-  const int64_t msg = d.msg_bytes;
-  const char* src[kMaxRanks];
-  char* dst[kMaxRanks];
-  switch (Op::kDirect) {
-    case DirectShape::kReduceSegment:
-      for (int r = 0; r < n; ++r) { src[r] = in[r] + me * unit + a; dst[r] = out[r] + me * unit + a; }
-      Reduce<T, R>(dst, n, src, n, len);
-      break;
-    case DirectShape::kReduceBlock:
-      for (int r = 0; r < n; ++r) src[r] = in[r] + me * msg + a;
-      dst[0] = out[me] + a;
-      Reduce<T, R>(dst, 1, src, n, len);
-      break;
-    case DirectShape::kPlaceWhole:
-      for (int r = 0; r < n; ++r) dst[r] = out[r] + me * msg + a;
-      Copy<T>(dst, n, in[me] + a, len);
-      break;
-    case DirectShape::kPlaceBlock:
-      for (int i = 1; i <= n; ++i) {  // peers first (from me + 1, spreading the links' load), own block last
-        const int p = (me + i) % n;
-        dst[0] = out[p] + me * msg + a;
-        Copy<T>(dst, 1, in[me] + p * msg + a, len);
-      }
-      break;
-    case DirectShape::kPermute:
-      if (d.send_to >= 0) { dst[0] = out[d.send_to] + a; Copy<T>(dst, 1, in[me] + a, len); }
-      if (d.recv_from < 0) { dst[0] = out[me] + a; Copy<T>(dst, 1, nullptr, len); }
-      break;
-  }
+// The bytes of the unit this rank's lanes split: the op's DirectShare, or the whole unit.
+template <class Op>
+DFCCL_DEV int64_t Share(const TaskDesc& d, int64_t unit) {
+  if constexpr (requires { Op::DirectShare(d, unit); }) return Op::DirectShare(d, unit);
+  else return unit;
 }
 
 }  // namespace direct
@@ -194,8 +158,7 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   const size_t row = static_cast<size_t>(d.slot) * n;
   auto cell = [&](int src) { return (row + src) * lanes + lane; };
   const int64_t unit = DirectUnitBytes(d.kind, d.msg_bytes, n);
-  const int64_t share = Op::kDirect == DirectShape::kReduceSegment
-                            ? max(int64_t{0}, min(unit, d.msg_bytes - me * unit)) : unit;
+  const int64_t share = direct::Share<Op>(d, unit);
   const int64_t chunk = d.lane_bytes;  // direct: the chunk size (host: 4 KiB .. kDirectChunk)
   const int64_t nchunks = (share + chunk - 1) / chunk;
   const int64_t my_chunks = nchunks > lane ? (nchunks - lane + d.lanes - 1) / d.lanes : 0;  // chunks lane, lane + lanes, ...
@@ -247,7 +210,7 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
       const int64_t k_end = my_chunks < k_step ? my_chunks : k_step;
       for (int64_t k = s.c_recv; k < k_end; ++k) {
         const int64_t a = (lane + k * d.lanes) * chunk;
-        direct::Move<Op, T, R>(d, in, out, unit, a, min(chunk, share - a));
+        Op::template DirectMove<T, R>(d, in, out, unit, a, min(chunk, share - a));
       }
       __syncthreads();  // every thread is done with in/out before thread 0 may rewrite them
       s.c_recv = static_cast<int32_t>(k_end);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "device/task.h"
+#include "dfccl/reduce.h"
 
 #define DFCCL_DEV __device__ __forceinline__
 
@@ -59,43 +60,15 @@ DFCCL_DEV uint64_t GlobalTimer() {
   return t;
 }
 
-// Accumulate 16-bit floats in float; everything else in its own type.
-template <class T> struct Acc {
-  using type = T;
-  static DFCCL_DEV type Load(T v) { return v; }
-  static DFCCL_DEV T Store(type a) { return a; }
-};
-template <> struct Acc<__half> {
-  using type = float;
-  static DFCCL_DEV float Load(__half v) { return __half2float(v); }
-  static DFCCL_DEV __half Store(float a) { return __float2half_rn(a); }
-};
-template <> struct Acc<__nv_bfloat16> {
-  using type = float;
-  static DFCCL_DEV float Load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static DFCCL_DEV __nv_bfloat16 Store(float a) { return __float2bfloat16_rn(a); }
-};
-
-struct SumOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { return a + b; } };
-struct MaxOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { return a > b ? a : b; } };
-struct MinOp { template <class A> DFCCL_DEV A operator()(A a, A b) const { return a < b ? a : b; } };
+// Accumulators, reduce functors (SumOp, MaxOp, MinOp), Begin and
+// DispatchReduce: the one reduction library, dfccl/reduce.h (NCCL's semantics
+// on the GPU: folds start from rank 0's value, kDeviceStart).
 
 // The CUDA 16-bit float types for dfccl::DispatchDType (dfccl/dtype.h).
 struct CudaTypes {
   using f16 = __half;
   using bf16 = __nv_bfloat16;
 };
-
-// The one reduce-op dispatch (host and device): f.template operator()<R>() with
-// R the functor for `op`.
-template <class F>
-__host__ __device__ __forceinline__ decltype(auto) DispatchReduce(ReduceOp op, F&& f) {
-  switch (op) {
-    case ReduceOp::kMax: return f.template operator()<MaxOp>();
-    case ReduceOp::kMin: return f.template operator()<MinOp>();
-    default: return f.template operator()<SumOp>();
-  }
-}
 
 // dst[0:n) = src[0:n), by the whole block.  vec: both 16-byte aligned and n % 16 == 0.
 DFCCL_DEV void BlockCopy(char* dst, const char* src, int64_t n, bool vec, int elem_bytes) {
@@ -141,7 +114,7 @@ DFCCL_DEV void BlockReduce(char* dst, const char* const* srcs, int nsrc, int64_t
       uint4 v = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + i);
       A acc[K];
 #pragma unroll
-      for (int k = 0; k < K; ++k) acc[k] = Acc<T>::Load(reinterpret_cast<const T*>(&v)[k]);
+      for (int k = 0; k < K; ++k) acc[k] = Begin<R, kDeviceStart>(Acc<T>::Load(reinterpret_cast<const T*>(&v)[k]));
       for (int s = 1; s < nsrc; ++s) {
         uint4 w = __ldcg(reinterpret_cast<const uint4*>(srcs[s]) + i);
 #pragma unroll
@@ -154,7 +127,7 @@ DFCCL_DEV void BlockReduce(char* dst, const char* const* srcs, int nsrc, int64_t
     return;
   }
   for (int64_t i = threadIdx.x; i < n / static_cast<int64_t>(sizeof(T)); i += kThreads) {
-    A acc = Acc<T>::Load(LdVol(reinterpret_cast<const T*>(srcs[0]) + i));
+    A acc = Begin<R, kDeviceStart>(Acc<T>::Load(LdVol(reinterpret_cast<const T*>(srcs[0]) + i)));
     for (int s = 1; s < nsrc; ++s) acc = op(acc, Acc<T>::Load(LdVol(reinterpret_cast<const T*>(srcs[s]) + i)));
     reinterpret_cast<T*>(dst)[i] = Acc<T>::Store(acc);
   }

@@ -67,8 +67,13 @@ struct CeSettings {
 class CopyEngine {
  public:
   static constexpr int kMaxChunks = 16;
+  // The ops with a copy-engine plan (CopyEngine::Issue); reductions on 2 GPUs only.
   static bool Supports(OpKind kind, int nranks) {
-    return nranks == 2 || !(kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter);
+    switch (kind) {
+      case OpKind::kAllReduce: case OpKind::kReduceScatter: return nranks == 2;
+      case OpKind::kAllGather: case OpKind::kAllToAll: case OpKind::kPermute: return true;
+      default: return false;  // broadcast, ragged_all_to_all: the daemon kernel
+    }
   }
 
   ~CopyEngine() { Stop(); }

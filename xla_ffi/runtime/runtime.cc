@@ -80,7 +80,7 @@ void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, c
 
 bool Runtime::UseCopyEngine(const CollectiveSpec& spec, const Comm& c) const {
   const int64_t bytes = std::max(spec.in_bytes(), spec.out_elems * spec.elem_bytes);
-  const bool reduction = spec.kind == OpKind::kAllReduce || spec.kind == OpKind::kReduceScatter;
+  const bool reduction = Reduces(spec.kind);
   return cfg_.copy_engine_min_bytes >= 0 && bytes >= cfg_.copy_engine_min_bytes && c.n > 1 &&
          (!reduction || bytes >= cfg_.copy_engine_reduce_min_bytes) && CopyEngine::Supports(spec.kind, c.n);
 }

@@ -145,7 +145,13 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
     // bytes per 16-byte line) and are 16-byte multiples; the rest use pool 1.
     const PoolGeom& small = c.view.pool[0];
     const auto plan = LanePlan(msg_bytes, small, cfg_.blocks, cfg_.lane_min_bytes);
-    inst->pool = ce ? -1 : (cfg_.ll && msg_bytes % 16 == 0 && plan.second * 2 <= small.chunk_bytes) ? 0 : 1;
+    // ragged_all_to_all needs the peers' addresses: the direct path of pool 1 only.
+    const bool direct_only = spec.kind == OpKind::kRaggedAllToAll;
+    if (direct_only && !c.direct) {
+      *err = "dfccl: ragged_all_to_all '" + spec.key + "' needs the direct path (peer access between the GPUs)";
+      return nullptr;
+    }
+    inst->pool = ce ? -1 : (!direct_only && cfg_.ll && msg_bytes % 16 == 0 && plan.second * 2 <= small.chunk_bytes) ? 0 : 1;
     if (ce) {
       // copy-engine path: no pool slot
     } else if (!c.free_slots[inst->pool].empty()) {

@@ -5,7 +5,13 @@
 #include "device/channel.cuh"
 namespace dfccl::gpu {
 struct PermuteOp {
-  static constexpr DirectShape kDirect = DirectShape::kPermute;
+  template <class T, class R>
+  static DFCCL_DEV void DirectMove(const TaskDesc& d, const char* const* in, char* const* out, int64_t unit, int64_t a,
+                                   int64_t len) {
+    char* dst[1];
+    if (d.send_to >= 0) { dst[0] = out[d.send_to] + a; direct::Copy<T>(dst, 1, in[d.rank] + a, len); }
+    if (d.recv_from < 0) { dst[0] = out[d.rank] + a; direct::Copy<T>(dst, 1, nullptr, len); }
+  }
   static DFCCL_DEV bool SendsTo(const TaskDesc& d, int p) { return p == d.send_to; }
   static DFCCL_DEV int64_t SendOffset(const TaskDesc&, int) { return 0; }
   static DFCCL_DEV bool RecvsFrom(const TaskDesc& d, int r) { return r == d.recv_from; }
