@@ -87,6 +87,12 @@ class Config:
   #: (not yet measured with communication on 2 GPUs).  Read (and checked) at trace time.
   overlap_cluster_m: int = 1
 
+  #: Collectives over a group of one rank (a mesh axis of size 1) go through
+  #: the runtime like any other (a custom call, the daemon) instead of lowering
+  #: to plain HLO.  For tests and measurements of the runtime on one device
+  #: only: results are the same, slower.  Read at trace time.
+  runtime_for_groups_of_one: bool = False
+
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
 

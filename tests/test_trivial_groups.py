@@ -108,3 +108,51 @@ def test_overlap_ops_with_tensor_parallelism_of_one(mesh41, op):
   np.testing.assert_allclose(np.asarray(f(x, w)), np.asarray(x) @ np.asarray(w), rtol=1e-5, atol=1e-5)
   assert dc.stats()["cpu"]["started"] == started
   assert "dfccl_" not in f.lower(x, w).as_text()
+
+
+@pytest.mark.parametrize("op", list(_ops(jax.lax)))
+def test_forced_through_runtime(mesh41, op):
+  """config.runtime_for_groups_of_one: the same results as jax.lax, through the runtime."""
+  x = put(_x(2), mesh41, P("x"))
+  with dc.configured(runtime_for_groups_of_one=True):
+    started = dc.stats()["cpu"]["started"]
+    f = _smap(_ops(dc)[op], mesh41)
+    assert "dfccl_start" in f.lower(x).as_text() or op == "ppermute_none"
+    got = f(x)
+    jax.block_until_ready(got)
+    ran = dc.stats()["cpu"]["started"] - started
+  want = _smap(_ops(jax.lax)[op], mesh41)(x)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), got, want)
+  assert ran >= 4 or op == "ppermute_none", f"{op}: the runtime ran {ran} collectives"
+
+
+def test_new_ops_forced_through_runtime(mesh41):
+  x = put(_x(3), mesh41, P("x"))
+  rows = jnp.arange(8 * 3, dtype=jnp.int32).reshape(8, 3)
+
+  def f(v, r):
+    b = dc.pbroadcast(v, "one", 0)
+    out = jnp.full((5, 6), -1.0)
+    g = dc.ragged_all_to_all(v, out, r[0, :1], r[0, 1:2] % 3, r[0, 2:3] % 2, r[0, 1:2] % 3, axis_name="one")
+    return b, g[None]
+  sm = jax.jit(jax.shard_map(f, mesh=mesh41, in_specs=(P("x"), P("x")), out_specs=(P("x"), P("x")),
+                             check_vma=False))
+  r = put(jnp.asarray(np.array([[0, 2, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [1, 2, 0, 0, 0, 0],
+                                [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]],
+                               np.int32))[:, :3], mesh41, P("x"))
+  want = sm(x, r)
+  with dc.configured(runtime_for_groups_of_one=True):
+    started = dc.stats()["cpu"]["started"]
+    sm2 = jax.jit(jax.shard_map(f, mesh=mesh41, in_specs=(P("x"), P("x")), out_specs=(P("x"), P("x")),
+                                check_vma=False))
+    got = jax.block_until_ready(sm2(x, r))
+    assert dc.stats()["cpu"]["started"] - started == 8
+  np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(x))
+  np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+  # and the plain-HLO path equals numpy
+  xv, rv = np.asarray(x).reshape(4, 2, 6), np.asarray(r).reshape(4, 2, 3)
+  for d in range(4):
+    ref = np.full((5, 6), -1.0, np.float32)
+    io, ss, oo = rv[d, 0, 0], rv[d, 0, 1] % 3, rv[d, 0, 2] % 2
+    ref[oo:oo + ss] = xv[d][io:io + ss]
+    np.testing.assert_array_equal(np.asarray(want[1])[d], ref)

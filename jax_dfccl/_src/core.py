@@ -423,7 +423,8 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   mesh = _spmd_mesh(ctx, op)
   params = dict(op=op, axes=axes, groups=groups, key=key, key_hash=key_hash, reduce=reduce, perm=perm)
   groups = group_table(mesh, axes, groups)
-  if groups.shape[1] == 1:  # nothing to match or move: no custom call, no runtime
+  from jax_dfccl.config import config
+  if groups.shape[1] == 1 and not config.runtime_for_groups_of_one:  # nothing to match or move: no runtime
     _TRIVIAL_SITES.add(site)
     out = _trivial(ctx, x, init, op, params)
     if target == "dfccl_collective":
