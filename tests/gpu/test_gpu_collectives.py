@@ -2,7 +2,7 @@
 
 The mesh axis spans every GPU JAX sees.  A group of one rank never reaches the runtime (it
 lowers to plain HLO, core._trivial), so every test of the runtime is marked `needs_peers`
-(skipped on one GPU, tests/gpu/conftest.py) and asserts through the `ran` fixture that the
+(skipped on one GPU, tests/gpu/peers.py) and asserts through the `ran` fixture that the
 runtime started its collectives.  On one GPU `test_group_of_one_never_reaches_runtime` checks the
 CUDA lowering of that path instead.
 
@@ -27,9 +27,9 @@ from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 
 from jax_dfccl.testing import gpus  # noqa: E402
+from peers import needs_peers, ran  # noqa: E402,F401  (tests/gpu/peers.py: the marker and the fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(gpus()) < 1, reason="needs a GPU")]
-needs_peers = pytest.mark.needs_peers
 
 if len(gpus()) >= 1:
   import jax_dfccl as d

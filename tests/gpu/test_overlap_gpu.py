@@ -19,8 +19,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 
 from jax_dfccl.testing import gpus  # noqa: E402
+from peers import needs_peers  # noqa: E402  (tests/gpu/peers.py)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.needs_peers]
+pytestmark = [pytest.mark.gpu, needs_peers]
 
 if len(gpus()) >= 2:
   from jax_dfccl._src import overlap as ov

@@ -1,8 +1,9 @@
-"""Shared pieces of the GPU tests.
+"""Shared pieces of the GPU tests (imported by the test modules: ``from peers import needs_peers, ran``;
+not a conftest.py, whose module name would shadow tests/conftest.py for the CPU tests).
 
-- ``@pytest.mark.needs_peers``: the test needs >= 2 GPUs and is skipped with fewer.  On one GPU
-  every group has one rank, and a group of one never reaches the runtime (it lowers to a reshape,
-  ``core._trivial``), so a collective test there would pass whatever the runtime does.
+- ``needs_peers``: the test needs >= 2 GPUs and is skipped with fewer.  On one GPU every group has
+  one rank, and a group of one never reaches the runtime (it lowers to a reshape, ``core._trivial``),
+  so a collective test there would pass whatever the runtime does.
 - ``ran`` fixture: ``ran()`` is how many collectives the CUDA runtime started since the test
   began, so a test can assert that its collectives really went through the runtime (or, for a
   group of one, that they did not).
@@ -13,18 +14,8 @@ import pytest
 
 from jax_dfccl.testing import gpus
 
-
-def pytest_configure(config):
-  config.addinivalue_line(
-      "markers", "needs_peers: needs >= 2 GPUs (on one GPU every group has one rank and never reaches "
-      "the runtime); skipped otherwise")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-  if item.get_closest_marker("needs_peers") is not None and len(gpus()) < 2:
-    pytest.skip(f"needs >= 2 GPUs ({len(gpus())} here): with one, a group has one rank and the runtime never runs")
-
+needs_peers = pytest.mark.skipif(
+    len(gpus()) < 2, reason="needs >= 2 GPUs: with one, a group has one rank and the runtime never runs")
 
 # The counters of stats()["cuda"] (xla_ffi/runtime/runtime.cc, Runtime::Stats) that grow with every
 # collective the runtime starts: daemon tickets (one per device and collective) and instances moved
