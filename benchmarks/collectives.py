@@ -26,7 +26,6 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "gpu"))
 import common  # noqa: E402
 
 N = len(jax.devices())
@@ -71,7 +70,7 @@ def dfccl_ops():
         "psum_scatter": lambda y: jnp.tile(fd.collective(y, "reduce_scatter", "x", N), N),
         "all_to_all": lambda y: fd.collective(y, "all_to_all", "x", N),
     }
-    return ops, "raw custom calls (tests/gpu/ffi_direct.py)"
+    return ops, "raw custom calls (benchmarks/ffi_direct.py)"
 
 
 def busbw(op, nbytes, t):

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-sys.path.insert(0, os.path.dirname(__file__))
-import ffi_direct as fd  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
+import ffi_direct as fd  # noqa: E402  (benchmarks/ffi_direct.py: the custom calls without jax_dfccl's layer)
 
 N = len(jax.devices())
 MESH = Mesh(np.array(jax.devices()), ("x",))

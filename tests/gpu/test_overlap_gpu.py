@@ -19,8 +19,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 
 from jax_dfccl.testing import gpus  # noqa: E402
+from peers import needs_peers  # noqa: E402  (tests/gpu/peers.py)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(gpus()) < 2, reason="needs >= 2 GPUs")]
+pytestmark = [pytest.mark.gpu, needs_peers]
 
 if len(gpus()) >= 2:
   from jax_dfccl._src import overlap as ov
@@ -28,6 +29,7 @@ if len(gpus()) >= 2:
   MESH = Mesh(np.array(gpus()[:2]), ("tp",))
 
 TOL = {jnp.bfloat16: 2.5e-2, jnp.float16: 4e-3}
+LOSS_TOL = {jnp.bfloat16: 5e-3, jnp.float16: 1e-3}  # of a scalar loss (test_grads)
 SPECS = {"ag": (P("tp", None), P(None, "tp"), P(None, "tp")),
          "rs": (P(None, "tp"), P("tp", None), P("tp", None))}
 OPS = {"ag": lambda: ov.all_gather_matmul, "rs": lambda: ov.matmul_reduce_scatter}
@@ -148,7 +150,9 @@ def test_grads(kind, dtype):
   val, (dx, dw) = ours(*args)
   x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
   rval, (rdx, rdw) = jax.value_and_grad(lambda x, w: jnp.sum(jnp.dot(x, w) * g), argnums=(0, 1))(x32, w32)
-  assert abs(float(val) - float(rval)) <= TOL[dtype] * float(jnp.sum(jnp.abs(jnp.dot(x32, w32) * g))), (val, rval)
+  # Relative to the loss (|rval| ~ 317): rounding the op's output to bf16 / f16 moves it by 1.2e-4 /
+  # 2.0e-5 of that (numpy on the same inputs), so a wrong or zero forward result fails.
+  assert abs(float(val) - float(rval)) <= LOSS_TOL[dtype] * abs(float(rval)), (val, rval)
   _close(dx, rdx, dtype, f"{kind} dx")
   _close(dw, rdw, dtype, f"{kind} dw")
   og.check()

@@ -1,6 +1,7 @@
 """Direct use of the CUDA backend's custom calls, without the jax_dfccl Python layer.
 
-Used by the GPU smoke test and the benchmark so the backend can be checked on its own.
+Used by the benchmark (its fallback when the public API is unusable) and by the GPU smoke test
+(tests/gpu/smoke.py imports it from here), so the backend can be checked on its own.
 Collectives run over a 1-D mesh axis spanning all local GPUs (flat partition id = rank).
 """
 from __future__ import annotations
@@ -14,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-KINDS = {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 2, "all_to_all": 3, "ppermute": 4}
-REDUCE = {"sum": 0, "max": 1, "min": 2}
+from jax_dfccl._src.core import KIND as KINDS, REDUCE  # the op and reduction ids (no backend is loaded)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 _site = itertools.count(1)
 _mod = None
 
