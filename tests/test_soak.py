@@ -1,0 +1,176 @@
+"""Soak: thousands of collective instances on 8 CPU devices — random op, size,
+dtype, rank-specific start and done orders, re-entry in fori_loop, two
+programs in flight, a few large messages — compared with jax.lax on the same
+inputs; memory, threads and file descriptors must stay flat.
+
+test_soak_ci (2,000 instances) runs in CI; test_soak_full (10,000) is marked
+slow.  Sizes: 1 B ... 4 MiB per rank in loops, and 64 MiB per rank once."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_dfccl as dc
+from conftest import put
+
+N = 8
+OPS = ["psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pbroadcast"]
+DTYPES = [np.float32, jnp.bfloat16, np.int32, np.int8, np.float16]
+
+
+def _rss_kib():
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def _os_threads():
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def _fds():
+  return len(os.listdir("/proc/self/fd"))
+
+
+def _call(lib, op, v, key):
+  kw = {} if lib is jax.lax else {"key": key}
+  if op in ("psum", "pmax", "pmin"):
+    return getattr(lib, op)(v, "x", **kw)
+  if op == "all_gather":
+    return lib.all_gather(v, "x", tiled=True, **kw)
+  if op == "psum_scatter":
+    return lib.psum_scatter(v, "x", tiled=True, **kw)
+  if op == "all_to_all":
+    return lib.all_to_all(v, "x", 0, 0, tiled=True, **kw)
+  if op == "ppermute":
+    return lib.ppermute(v, "x", [(i, (i + 3) % N) for i in range(N - 1)], **kw)
+  if lib is jax.lax:  # pbroadcast: jax.lax's documented definition (no CPU lowering)
+    return jax.lax.psum(jnp.where(jax.lax.axis_index("x") == 5, v, jnp.zeros_like(v)), "x")
+  return dc.pbroadcast(v, "x", 5, **kw)
+
+
+def _start(op, v, key):
+  return getattr(dc, op + "_start")(*{
+      "psum": (v, "x"), "pmax": (v, "x"), "pmin": (v, "x"), "pbroadcast": (v, "x", 5),
+      "ppermute": (v, "x", [(i, (i + 3) % N) for i in range(N - 1)])}.get(op, (v, "x")),
+      key=key, **({"tiled": True} if op in ("all_gather", "psum_scatter") else {}),
+  ) if op != "all_to_all" else dc.all_to_all_start(v, "x", 0, 0, tiled=True, key=key)
+
+
+def _program(mesh, spec, iters, tag, rng):
+  """One jitted program: len(spec) collectives per iteration of a fori_loop, each rank
+  starting them in its own order (lax.switch on the rank) and waiting in another."""
+  k = len(spec)
+  orders = [rng.permutation(k) for _ in range(N)]
+  done_orders = [rng.permutation(k) for _ in range(N)]
+
+  def ours(*xs):
+    def step(i, accs):
+      def branch(r):
+        def b(vs):
+          hs = [None] * k
+          for j in orders[r]:
+            hs[j] = _start(spec[j][0], vs[j], f"soak/{tag}/{j}")
+          outs = [None] * k
+          for j in done_orders[r]:
+            outs[j] = dc.done(hs[j])
+          return outs
+        return b
+      vs = [x + i.astype(x.dtype) for x in xs]
+      outs = jax.lax.switch(jax.lax.axis_index("x"), [branch(r) for r in range(N)], vs)
+      return [a + o for a, o in zip(accs, outs)]
+    zeros = [jnp.zeros_like(_call(jax.lax, op, x, None)) for (op, _), x in zip(spec, xs)]
+    return tuple(jax.lax.fori_loop(0, iters, step, zeros))
+
+  def ref(*xs):
+    def step(i, accs):
+      return [a + _call(jax.lax, op, x + i.astype(x.dtype), None) for a, (op, _), x in zip(accs, spec, xs)]
+    zeros = [jnp.zeros_like(_call(jax.lax, op, x, None)) for (op, _), x in zip(spec, xs)]
+    return tuple(jax.lax.fori_loop(0, iters, step, zeros))
+
+  smap = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("x"),) * k, out_specs=(P("x"),) * k,
+                                         check_vma=False))
+  return smap(ours), smap(ref)
+
+
+def _inputs(mesh, spec, rng):
+  xs = []
+  for op, (elems, dtype) in spec:
+    elems = max(N, elems // N * N)  # divisible for the scatter/exchange ops
+    v = rng.integers(-2, 3, size=(N * elems,)).astype(dtype)
+    xs.append(put(jnp.asarray(v), mesh, P("x")))
+  return xs
+
+
+def _random_spec(rng, k, max_bytes):
+  spec = []
+  for _ in range(k):
+    op = OPS[rng.integers(len(OPS))]
+    dtype = DTYPES[rng.integers(len(DTYPES))]
+    if op in ("psum", "pmax", "pmin", "psum_scatter") and dtype in (np.int8,):
+      dtype = np.int32
+    nbytes = int(2 ** rng.uniform(0, np.log2(max_bytes)))
+    spec.append((op, (max(1, nbytes // np.dtype(dtype).itemsize), dtype)))
+  return spec
+
+
+def _big(mesh8):
+  big = put(jnp.ones((N * (16 << 20),), jnp.float32), mesh8, P("x"))  # 64 MiB per rank
+  f = jax.jit(jax.shard_map(lambda v: (dc.psum(v, "x"), dc.all_to_all(v, "x", 0, 0, tiled=True)), mesh=mesh8,
+                            in_specs=P("x"), out_specs=(P("x"), P("x")), check_vma=False))
+  s, a = f(big)
+  assert float(s[0]) == N and float(a[-1]) == 1.0
+  return 2
+
+
+def _soak(mesh8, instances, seed, nprogs=6, iters=10):
+  """`nprogs` random programs (8 collectives x `iters` iterations each), compiled in the
+  first pass, then run in pairs (two in flight) on fresh inputs until `instances`.  Memory
+  is the peak RSS over one pass through the programs (the live buffers differ per pair):
+  the second pass (after warm-up) against the last one."""
+  rng = np.random.default_rng(seed)
+  progs = []
+  for p in range(nprogs):
+    spec = _random_spec(rng, 8, 4 << 20 if p % 3 == 0 else 64 << 10)
+    progs.append((*_program(mesh8, spec, iters, f"p{p}", rng), spec))
+  per_pass = nprogs // 2
+  done, rss, warm = 0, [], None
+  round_ = 0
+  while done < instances or round_ % per_pass or round_ < 3 * per_pass:
+    pair = [progs[(2 * round_) % nprogs], progs[(2 * round_ + 1) % nprogs]]
+    ins = [_inputs(mesh8, spec, rng) for _, _, spec in pair]
+    outs = [ours(*xs) for (ours, _, _), xs in zip(pair, ins)]  # both dispatched before either is read
+    for (_, ref, spec), xs, got in zip(pair, ins, outs):
+      want = ref(*xs)
+      for (op, (_, dtype)), a, b in zip(spec, got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"{op} {np.dtype(dtype)}")
+      done += 8 * iters
+    del ins, outs, got, want
+    if round_ == per_pass - 1:
+      done += _big(mesh8)
+    rss.append(_rss_kib())
+    if round_ == 2 * per_pass - 1:  # end of the second pass
+      warm = (max(rss[per_pass:]), _fds(), _os_threads())
+    round_ += 1
+  done += _big(mesh8)
+  rss[-1] = max(rss[-1], _rss_kib())
+  assert dc.stats()["cpu"]["instances_live"] == 0
+  end = (max(rss[-per_pass:]), _fds(), _os_threads())
+  print(f"\nsoak: {done} instances; peak RSS per pass after warm-up -> at the end: {warm[0]} -> {end[0]} KiB "
+        f"({100 * (end[0] - warm[0]) / warm[0]:+.1f}%), fds {warm[1]} -> {end[1]}, OS threads {warm[2]} -> {end[2]}")
+  assert end[1] <= warm[1] and end[2] <= warm[2], (warm, end)
+  return warm[0], end[0]
+
+
+def test_soak_ci(mesh8):
+  warm, end = _soak(mesh8, 2000, seed=0)
+  assert end < warm * 1.05, (warm, end)
+
+
+@pytest.mark.slow
+def test_soak_full(mesh8):
+  warm, end = _soak(mesh8, 10000, seed=1)
+  assert end < warm * 1.05, (warm, end)
