@@ -67,6 +67,7 @@ nb::dict Stats() {
   d["communicators"] = s.communicators;
   d["instances_live"] = s.instances_live;
   d["key_counters"] = s.key_counters;
+  d["tombstones"] = s.tombstones;
   d["trace_records"] = s.trace_records;
   d["tickets"] = s.tickets;
   Config& c = GetConfig();

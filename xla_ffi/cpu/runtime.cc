@@ -63,6 +63,26 @@ void EraseIfCurrent(Communicator& comm, const Instance& inst) {
   if (it != comm.instances.end() && it->second.get() == &inst) comm.instances.erase(it);
 }
 
+// A failed instance leaves the table at once; the ranks that never started it
+// find its tombstone instead.  Caller holds the communicator mutex.
+void Bury(Communicator& comm, const Instance& inst) {
+  Tombstone t{inst.error, inst.error_kind, std::vector<bool>(inst.n)};
+  bool any = false;
+  for (int r = 0; r < inst.n; ++r) any |= (t.missing[r] = !inst.slots[r].posted);
+  if (any) comm.tombstones[inst.key_hash][inst.seq] = std::move(t);
+  EraseIfCurrent(comm, inst);
+}
+
+// Rank `rank` no longer waits for tombstone `seq` of `key`; forgets it once nobody does.
+void Unmiss(Communicator& comm, uint64_t key, std::map<int64_t, Tombstone>::iterator it, int rank) {
+  it->second.missing[rank] = false;
+  for (bool m : it->second.missing)
+    if (m) return;
+  auto& per_key = comm.tombstones[key];
+  per_key.erase(it);
+  if (per_key.empty()) comm.tombstones.erase(key);
+}
+
 }  // namespace
 
 int64_t NowNs() {
@@ -197,7 +217,7 @@ bool Task::TryCompute() {
 }
 
 // ---- start ---------------------------------------------------------------------
-int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
+int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, int64_t run_id) {
   Globals& g = G();
   const int n = spec.nranks;
   DFCCL_CHECK(n >= 1 && spec.rank >= 0 && spec.rank < n && static_cast<int>(spec.group_devices.size()) == n,
@@ -234,6 +254,26 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
     std::lock_guard<std::mutex> l(comm->mu);
     auto& cnt = comm->counters[spec.key_hash];
     if (cnt.empty()) cnt.assign(n, 0);
+    auto& runs = comm->runs[spec.key_hash];
+    if (runs.empty()) runs.assign(n, run_id);
+    auto tk = comm->tombstones.find(spec.key_hash);
+    if (runs[spec.rank] != run_id) {
+      // A new execution on this rank: skip the instances that failed without it in an earlier one.
+      runs[spec.rank] = run_id;
+      if (tk != comm->tombstones.end()) {
+        for (auto it = tk->second.begin(); it != tk->second.end();) {
+          auto next = std::next(it);
+          if (it->first >= cnt[spec.rank] && it->second.missing[spec.rank]) {
+            cnt[spec.rank] = it->first + 1;
+            const bool last = tk->second.size() == 1;
+            Unmiss(*comm, spec.key_hash, it, spec.rank);
+            if (last && comm->tombstones.find(spec.key_hash) == comm->tombstones.end()) break;
+          }
+          it = next;
+        }
+      }
+      tk = comm->tombstones.find(spec.key_hash);
+    }
     task->seq = cnt[spec.rank]++;
     TraceEvent(spec.self_device, spec.key, task->seq, "start");  // before any peer can run it
     auto& slot_inst = comm->instances[InstKey{spec.key_hash, task->seq}];
@@ -248,7 +288,17 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
     std::shared_ptr<Instance> inst = slot_inst;
     task->inst = inst;
     ++inst->arrived;
-    if (comm->dead) {
+    std::map<int64_t, Tombstone>::iterator tomb;
+    const bool buried = tk != comm->tombstones.end() && (tomb = tk->second.find(task->seq)) != tk->second.end() &&
+                        tomb->second.missing[spec.rank];
+    if (buried) {
+      // Late arrival, in the same execution, at an instance that failed without it: the same error.
+      fail_tasks = {task};
+      fail_kind = tomb->second.kind;
+      fail_msg = tomb->second.error;
+      Unmiss(*comm, spec.key_hash, tomb, spec.rank);
+      if (inst->arrived == 1) EraseIfCurrent(*comm, *inst);  // created just now for this lookup
+    } else if (comm->dead) {
       fail_tasks = {task};
       fail_msg = "dfccl: collective '" + spec.key + "': the runtime was reset while it started";
     } else if (inst->failed.load(std::memory_order_relaxed)) {
@@ -273,7 +323,8 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
         fail_msg = os.str();
         fail_tasks = FailLocked(*inst, fail_kind, fail_msg);
         fail_tasks.push_back(task);
-        if (inst->arrived == n) EraseIfCurrent(*comm, *inst);
+        inst->slots[spec.rank].posted = true;  // this rank did start it: no tombstone entry for it
+        Bury(*comm, *inst);
       } else {
         Slot& s = inst->slots[spec.rank];
         s.posted = true;
@@ -362,6 +413,7 @@ void FailOnTimeout(Task& t, double timeout_s) {
     os << "] never started it";
     msg = os.str();
     tasks = FailLocked(inst, ErrKind::kInternal, msg);
+    Bury(*t.comm, inst);
   }
   for (auto& p : tasks) p->Complete(ErrKind::kInternal, msg);
 }
@@ -394,6 +446,7 @@ void AbortDevice(int64_t device, const std::string& failed_key) {
               std::to_string(v->spec.rank) + " (device " + std::to_string(device) +
               ") stopped after an error in collective '" + failed_key + "'";
         tasks = FailLocked(inst, ErrKind::kInternal, msg);
+        Bury(*v->comm, inst);
       }
     }
     for (auto& p : tasks) p->Complete(ErrKind::kInternal, msg);
@@ -471,6 +524,7 @@ StatsSnapshot GetStats() {
     std::lock_guard<std::mutex> l(c->mu);
     s.instances_live += static_cast<int64_t>(c->instances.size());
     s.key_counters += static_cast<int64_t>(c->counters.size());
+    for (auto& [k, per_key] : c->tombstones) s.tombstones += static_cast<int64_t>(per_key.size());
   }
   s.trace_records = TraceSize();
   {
@@ -536,6 +590,8 @@ void Reset() {
     }
     c->instances.clear();
     c->counters.clear();
+    c->runs.clear();
+    c->tombstones.clear();
   }
   for (auto& [t, msg] : to_fail) t->Complete(ErrKind::kInternal, msg);
   {

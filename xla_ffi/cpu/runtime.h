@@ -27,6 +27,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -111,6 +112,17 @@ struct InstKeyHash {
   }
 };
 
+// What remains of an instance that failed before every rank started it: the
+// error, for a rank of the same execution that starts it late, and which ranks
+// never did.  A rank that starts the key in a later execution (another XLA
+// RunId) skips the sequence numbers it missed, so its counter meets its peers'
+// again: a failed program leaves nothing that blocks or mismatches the next one.
+struct Tombstone {
+  std::string error;
+  ErrKind kind = ErrKind::kInternal;
+  std::vector<bool> missing;
+};
+
 // One per device group (keyed by CollectiveSpec::GroupName()).
 struct Communicator {
   std::string name;
@@ -119,7 +131,11 @@ struct Communicator {
   bool dead = false;  // reset() retired it; posts fail
   // key_hash -> per-rank count of starts (the next sequence number).
   std::unordered_map<uint64_t, std::vector<int64_t>> counters;
+  // key_hash -> per-rank RunId of the execution that last started the key.
+  std::unordered_map<uint64_t, std::vector<int64_t>> runs;
   std::unordered_map<InstKey, std::shared_ptr<Instance>, InstKeyHash> instances;
+  // key_hash -> seq -> the failed instance's tombstone (while some missing rank has not moved past it).
+  std::unordered_map<uint64_t, std::map<int64_t, Tombstone>> tombstones;
 };
 
 // One rank's part of one instance.
@@ -163,8 +179,10 @@ struct Task {
 };
 
 // ---- entry points --------------------------------------------------------------
-// dfccl_start: returns the ticket.  Throws dfccl::Error on malformed input.
-int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out);
+// dfccl_start: returns the ticket.  `run_id` identifies the XLA execution
+// (equal on every device of one run; see Tombstone).  Throws dfccl::Error on
+// malformed input.
+int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, int64_t run_id = 0);
 
 // dfccl_done: blocks until the ticket's task completed.
 struct DoneStatus {
@@ -191,7 +209,7 @@ void FailOnTimeout(Task& task, double timeout_s);
 // Module functions.
 struct StatsSnapshot {
   int64_t started, completed, failed, preemptions, resumes, pending, daemon_threads,
-      communicators, instances_live, key_counters, trace_records, tickets;
+      communicators, instances_live, key_counters, trace_records, tickets, tombstones;
 };
 StatsSnapshot GetStats();
 // One line per collective instance in flight: key, sequence, which ranks started

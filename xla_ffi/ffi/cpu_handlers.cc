@@ -24,7 +24,7 @@ ffi::Error ToFfi(dfccl::cpu::ErrKind kind, const std::string& msg) {
 }
 
 // dfccl_start(x, partition_id[, init]) -> (out, x_alias, ticket).  Never blocks.
-ffi::Error StartImpl(ffi::AnyBuffer x, ffi::AnyBuffer partition_id, std::optional<ffi::AnyBuffer> init,
+ffi::Error StartImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::AnyBuffer partition_id, std::optional<ffi::AnyBuffer> init,
                      ffi::Result<ffi::AnyBuffer> out,
                      ffi::Result<ffi::AnyBuffer> x_alias, ffi::Result<ffi::AnyBuffer> ticket,
                      dfccl::StartAttrs attrs) {
@@ -55,7 +55,7 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::AnyBuffer partition_id, std::optiona
       std::memcpy(x_alias->untyped_data(), in, x.size_bytes());
       in = x_alias->untyped_data();
     }
-    const int64_t t = dfccl::cpu::StartCollective(spec, in, out->untyped_data());
+    const int64_t t = dfccl::cpu::StartCollective(spec, in, out->untyped_data(), run_id.run_id);
     *static_cast<int64_t*>(ticket->untyped_data()) = t;
     return ffi::Error::Success();
   } catch (const dfccl::Error& e) {
@@ -98,6 +98,7 @@ ffi::Future DoneImpl(ffi::AnyBuffer out, ffi::AnyBuffer x_alias, ffi::AnyBuffer 
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCpuStart, StartImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()       // the execution (see cpu::Tombstone)
                                   .Arg<ffi::AnyBuffer>()   // x
                                   .Arg<ffi::AnyBuffer>()   // partition_id
                                   .OptionalArg<ffi::AnyBuffer>()  // init (aliased to out)
