@@ -26,8 +26,9 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <functional>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dfccl/check.h"
 #include "dfccl/collective.h"
 
 namespace dfccl::cpu {
@@ -45,12 +47,30 @@ struct Task;
 int64_t NowNs();  // steady_clock
 
 // ---- configuration (configure()) -------------------------------------------
+// The entries of jax_dfccl.config this runtime reads, (type, name), with the
+// names and units of jax_dfccl/config.py, which alone holds their defaults and
+// meaning.  configure() passes every entry; StartCollective refuses to run until
+// each one was set once (no value here competes with Python's).
+#define DFCCL_CPU_CONFIG(X)    \
+  X(double, timeout_s)         \
+  X(double, spin_budget_us)    \
+  X(double, sticky_budget_us)  \
+  X(bool, trace)               \
+  X(int64_t, trace_capacity)
+
 struct Config {
-  std::atomic<double> timeout_s{300.0};
-  std::atomic<double> spin_budget_us{20.0};
-  std::atomic<double> sticky_budget_us{500.0};
-  std::atomic<bool> trace{false};
-  std::atomic<int64_t> trace_capacity{65536};
+#define DFCCL_CPU_CONFIG_FIELD(T, name) std::atomic<T> name{};
+  DFCCL_CPU_CONFIG(DFCCL_CPU_CONFIG_FIELD)
+#undef DFCCL_CPU_CONFIG_FIELD
+  std::atomic<bool> configured{false};  // every entry set at least once
+  std::atomic<uint32_t> set_mask{0};    // bit i: entry i of DFCCL_CPU_CONFIG was set
+
+  // Sets the entries of `kv` this runtime knows (others belong to other
+  // backends); throws dfccl::Error (kInvalidArgument) on an invalid value,
+  // leaving every entry as it was.
+  void Apply(const std::map<std::string, double>& kv);
+  // Every entry's current value (module function config()).
+  std::map<std::string, double> Values() const;
 };
 Config& GetConfig();
 
@@ -60,6 +80,12 @@ struct Counters {
   std::atomic<int64_t> live_tasks{0};  // gauge: started and not yet completed
 };
 Counters& GetCounters();
+
+// Errors recorded (one per failed instance), newest last, at most kMaxErrors;
+// stats()["errors"].  Cleared by Reset().
+inline constexpr size_t kMaxErrors = 256;
+void RecordError(const std::string& message);
+std::vector<std::string> RecentErrors();
 
 // ---- trace ring buffer -------------------------------------------------------
 struct TraceRecord {
@@ -74,7 +100,6 @@ std::vector<TraceRecord> TraceSnapshot();
 int64_t TraceSize();
 
 // ---- rendezvous objects ------------------------------------------------------
-enum class ErrKind { kNone, kInternal, kPrecondition };
 
 struct Slot {
   bool posted = false;
@@ -92,7 +117,7 @@ struct Instance {
   std::vector<Slot> slots;  // guarded by Communicator::mu until ready, then read-only
   int arrived = 0;          // guarded by Communicator::mu
   std::string error;        // guarded by Communicator::mu; set before `failed`
-  ErrKind error_kind = ErrKind::kInternal;
+  ErrorCode error_kind = ErrorCode::kInternal;
   // Lock-free mirrors the daemons poll.  `posted` is stored (release) after the
   // slot was filled, so a daemon that loads n (acquire) sees every slot.
   std::atomic<int> posted{0};
@@ -148,14 +173,14 @@ struct Task {
   std::atomic<bool> done{false};
   std::mutex mu;
   std::condition_variable cv;
-  ErrKind err_kind = ErrKind::kNone;
+  ErrorCode err_kind = ErrorCode::kOk;
   std::string error;
   // Set by WaitCollectiveAsync while the task is pending (under mu); run once,
   // on the completion thread, after the task completed.
   std::function<void()> on_complete;
 
   // First call wins; runs on_complete (on the completion thread); counts and traces.
-  void Complete(ErrKind kind, std::string message);
+  void Complete(ErrorCode kind, std::string message);
   // The instance became ready: wake the daemon that computes this rank.
   void NotifyReady();
   // Computes (and releases) if nobody claimed it yet; returns whether it did.
@@ -167,10 +192,8 @@ struct Task {
 int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out);
 
 // dfccl_done: blocks until the ticket's task completed.
-struct DoneStatus {
-  ErrKind kind = ErrKind::kNone;
-  std::string message;
-};
+// (the runtime's errors are dfccl::Error when thrown, dfccl::Status as values: dfccl/check.h)
+using DoneStatus = ::dfccl::Status;
 // dfccl_done, asynchronously: `callback` runs once the ticket's task completed
 // (at once, on the caller's thread, if it already has; else on the device's
 // completion thread, never on a daemon).  XLA's device thread is never blocked, so a
