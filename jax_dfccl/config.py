@@ -69,9 +69,12 @@ class Config:
   #: ``_dfccl_overlap`` extension when it is built (read at trace time; the
   #: context manager ``jax_dfccl._src.overlap_gpu.fused`` overrides it).
   overlap_fused: bool = True
-  #: Bound of every cross-rank wait inside the fused overlap kernels; a wait
-  #: past it records an error naming the op and ranks (raised at the next call
-  #: and by ``overlap_gpu.check()``) instead of hanging.  Read at trace time.
+  #: Bound of every cross-rank wait inside the fused overlap kernels.  A wait
+  #: past it records an error naming the op key and the ranks and stops the
+  #: kernels (trap): the program running the op fails (never a garbage result;
+  #: that GPU's CUDA context is lost), the error is printed to stderr at once,
+  #: returned by ``overlap_gpu.errors()`` and raised by any later call of the
+  #: op (xla_ffi/overlap/protocol.h).  Read at trace time.
   overlap_wait_timeout_s: float = 10.0
   #: Fused AG+GEMM: move the rows to the peers with the copy engine
   #: (cudaMemcpyAsync over NVLink on a side stream, gated by the peer's ready

@@ -122,3 +122,34 @@ def test_mismatch_is_failed_precondition(mesh8):
   except Exception:  # noqa: BLE001
     pass
   dc.reset()
+
+
+def _table(path, macro):
+  """(type, name) rows of an X-macro config table of a runtime header."""
+  text = (ROOT / path).read_text()
+  body = text.split(f"#define {macro}(X)", 1)[1].split("\n\n", 1)[0]
+  return re.findall(r"X\((\w+), (\w+)\)", body)
+
+
+@pytest.mark.parametrize("path,macro", [("xla_ffi/cpu/runtime.h", "DFCCL_CPU_CONFIG"),
+                                        ("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")])
+def test_runtime_tables_are_entries_of_the_python_schema(path, macro):
+  """Both runtimes' tables (the CUDA one too, checked here without a GPU) hold entries of
+  jax_dfccl.config, under its names and with its types."""
+  rows = _table(path, macro)
+  assert len(rows) >= 5
+  fields = {f.name: f.type for f in dataclasses.fields(Config)}
+  py = {"double": "float", "int": "int", "int64_t": "int", "bool": "bool"}
+  for ctype, name in rows:
+    assert name in fields, f"{path}: {name} is not an entry of jax_dfccl.config"
+    assert py[ctype] == fields[name], (name, ctype, fields[name])
+
+
+def test_every_gpu_entry_reaches_the_gpu_runtime():
+  """The GPU-only entries of the schema (neither the CPU runtime's nor read at trace time) are in
+  the CUDA runtime's table."""
+  gpu = {n for _, n in _table("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")}
+  cpu = {n for _, n in _table("xla_ffi/cpu/runtime.h", "DFCCL_CPU_CONFIG")}
+  assert cpu == CPU_ENTRIES
+  trace_time = {f.name for f in dataclasses.fields(Config) if f.name.startswith("overlap_")}
+  assert {f.name for f in dataclasses.fields(Config)} - gpu == {"trace_capacity"} | trace_time
