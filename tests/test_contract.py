@@ -16,7 +16,7 @@ from jax_dfccl._src import backend
 from jax_dfccl.config import Config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The entries the CPU runtime reads (xla_ffi/cpu/runtime.h DFCCL_CPU_CONFIG).
+# The entries the CPU runtime reads (xla_ffi/cpu/config.h DFCCL_CPU_CONFIG).
 CPU_ENTRIES = {"timeout_s", "spin_budget_us", "sticky_budget_us", "trace", "trace_capacity"}
 
 
@@ -56,7 +56,7 @@ def test_python_config_is_the_only_default_list():
   for f in dataclasses.fields(Config):
     assert re.search(r"#:[^\n]*\n(?:\s*#:[^\n]*\n|\s*\w+: [^\n]*\n)*\s*" + f.name + ":", src), f.name
   # No competing defaults in the runtimes' config structs.
-  for path in ("xla_ffi/runtime/config.h", "xla_ffi/cpu/runtime.h"):
+  for path in ("xla_ffi/runtime/config.h", "xla_ffi/cpu/config.h", "xla_ffi/cpu/runtime.h"):
     text = (ROOT / path).read_text()
     assert "kCyclesPerUs" not in text
     for name in ("timeout_s", "idle_quit_us", "stall_quit_us", "spin_budget_us"):
@@ -131,7 +131,7 @@ def _table(path, macro):
   return re.findall(r"X\((\w+), (\w+)\)", body)
 
 
-@pytest.mark.parametrize("path,macro", [("xla_ffi/cpu/runtime.h", "DFCCL_CPU_CONFIG"),
+@pytest.mark.parametrize("path,macro", [("xla_ffi/cpu/config.h", "DFCCL_CPU_CONFIG"),
                                         ("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")])
 def test_runtime_tables_are_entries_of_the_python_schema(path, macro):
   """Both runtimes' tables (the CUDA one too, checked here without a GPU) hold entries of
@@ -149,7 +149,39 @@ def test_every_gpu_entry_reaches_the_gpu_runtime():
   """The GPU-only entries of the schema (neither the CPU runtime's nor read at trace time) are in
   the CUDA runtime's table."""
   gpu = {n for _, n in _table("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")}
-  cpu = {n for _, n in _table("xla_ffi/cpu/runtime.h", "DFCCL_CPU_CONFIG")}
+  cpu = {n for _, n in _table("xla_ffi/cpu/config.h", "DFCCL_CPU_CONFIG")}
   assert cpu == CPU_ENTRIES
   trace_time = {f.name for f in dataclasses.fields(Config) if f.name.startswith("overlap_")}
   assert {f.name for f in dataclasses.fields(Config)} - gpu == {"trace_capacity"} | trace_time
+
+
+_UNCONFIGURED = """
+import sys
+sys.path.insert(0, {cpp!r})
+import numpy as np, jax
+from jax.sharding import Mesh
+import test_cpu_runtime as T   # drives _dfccl_cpu directly, without jax_dfccl._src.backend
+T._register()
+mesh = Mesh(np.array(jax.devices("cpu")[:8]), ("x",))
+print("CONFIG", T.rt.config(), flush=True)
+try:
+  T._run(mesh, lambda v: T._done(T._start(v, T._pid(), mesh, "all_reduce", "u"), "u"), np.arange(8, dtype=np.float32))
+  print("RAN", flush=True)
+except Exception as e:  # noqa: BLE001
+  print("ERROR", e, flush=True)
+"""
+
+
+def test_unconfigured_runtime_runs_nothing():
+  """A runtime given no configuration holds no values of its own and refuses to start."""
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(ROOT))
+  p = subprocess.run([sys.executable, "-c", _UNCONFIGURED.format(cpp=str(ROOT / "tests" / "cpp"))],
+                     capture_output=True, text=True, timeout=120, env=env)
+  out = p.stdout + p.stderr
+  assert "CONFIG {" in p.stdout and "RAN" not in p.stdout, out
+  config_line = next(line for line in p.stdout.splitlines() if line.startswith("CONFIG"))
+  assert "'timeout_s': 0.0" in config_line and "'trace_capacity': 0" in config_line, config_line
+  assert "FAILED_PRECONDITION" in out and "not configured" in out, out

@@ -77,48 +77,6 @@ int64_t NowNs() {
 Config& GetConfig() { return G().config; }
 Counters& GetCounters() { return G().counters; }
 
-// ---- configuration -----------------------------------------------------------
-namespace {
-// Entry i of DFCCL_CPU_CONFIG: its name, its index, a valid value?
-constexpr const char* kConfigNames[] = {
-#define DFCCL_CPU_CONFIG_NAME(T, name) #name,
-    DFCCL_CPU_CONFIG(DFCCL_CPU_CONFIG_NAME)
-#undef DFCCL_CPU_CONFIG_NAME
-};
-constexpr uint32_t kAllEntries = (1u << (sizeof(kConfigNames) / sizeof(kConfigNames[0]))) - 1;
-bool ValidEntry(std::string_view name, double v) {
-  if (name == "trace") return true;
-  if (name == "trace_capacity") return v >= 1 && v == static_cast<double>(static_cast<int64_t>(v));
-  return v > 0;  // timeout_s, spin_budget_us, sticky_budget_us
-}
-}  // namespace
-
-void Config::Apply(const std::map<std::string, double>& kv) {
-  for (const char* name : kConfigNames) {
-    auto it = kv.find(name);
-    DFCCL_CHECK(it == kv.end() || ValidEntry(name, it->second),
-                "dfccl: invalid value " << it->second << " for config entry " << name << " (CPU runtime)");
-  }
-  uint32_t mask = 0, bit = 1;
-#define DFCCL_CPU_CONFIG_SET(T, name)                                          \
-  if (auto it = kv.find(#name); it != kv.end()) {                              \
-    name.store(static_cast<T>(it->second));                                    \
-    mask |= bit;                                                               \
-  }                                                                            \
-  bit <<= 1;
-  DFCCL_CPU_CONFIG(DFCCL_CPU_CONFIG_SET)
-#undef DFCCL_CPU_CONFIG_SET
-  if ((set_mask.fetch_or(mask) | mask) == kAllEntries) configured.store(true, std::memory_order_release);
-}
-
-std::map<std::string, double> Config::Values() const {
-  std::map<std::string, double> out;
-#define DFCCL_CPU_CONFIG_GET(T, name) out[#name] = static_cast<double>(name.load());
-  DFCCL_CPU_CONFIG(DFCCL_CPU_CONFIG_GET)
-#undef DFCCL_CPU_CONFIG_GET
-  return out;
-}
-
 void RecordError(const std::string& message) {
   Globals& g = G();
   std::lock_guard<std::mutex> l(g.errors_mu);

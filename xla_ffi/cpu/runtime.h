@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu/config.h"
 #include "dfccl/check.h"
 #include "dfccl/collective.h"
 
@@ -46,32 +47,7 @@ struct Task;
 
 int64_t NowNs();  // steady_clock
 
-// ---- configuration (configure()) -------------------------------------------
-// The entries of jax_dfccl.config this runtime reads, (type, name), with the
-// names and units of jax_dfccl/config.py, which alone holds their defaults and
-// meaning.  configure() passes every entry; StartCollective refuses to run until
-// each one was set once (no value here competes with Python's).
-#define DFCCL_CPU_CONFIG(X)    \
-  X(double, timeout_s)         \
-  X(double, spin_budget_us)    \
-  X(double, sticky_budget_us)  \
-  X(bool, trace)               \
-  X(int64_t, trace_capacity)
-
-struct Config {
-#define DFCCL_CPU_CONFIG_FIELD(T, name) std::atomic<T> name{};
-  DFCCL_CPU_CONFIG(DFCCL_CPU_CONFIG_FIELD)
-#undef DFCCL_CPU_CONFIG_FIELD
-  std::atomic<bool> configured{false};  // every entry set at least once
-  std::atomic<uint32_t> set_mask{0};    // bit i: entry i of DFCCL_CPU_CONFIG was set
-
-  // Sets the entries of `kv` this runtime knows (others belong to other
-  // backends); throws dfccl::Error (kInvalidArgument) on an invalid value,
-  // leaving every entry as it was.
-  void Apply(const std::map<std::string, double>& kv);
-  // Every entry's current value (module function config()).
-  std::map<std::string, double> Values() const;
-};
+// ---- configuration (configure(); cpu/config.h) ------------------------------
 Config& GetConfig();
 
 // ---- counters (stats()) ------------------------------------------------------
