@@ -185,3 +185,26 @@ def test_unconfigured_runtime_runs_nothing():
   config_line = next(line for line in p.stdout.splitlines() if line.startswith("CONFIG"))
   assert "'timeout_s': 0.0" in config_line and "'trace_capacity': 0" in config_line, config_line
   assert "FAILED_PRECONDITION" in out and "not configured" in out, out
+
+
+def test_cuda_module_contract_without_a_gpu():
+  """The CUDA extension (when built) loads without a GPU: its config() reports exactly what Python
+  set, rejects a value out of range without changing anything, and its stats() keys are the
+  documented table (the same checks on GPUs: tests/gpu/test_gpu_contract.py)."""
+  import importlib
+  try:
+    m = importlib.import_module("jax_dfccl._dfccl_cuda")
+  except ImportError:
+    pytest.skip("the CUDA backend is not built")
+  want = Config().as_dict()
+  m.configure(want)
+  got = m.config()
+  assert {k: (v, type(v)) for k, v in got.items()} == {k: (want[k], type(want[k])) for k in got}
+  gpu = {n for _, n in _table("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")}
+  assert set(got) == gpu
+  with pytest.raises(ValueError, match="max_blocks"):
+    m.configure({"timeout_s": 1.0, "max_blocks": 65})
+  assert m.config() == got
+  s = m.stats()
+  assert set(s) == set(backend.STATS_KEYS) | set(backend.STATS_EXTRAS["cuda"])
+  m.configure(dc.config.as_dict())

@@ -104,7 +104,8 @@ STATS_KEYS = {
     "communicators": "device groups with a communicator",
     "instances_live": "collective instances (group, key, sequence) in the runtime's tables",
     "trace_records": "events held in the trace ring buffer(s)",
-    "errors": "list of the latest error messages (one per failed instance; at most 256, newest last)",
+    "errors": "list of the latest error messages the runtime reported (timeouts, mismatches, aborts; "
+              "at most 256, newest last)",
 }
 #: Backend-specific extras, by platform.
 STATS_EXTRAS = {
@@ -161,8 +162,8 @@ def stats() -> dict:
   communicators       device groups with a communicator
   instances_live      instances (group, key, sequence) in the runtime's tables
   trace_records       events held in the trace ring buffer(s)
-  errors              list of the latest error messages (one per failed
-                      instance; at most 256, newest last)
+  errors              list of the latest error messages the runtime reported
+                      (timeouts, mismatches, aborts; at most 256, newest last)
   ==================  ==========================================================
 
   The configuration a runtime holds is its module's ``config()`` (see

@@ -218,7 +218,13 @@ void Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec
                      "of jax_dfccl.config to it)");
     Device& d = GetDevice(ordinal);
     if (!d.error.ok()) d.error.Throw();
-    const uint64_t ticket = Submit(d, spec, sig, in, out);
+    uint64_t ticket = 0;
+    try {
+      ticket = Submit(d, spec, sig, in, out);
+    } catch (const Error& ex) {  // mismatch, a failed instance, a full ring: kept for stats()["errors"]
+      RecordError(ex.what());
+      throw;
+    }
     if (!blocking) d.fifo[spec.site].push_back(ticket);  // Done pairs with it
     e = PlanWait(d, ticket);
   }
@@ -408,8 +414,7 @@ void Runtime::Abort(Comm& c, Instance& inst, ErrorCode code, const std::string& 
   msg << "dfccl: collective '" << inst.key << "' (sequence " << inst.seq << ", group of GPUs [";
   for (int i = 0; i < c.n; ++i) msg << (i ? "," : "") << c.ordinals[i];
   msg << "]) " << why;
-  errors_.push_back(msg.str());
-  if (errors_.size() > kMaxErrors) errors_.erase(errors_.begin());
+  RecordError(msg.str());
   for (int ord : c.ordinals) {
     Device& d = *devices_[ord];
     if (d.error.ok()) d.error = Status{code, msg.str()};
@@ -431,6 +436,12 @@ void Runtime::Abort(Comm& c, Instance& inst, ErrorCode code, const std::string& 
     EnsureRunning(*d);
   }
   if (inst.slot < 0 && !inst.ce) ReleaseSlot(c, inst);  // leave the waiting queue
+}
+
+// Under mu_.
+void Runtime::RecordError(const std::string& message) {
+  errors_.push_back(message);
+  if (errors_.size() > kMaxErrors) errors_.erase(errors_.begin());
 }
 
 Config Runtime::config() {

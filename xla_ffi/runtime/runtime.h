@@ -191,6 +191,7 @@ class Runtime {
   void OnTaskDone(Device& d, TaskInfo& ti);
   void ReleaseSlot(Comm& c, Instance& inst);
   void Abort(Comm& c, Instance& inst, ErrorCode code, const std::string& why);
+  void RecordError(const std::string& message);  // stats()["errors"]
 
   alignas(64) std::timed_mutex mu_;  // timed: the proxy and Pending() must not wait for it blindly
   std::atomic<double> timeout_s_{0.0};                 // cfg_.timeout_s (set by Configure), readable without mu_
