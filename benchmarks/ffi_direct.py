@@ -32,6 +32,8 @@ def module():
         spec.loader.exec_module(_mod)
         for name, cap in _mod.registrations().items():
             jax.ffi.register_ffi_target(name, cap, platform="CUDA")
+        from jax_dfccl.config import Config  # the runtime has no defaults of its own: every entry
+        _mod.configure(Config().as_dict())
     return _mod
 
 

@@ -3,6 +3,17 @@
 Every tunable lives here, documented; nothing is read from environment
 variables.  Change entries with :func:`jax_dfccl.configure` (which also pushes
 them to the loaded runtimes); read them from ``jax_dfccl.config``.
+
+This class is the one schema: the defaults below are the only ones.  Each
+runtime (``_dfccl_cpu``, ``_dfccl_cuda``) holds the entries it reads under the
+same names and units, without defaults of its own; it is given every entry when
+it is loaded (``jax_dfccl._src.backend.load``) and refuses to run a collective
+before that.  Each reports the values it holds through its ``config()``
+function (tests/test_contract.py, tests/gpu/test_gpu_contract.py check they
+equal these).  A runtime rejects a value outside its range (``ValueError``;
+``configure`` then leaves every entry as it was) instead of clamping it.
+Entries marked "GPU" are ignored by the CPU runtime; "read at trace time"
+entries go into the custom calls' attributes instead.
 """
 from __future__ import annotations
 
@@ -28,7 +39,8 @@ class Config:
   #: progress even with tasks pending, so that no stream operation can wait on
   #: a spinning kernel forever.
   stall_quit_us: float = 50000.0
-  #: GPU: thread blocks (SMs) of the daemon kernel.
+  #: GPU: thread blocks (SMs) of the daemon kernel, its control block included
+  #: (2..64).
   max_blocks: int = 16
   #: GPU: collectives whose per-rank buffer (the larger of input and output)
   #: has at least this many bytes are moved by the GPUs' copy engines, driven
@@ -57,9 +69,12 @@ class Config:
   #: ``_dfccl_overlap`` extension when it is built (read at trace time; the
   #: context manager ``jax_dfccl._src.overlap_gpu.fused`` overrides it).
   overlap_fused: bool = True
-  #: Bound of every cross-rank wait inside the fused overlap kernels; a wait
-  #: past it records an error naming the op and ranks (raised at the next call
-  #: and by ``overlap_gpu.check()``) instead of hanging.  Read at trace time.
+  #: Bound of every cross-rank wait inside the fused overlap kernels.  A wait
+  #: past it records an error naming the op key and the ranks and stops the
+  #: kernels (trap): the program running the op fails (never a garbage result;
+  #: that GPU's CUDA context is lost), the error is printed to stderr at once,
+  #: returned by ``overlap_gpu.errors()`` and raised by any later call of the
+  #: op (xla_ffi/overlap/protocol.h).  Read at trace time.
   overlap_wait_timeout_s: float = 10.0
   #: Fused AG+GEMM: move the rows to the peers with the copy engine
   #: (cudaMemcpyAsync over NVLink on a side stream, gated by the peer's ready
@@ -86,6 +101,47 @@ class Config:
   #: within -3%..+4% of 1 over the 18 benchmark shapes, so 1 stays the default
   #: (not yet measured with communication on 2 GPUs).  Read (and checked) at trace time.
   overlap_cluster_m: int = 1
+  # ---- GPU daemon tuning (runtime/config.h reads them; benchmarks and tools set them) ----
+  #: GPU: cap of the proxy's backoff between relaunches of a daemon that quit
+  #: while tasks were pending (it doubles from 20 us).
+  relaunch_max_us: float = 2000.0
+  #: GPU: a task is split into lanes (one worker block each) of at least this
+  #: many bytes (a multiple of 16 or 16 at least).
+  lane_min_bytes: int = 4096
+  #: GPU, pool 0 (small messages, per communicator): instances in flight, lanes
+  #: per instance (1..64) and staging bytes per lane (a multiple of 16; with the
+  #: LL protocol half of it is data).  Applies to communicators created later.
+  small_slots: int = 128
+  small_lanes: int = 16
+  small_chunk: int = 16384
+  #: GPU: pool 0 uses the low-latency protocol (a flag inside each 16-byte line
+  #: pushed into the receiver's staging, no fences); False: every message takes
+  #: pool 1.
+  ll: bool = True
+  #: GPU: pool-1 messages take the direct path (lanes read and write the peers'
+  #: XLA buffers in place over NVLink, device/direct.cuh); False: staged chunks
+  #: with credits (the protocol that needs no peer addresses).  Applies to
+  #: communicators created later.
+  direct: bool = True
+  #: GPU, pool 1 (larger messages): instances in flight when staged
+  #: (``direct=False``; each holds staging memory) and on the direct path
+  #: (flags and addresses only), lanes per instance (1..64), staging depth and
+  #: chunk bytes (a multiple of 16).  Applies to communicators created later.
+  large_slots: int = 16
+  direct_slots: int = 256
+  large_lanes: int = 64
+  large_depth: int = 2
+  large_chunk: int = 65536
+  #: GPU: while a task whose per-peer message has at least ``large_threshold``
+  #: bytes is pending, the daemon runs with ``large_max_blocks`` blocks (control
+  #: block included, 2..64; the larger of it and ``max_blocks``), relaunched if
+  #: needed.
+  large_max_blocks: int = 64
+  large_threshold: int = 4 << 20
+  #: GPU: the done wait on XLA's stream is a stream memory wait, or for
+  #: messages of at least this many bytes (and while tracing) a one-thread
+  #: polling kernel, which wakes up sooner after a long wait; -1: never the kernel.
+  wait_kernel_bytes: int = 1 << 20
 
   #: Collectives over a group of one rank (a mesh axis of size 1) go through
   #: the runtime like any other (a custom call, the daemon) instead of lowering

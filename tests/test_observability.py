@@ -34,7 +34,7 @@ def test_configure_rejects_unknown_entries():
     dc.configure(timeout=3)
   dc.configure(timeout_s=123.0)
   assert dc.config.timeout_s == 123.0
-  assert dc.stats()["cpu"]["timeout_s"] == 123.0
+  assert dc._src.backend.runtime_config()["cpu"]["timeout_s"] == 123.0
   dc.configure(timeout_s=300.0)
 
 
@@ -42,9 +42,9 @@ def test_configured_sets_for_a_block_and_restores():
   before = dc.config.timeout_s
   with dc.configured(timeout_s=77.0, overlap_cluster_m=2):
     assert dc.config.timeout_s == 77.0 and dc.config.overlap_cluster_m == 2
-    assert dc.stats()["cpu"]["timeout_s"] == 77.0  # pushed to the runtime
+    assert dc._src.backend.runtime_config()["cpu"]["timeout_s"] == 77.0  # pushed to the runtime
   assert dc.config.timeout_s == before and dc.config.overlap_cluster_m == 1
-  assert dc.stats()["cpu"]["timeout_s"] == before
+  assert dc._src.backend.runtime_config()["cpu"]["timeout_s"] == before
   with pytest.raises(RuntimeError, match="inside"):
     with dc.configured(timeout_s=55.0):
       raise RuntimeError("inside")

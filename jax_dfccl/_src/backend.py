@@ -63,13 +63,25 @@ def runtimes() -> dict:
 
 
 def configure(**entries):
-  """Updates ``jax_dfccl.config`` and pushes it to the loaded runtimes."""
+  """Updates ``jax_dfccl.config`` and pushes every entry to the loaded runtimes.
+
+  A value a runtime rejects (out of its range) raises ``ValueError`` and
+  leaves every entry, in Python and in the runtimes, as it was."""
+  old = config.as_dict()
   for k, v in entries.items():
     if not hasattr(config, k):
       raise AttributeError(f"jax_dfccl.configure: unknown entry {k!r}; see jax_dfccl.config")
-    setattr(config, k, type(getattr(config, k))(v))
-  for rt in load().values():
-    rt.configure(config.as_dict())
+  try:
+    for k, v in entries.items():
+      setattr(config, k, type(getattr(config, k))(v))
+    for rt in load().values():
+      rt.configure(config.as_dict())
+  except Exception:
+    for k, v in old.items():
+      setattr(config, k, v)
+    for rt in _runtimes.values():
+      rt.configure(old)
+    raise
 
 
 @contextlib.contextmanager
@@ -89,9 +101,93 @@ def configured(**entries):
     configure(**old)
 
 
+#: The keys every backend's ``stats()`` has, with their meaning; the table
+#: "stats() keys" of docs/architecture.md is this one (tests/test_contract.py).
+STATS_KEYS = {
+    "started": "collective tasks started on this process's devices (one per rank and instance)",
+    "completed": "... of them completed successfully",
+    "failed": "... of them completed with an error (timeout, mismatch, abort)",
+    "pending": "started and not yet completed or failed (started - completed - failed)",
+    "preemptions": "times a task waiting on peers gave up its worker (thread or daemon lane)",
+    "resumes": "times a preempted task ran again",
+    "communicators": "device groups with a communicator",
+    "instances_live": "collective instances (group, key, sequence) in the runtime's tables",
+    "trace_records": "events held in the trace ring buffer(s)",
+    "errors": "list of the latest error messages the runtime reported (timeouts, mismatches, aborts; "
+              "at most 256, newest last)",
+}
+#: Backend-specific extras, by platform.
+STATS_EXTRAS = {
+    "cpu": {
+        "daemon_threads": "daemon threads (one per device used)",
+        "key_counters": "(group, key) sequence counters held",
+        "tickets": "handles started whose done has not run yet",
+        "tombstones": "failed instances that some rank never started (cleared when it starts the key "
+                      "in a later execution, or by reset())",
+    },
+    "cuda": {
+        "daemon_tasks_done": "tasks the daemon kernels finished (the copy-engine path excluded)",
+        "steps": "lane steps the daemons ran",
+        "aborted": "tasks the daemons dropped after the watchdog aborted them",
+        "launches": "daemon kernel launches",
+        "relaunches": "launches after the first, per device, summed",
+        "bytes_held": "device memory held by the runtime (bytes)",
+        "host_bytes_held": "pinned host memory held by the runtime (bytes)",
+        "sms_used": "blocks of the latest daemon (max over devices)",
+        "sms_default": "daemon blocks without large messages (config.max_blocks)",
+        "sms_large": "daemon blocks while a large message is pending",
+        "daemons_running": "daemon kernels running now",
+        "devices": "GPUs the runtime set up",
+        "slots_in_use": "pool instance slots in use",
+        "instances_waiting_for_slot": "instances queued for a pool slot",
+        "copy_engine_ops": "instances moved by the copy engines",
+        "copy_engine_issue_us": "host time enqueueing them (all ranks), total",
+        "copy_engine_gpu_us": "rank 0's GPU time, first copy to done, total",
+        "copy_engine_timed": "copy-engine instances timed for copy_engine_gpu_us",
+        "host_start_us": "mean host time in the start handlers",
+        "host_done_us": "mean host time in the done handlers",
+        "host_streamop_us": "mean host time in their stream memory operations",
+        "host_gap_us": "mean time between consecutive handler calls of one XLA thread",
+    },
+}
+
+
 def stats() -> dict:
-  """Runtime counters per backend ({'cpu': {...}, 'cuda': {...}})."""
+  """Runtime counters per backend: ``{'cpu': {...}, 'cuda': {...}}``.
+
+  Every backend has the keys of :data:`STATS_KEYS` (counts since the runtime
+  was loaded; the CPU runtime's counters restart at :func:`reset`), plus its
+  extras listed in :data:`STATS_EXTRAS` under documented names:
+
+  ==================  ==========================================================
+  key                 meaning
+  ==================  ==========================================================
+  started             collective tasks started on this process's devices (one
+                      per rank and instance)
+  completed           ... of them completed successfully
+  failed              ... of them completed with an error (timeout, mismatch,
+                      abort)
+  pending             started - completed - failed
+  preemptions         times a task waiting on peers gave up its worker
+  resumes             times a preempted task ran again
+  communicators       device groups with a communicator
+  instances_live      instances (group, key, sequence) in the runtime's tables
+  trace_records       events held in the trace ring buffer(s)
+  errors              list of the latest error messages the runtime reported
+                      (timeouts, mismatches, aborts; at most 256, newest last)
+  ==================  ==========================================================
+
+  The configuration a runtime holds is its module's ``config()`` (see
+  :func:`runtime_config`), not part of ``stats()``.
+  """
   return {p: dict(rt.stats()) for p, rt in load().items()}
+
+
+def runtime_config() -> dict:
+  """The ``jax_dfccl.config`` entries each loaded runtime holds, as it holds
+  them (``{'cpu': {...}, 'cuda': {...}}``): equal to ``jax_dfccl.config`` for
+  the entries each one reads."""
+  return {p: dict(rt.config()) for p, rt in load().items()}
 
 
 def pending(wait_ms: int = 1000) -> str:

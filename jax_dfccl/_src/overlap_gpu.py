@@ -125,7 +125,11 @@ def applies(kind, x, w, nranks) -> bool:
 
 
 def errors() -> list[str]:
-  """Timeouts recorded by the fused kernels' bounded waits (empty if none)."""
+  """Timeouts recorded by the fused kernels' bounded waits (empty if none), one
+  line per op channel naming the op key, the waiting and the missing rank.  A
+  timed-out wait stops the kernels (trap), so the program that ran the op
+  failed with a CUDA error; this is where its cause is read (also printed to
+  stderr when it happened)."""
   mod = _mod[0] if _mod else None
   return list(mod.errors()) if mod is not None else []
 

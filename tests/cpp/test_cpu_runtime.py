@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_dfccl import _dfccl_cpu as rt
 from jax_dfccl._src.core import KIND, REDUCE as RED  # the runtime's op table
+from jax_dfccl.config import Config
 
 N = 8
 _registered = False
@@ -38,7 +39,8 @@ def mesh():
 @pytest.fixture(autouse=True)
 def clean_runtime():
   rt.reset()
-  rt.configure({"timeout_s": 300.0, "trace": False})
+  # Every entry (the runtime has no defaults of its own and runs nothing before).
+  rt.configure(dict(Config().as_dict(), timeout_s=300.0, trace=False))
   yield
   try:  # drop the failed runtime tokens of programs that were expected to fail
     jax.effects_barrier()
@@ -252,9 +254,14 @@ def test_configure_and_stats_shape():
   for k in ("started", "completed", "failed", "preemptions", "pending", "daemon_threads",
             "instances_live", "key_counters", "trace_records"):
     assert isinstance(s[k], int), k
-  assert s["spin_budget_us"] == 10 and s["sticky_budget_us"] == 100 and s["trace"]
+  c = rt.config()
+  assert c["spin_budget_us"] == 10 and c["sticky_budget_us"] == 100 and c["trace"] is True
+  assert c["trace_capacity"] == 4 and isinstance(c["trace_capacity"], int)
   with pytest.raises(ValueError):
     rt.configure({"timeout_s": -1})
+  with pytest.raises(ValueError):  # all or nothing: the valid entry is not applied either
+    rt.configure({"spin_budget_us": 7.0, "trace_capacity": 0})
+  assert rt.config()["spin_budget_us"] == 10
   rt.configure({"spin_budget_us": 20.0, "sticky_budget_us": 500.0, "trace_capacity": 65536})
 
 

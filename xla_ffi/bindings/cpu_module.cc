@@ -5,7 +5,9 @@
 #include "bindings/tables.h"
 #include <nanobind/stl/string.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "cpu/handlers.h"
 #include "cpu/runtime.h"
@@ -22,59 +24,56 @@ nb::dict Registrations() {
   return d;
 }
 
+// configure(cfg): every entry of cfg this runtime knows (jax_dfccl.config
+// names; bool, int and float values), the others ignored.
 void Configure(nb::dict cfg) {
-  Config& c = GetConfig();
+  std::map<std::string, double> kv;
   for (auto [k, v] : cfg) {
     if (!nb::isinstance<nb::str>(k)) continue;
-    const std::string key = nb::cast<std::string>(k);
-    auto as_double = [&](const char* name) {
-      double x = nb::cast<double>(v);
-      if (!(x > 0)) throw nb::value_error((std::string("dfccl: ") + name + " must be > 0").c_str());
-      return x;
-    };
-    if (key == "timeout_s") {
-      c.timeout_s = as_double("timeout_s");
-    } else if (key == "spin_budget_us") {
-      c.spin_budget_us = as_double("spin_budget_us");
-    } else if (key == "sticky_budget_us") {
-      c.sticky_budget_us = as_double("sticky_budget_us");
-    } else if (key == "trace") {
-      int b = PyObject_IsTrue(v.ptr());
-      if (b < 0) throw nb::python_error();
-      c.trace = b != 0;
-    } else if (key == "trace_capacity") {
-      int64_t cap = nb::cast<int64_t>(v);
-      if (cap < 1) throw nb::value_error("dfccl: trace_capacity must be >= 1");
-      c.trace_capacity = cap;
-    }  // unknown entries are ignored (they belong to other backends)
+    if (nb::isinstance<nb::bool_>(v) || nb::isinstance<nb::int_>(v) || nb::isinstance<nb::float_>(v))
+      kv[nb::cast<std::string>(k)] = nb::cast<double>(v);
   }
+  GetConfig().Apply(kv);
 }
 
+// config(): the values this runtime uses, typed as jax_dfccl.config's.
+nb::dict ConfigValues() {
+  nb::dict d;
+  const Config& c = GetConfig();
+#define DFCCL_CPU_CONFIG_OUT(T, name) d[#name] = static_cast<T>(c.name.load());
+  DFCCL_CPU_CONFIG(DFCCL_CPU_CONFIG_OUT)
+#undef DFCCL_CPU_CONFIG_OUT
+  return d;
+}
+
+// stats(): the keys of the table in docs/architecture.md ("stats() keys"):
+// the common ones first, then this backend's extras.
 nb::dict Stats() {
   StatsSnapshot s;
+  std::vector<std::string> errors;
   {
     nb::gil_scoped_release r;
     s = GetStats();
+    errors = RecentErrors();
   }
   nb::dict d;
   d["started"] = s.started;
   d["completed"] = s.completed;
   d["failed"] = s.failed;
+  d["pending"] = s.pending;
   d["preemptions"] = s.preemptions;
   d["resumes"] = s.resumes;
-  d["pending"] = s.pending;
-  d["daemon_threads"] = s.daemon_threads;
   d["communicators"] = s.communicators;
   d["instances_live"] = s.instances_live;
-  d["key_counters"] = s.key_counters;
-  d["tombstones"] = s.tombstones;
   d["trace_records"] = s.trace_records;
+  nb::list errs;
+  for (const std::string& e : errors) errs.append(nb::str(e.data(), e.size()));
+  d["errors"] = errs;
+  // CPU extras
+  d["daemon_threads"] = s.daemon_threads;
+  d["key_counters"] = s.key_counters;
   d["tickets"] = s.tickets;
-  Config& c = GetConfig();
-  d["timeout_s"] = c.timeout_s.load();
-  d["spin_budget_us"] = c.spin_budget_us.load();
-  d["sticky_budget_us"] = c.sticky_budget_us.load();
-  d["trace"] = c.trace.load();
+  d["tombstones"] = s.tombstones;
   return d;
 }
 
@@ -96,7 +95,16 @@ NB_MODULE(_dfccl_cpu, m) {
   m.doc() = "jax_dfccl CPU backend: deadlock-free, order-free collectives on host threads";
   m.def("op_table", &dfccl::bindings::OpTable, "The op, reduce-op and dtype tables (ids)");
   m.def("registrations", &Registrations, "FFI handler capsules by target name");
+  // dfccl::Error out of a module function: ValueError for an invalid value, else RuntimeError.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const dfccl::Error& e) {
+      PyErr_SetString(e.code() == dfccl::ErrorCode::kInvalidArgument ? PyExc_ValueError : PyExc_RuntimeError, e.what());
+    }
+  });
   m.def("configure", &Configure, nb::arg("cfg"), "Apply jax_dfccl.config entries (unknown keys ignored)");
+  m.def("config", &ConfigValues, "The jax_dfccl.config entries this runtime uses, as it holds them");
   m.def("stats", &Stats, "Runtime counters");
   m.def("trace_records", &TraceRecords, "(device, key, seq, event, t_ns) from the trace ring buffer");
   m.def("pending", [](int /*wait_ms*/) { return PendingReport(); }, nb::arg("wait_ms") = 1000,

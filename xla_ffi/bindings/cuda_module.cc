@@ -26,6 +26,15 @@ NB_MODULE(_dfccl_cuda, m) {
     return d;
   });
 
+  // dfccl::Error out of a module function: ValueError for an invalid value, else RuntimeError.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const dfccl::Error& e) {
+      PyErr_SetString(e.code() == dfccl::ErrorCode::kInvalidArgument ? PyExc_ValueError : PyExc_RuntimeError, e.what());
+    }
+  });
+
   m.def("configure", [](nb::dict cfg) {
     std::map<std::string, double> kv;
     for (auto [k, v] : cfg) {
@@ -34,15 +43,21 @@ NB_MODULE(_dfccl_cuda, m) {
         kv[nb::cast<std::string>(k)] = nb::cast<double>(v);
     }
     Runtime::Get().Configure(kv);
-  });
+  }, "Apply jax_dfccl.config entries (unknown keys ignored; every entry before the first collective)");
+
+  m.def("config", [] {  // the values the runtime holds, typed as jax_dfccl.config's
+    nb::dict d;
+    Runtime::Get().config().ForEach([&](const char* name, const auto& v) { d[name] = v; });
+    return d;
+  }, "The jax_dfccl.config entries this runtime uses, as it holds them");
 
   m.def("stats", [] {
     std::vector<std::string> errors;
     auto s = Runtime::Get().Stats(&errors);
     nb::dict d;
-    for (auto& [k, v] : s) {
-      if (k == "errors") continue;
-      d[k.c_str()] = static_cast<int64_t>(v);
+    for (auto& [k, v] : s) {  // host_*_us and copy_engine_*_us are means / totals in us, the rest counts
+      if (k.size() > 3 && k.compare(k.size() - 3, 3, "_us") == 0) d[k.c_str()] = v;
+      else d[k.c_str()] = static_cast<int64_t>(v);
     }
     nb::list errs;
     for (auto& e : errors) errs.append(nb::str(e.c_str()));

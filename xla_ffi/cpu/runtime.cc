@@ -32,6 +32,8 @@ struct Globals {
   std::mutex trace_mu;
   std::vector<TraceRecord> ring;
   size_t ring_cap = 0, ring_head = 0;
+  std::mutex errors_mu;
+  std::deque<std::string> errors;  // RecordError
 };
 
 // Leaked on purpose: detached daemon threads may still run during process exit.
@@ -51,7 +53,8 @@ std::vector<std::shared_ptr<Task>> TakeTasks(Instance& inst) {
 
 // Marks an open instance failed.  Caller holds the communicator mutex and has
 // checked arrived < n (so no rank has read, or will ever read, a peer input).
-std::vector<std::shared_ptr<Task>> FailLocked(Instance& inst, ErrKind kind, std::string msg) {
+std::vector<std::shared_ptr<Task>> FailLocked(Instance& inst, ErrorCode kind, std::string msg) {
+  RecordError(msg);
   inst.error = std::move(msg);
   inst.error_kind = kind;
   inst.failed.store(true, std::memory_order_release);
@@ -93,6 +96,19 @@ int64_t NowNs() {
 
 Config& GetConfig() { return G().config; }
 Counters& GetCounters() { return G().counters; }
+
+void RecordError(const std::string& message) {
+  Globals& g = G();
+  std::lock_guard<std::mutex> l(g.errors_mu);
+  g.errors.push_back(message);
+  while (g.errors.size() > kMaxErrors) g.errors.pop_front();
+}
+
+std::vector<std::string> RecentErrors() {
+  Globals& g = G();
+  std::lock_guard<std::mutex> l(g.errors_mu);
+  return {g.errors.begin(), g.errors.end()};
+}
 
 // ---- trace -------------------------------------------------------------------
 void TraceEvent(int64_t device, const std::string& key, int64_t seq, const char* event) {
@@ -182,7 +198,7 @@ void PostCompletion(int64_t device, std::function<void()> f) {
 }
 
 // ---- task completion -------------------------------------------------------------
-void Task::Complete(ErrKind kind, std::string message) {
+void Task::Complete(ErrorCode kind, std::string message) {
   Counters& c = G().counters;
   {
     std::lock_guard<std::mutex> l(mu);
@@ -191,7 +207,7 @@ void Task::Complete(ErrKind kind, std::string message) {
     error = std::move(message);
     // Counted before `done` is visible: stats() read after done()
     // returned include this task.
-    (kind == ErrKind::kNone ? c.completed : c.failed).fetch_add(1, std::memory_order_relaxed);
+    (kind == ErrorCode::kOk ? c.completed : c.failed).fetch_add(1, std::memory_order_relaxed);
     c.live_tasks.fetch_sub(1, std::memory_order_relaxed);
     done.store(true, std::memory_order_release);
   }
@@ -204,7 +220,7 @@ void Task::Complete(ErrKind kind, std::string message) {
     cb = std::move(on_complete);
   }
   if (cb) PostCompletion(spec.self_device, std::move(cb));
-  TraceEvent(spec.self_device, spec.key, seq, kind == ErrKind::kNone ? "finish" : "error");
+  TraceEvent(spec.self_device, spec.key, seq, kind == ErrorCode::kOk ? "finish" : "error");
   // The owning daemon is not woken: it drops the task at its next poll.
 }
 
@@ -219,6 +235,9 @@ bool Task::TryCompute() {
 // ---- start ---------------------------------------------------------------------
 int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, int64_t run_id) {
   Globals& g = G();
+  DFCCL_CHECK_CODE(g.config.configured.load(std::memory_order_acquire), ErrorCode::kFailedPrecondition,
+                   "dfccl: the CPU runtime was not configured (jax_dfccl._src.backend.load() passes every "
+                   "entry of jax_dfccl.config to it)");
   const int n = spec.nranks;
   DFCCL_CHECK(n >= 1 && spec.rank >= 0 && spec.rank < n && static_cast<int>(spec.group_devices.size()) == n,
               "dfccl: collective '" << spec.key << "': bad group (rank " << spec.rank << " of " << n << ")");
@@ -247,7 +266,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
 
   // Post under the communicator mutex; act (complete / wake) after releasing it.
   std::vector<std::shared_ptr<Task>> fail_tasks;
-  ErrKind fail_kind = ErrKind::kInternal;
+  ErrorCode fail_kind = ErrorCode::kInternal;
   std::string fail_msg;
   std::vector<std::shared_ptr<Task>> ready;  // every rank's task, when we posted last
   {
@@ -319,7 +338,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
         std::ostringstream os;
         os << "dfccl: collective '" << spec.key << "' (seq " << task->seq << ") mismatch: rank " << lo << " "
            << lo_sig << " vs rank " << hi << " " << hi_sig;
-        fail_kind = ErrKind::kPrecondition;
+        fail_kind = ErrorCode::kFailedPrecondition;
         fail_msg = os.str();
         fail_tasks = FailLocked(*inst, fail_kind, fail_msg);
         fail_tasks.push_back(task);
@@ -363,19 +382,19 @@ void ComputeAndRelease(Task& t) {
   TraceEvent(t.spec.self_device, t.spec.key, t.seq, "run");  // start [preempt resume]* run finish
   std::vector<const void*> ins(inst.n);
   for (int r = 0; r < inst.n; ++r) ins[r] = inst.slots[r].in;
-  ErrKind kind = ErrKind::kNone;
+  ErrorCode kind = ErrorCode::kOk;
   std::string msg;
   try {
     ExecuteCollective(t.spec, ins, t.out);
   } catch (const std::exception& e) {
-    kind = ErrKind::kInternal;
+    kind = ErrorCode::kInternal;
     msg = e.what();
   }
-  if (kind != ErrKind::kNone) {
+  if (kind != ErrorCode::kOk) {
     // A ready instance never carries a failure error, so `error` is free to
     // hold the first compute error; recorded before our readers_done increment.
     std::lock_guard<std::mutex> l(t.comm->mu);
-    if (inst.error.empty()) { inst.error = msg; inst.error_kind = kind; }
+    if (inst.error.empty()) { inst.error = msg; inst.error_kind = kind; RecordError(msg); }
   }
   // The task may not complete yet: peers may still be reading our input.
   // acq_rel: the last reader sees every rank's output writes.
@@ -384,7 +403,7 @@ void ComputeAndRelease(Task& t) {
   // error of any rank fails them all) and forget the instance.
   std::vector<std::shared_ptr<Task>> tasks;
   std::string err;
-  ErrKind err_kind = ErrKind::kNone;
+  ErrorCode err_kind = ErrorCode::kOk;
   {
     std::lock_guard<std::mutex> l(t.comm->mu);
     if (!inst.error.empty()) { err = inst.error; err_kind = inst.error_kind; }
@@ -412,10 +431,10 @@ void FailOnTimeout(Task& t, double timeout_s) {
     }
     os << "] never started it";
     msg = os.str();
-    tasks = FailLocked(inst, ErrKind::kInternal, msg);
+    tasks = FailLocked(inst, ErrorCode::kDeadlineExceeded, msg);
     Bury(*t.comm, inst);
   }
-  for (auto& p : tasks) p->Complete(ErrKind::kInternal, msg);
+  for (auto& p : tasks) p->Complete(ErrorCode::kDeadlineExceeded, msg);
 }
 
 // ---- device abort ----------------------------------------------------------------
@@ -445,11 +464,11 @@ void AbortDevice(int64_t device, const std::string& failed_key) {
         msg = "dfccl: collective '" + inst.key + "' (seq " + std::to_string(inst.seq) + ") failed: rank " +
               std::to_string(v->spec.rank) + " (device " + std::to_string(device) +
               ") stopped after an error in collective '" + failed_key + "'";
-        tasks = FailLocked(inst, ErrKind::kInternal, msg);
+        tasks = FailLocked(inst, ErrorCode::kAborted, msg);
         Bury(*v->comm, inst);
       }
     }
-    for (auto& p : tasks) p->Complete(ErrKind::kInternal, msg);
+    for (auto& p : tasks) p->Complete(ErrorCode::kAborted, msg);
     std::unique_lock<std::mutex> l(v->mu);
     v->cv.wait(l, [&] { return v->done.load(std::memory_order_relaxed); });
   }
@@ -465,11 +484,11 @@ void WaitCollectiveAsync(int64_t ticket, std::string_view key,
     std::lock_guard<std::mutex> l(g.tickets_mu);
     auto it = g.tickets.find(ticket);
     if (it == g.tickets.end())
-      return callback({ErrKind::kPrecondition, "dfccl: collective '" + std::string(key) +
+      return callback({ErrorCode::kFailedPrecondition, "dfccl: collective '" + std::string(key) +
                                                    "': handle done twice or never started (ticket " +
                                                    std::to_string(ticket) + ")"});
     if (it->second->spec.key != key)
-      return callback({ErrKind::kPrecondition, "dfccl: done of collective '" + std::string(key) +
+      return callback({ErrorCode::kFailedPrecondition, "dfccl: done of collective '" + std::string(key) +
                                                    "' was given the handle of '" + it->second->spec.key + "'"});
     t = std::move(it->second);
     g.tickets.erase(it);
@@ -483,7 +502,7 @@ void WaitCollectiveAsync(int64_t ticket, std::string_view key,
     t->TryCompute();
   auto finish = [t, callback = std::move(callback)] {
     DoneStatus st{t->err_kind, t->error};
-    if (st.kind != ErrKind::kNone) AbortDevice(t->spec.self_device, t->spec.key);
+    if (st.code != ErrorCode::kOk) AbortDevice(t->spec.self_device, t->spec.key);
     callback(st);
   };
   {
@@ -586,14 +605,14 @@ void Reset() {
       if (inst->failed.load(std::memory_order_relaxed) || inst->arrived == inst->n) continue;
       std::string msg = "dfccl: collective '" + inst->key + "' (seq " + std::to_string(inst->seq) +
                         ") aborted by reset()";
-      for (auto& t : FailLocked(*inst, ErrKind::kInternal, msg)) to_fail.emplace_back(std::move(t), msg);
+      for (auto& t : FailLocked(*inst, ErrorCode::kAborted, msg)) to_fail.emplace_back(std::move(t), msg);
     }
     c->instances.clear();
     c->counters.clear();
     c->runs.clear();
     c->tombstones.clear();
   }
-  for (auto& [t, msg] : to_fail) t->Complete(ErrKind::kInternal, msg);
+  for (auto& [t, msg] : to_fail) t->Complete(ErrorCode::kAborted, msg);
   {
     // Handles whose done will never come (a test gave up after a fault).
     std::lock_guard<std::mutex> l(g.tickets_mu);
@@ -604,6 +623,10 @@ void Reset() {
     std::lock_guard<std::mutex> l(g.trace_mu);
     g.ring.clear();
     g.ring_head = 0;
+  }
+  {
+    std::lock_guard<std::mutex> l(g.errors_mu);
+    g.errors.clear();
   }
   for (auto* c : {&g.counters.started, &g.counters.completed, &g.counters.failed, &g.counters.preemptions,
                   &g.counters.resumes})

@@ -26,9 +26,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <map>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +36,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu/config.h"
+#include "dfccl/check.h"
 #include "dfccl/collective.h"
 
 namespace dfccl::cpu {
@@ -45,14 +47,7 @@ struct Task;
 
 int64_t NowNs();  // steady_clock
 
-// ---- configuration (configure()) -------------------------------------------
-struct Config {
-  std::atomic<double> timeout_s{300.0};
-  std::atomic<double> spin_budget_us{20.0};
-  std::atomic<double> sticky_budget_us{500.0};
-  std::atomic<bool> trace{false};
-  std::atomic<int64_t> trace_capacity{65536};
-};
+// ---- configuration (configure(); cpu/config.h) ------------------------------
 Config& GetConfig();
 
 // ---- counters (stats()) ------------------------------------------------------
@@ -61,6 +56,12 @@ struct Counters {
   std::atomic<int64_t> live_tasks{0};  // gauge: started and not yet completed
 };
 Counters& GetCounters();
+
+// Errors recorded (one per failed instance), newest last, at most kMaxErrors;
+// stats()["errors"].  Cleared by Reset().
+inline constexpr size_t kMaxErrors = 256;
+void RecordError(const std::string& message);
+std::vector<std::string> RecentErrors();
 
 // ---- trace ring buffer -------------------------------------------------------
 struct TraceRecord {
@@ -75,7 +76,6 @@ std::vector<TraceRecord> TraceSnapshot();
 int64_t TraceSize();
 
 // ---- rendezvous objects ------------------------------------------------------
-enum class ErrKind { kNone, kInternal, kPrecondition };
 
 struct Slot {
   bool posted = false;
@@ -93,7 +93,7 @@ struct Instance {
   std::vector<Slot> slots;  // guarded by Communicator::mu until ready, then read-only
   int arrived = 0;          // guarded by Communicator::mu
   std::string error;        // guarded by Communicator::mu; set before `failed`
-  ErrKind error_kind = ErrKind::kInternal;
+  ErrorCode error_kind = ErrorCode::kInternal;
   // Lock-free mirrors the daemons poll.  `posted` is stored (release) after the
   // slot was filled, so a daemon that loads n (acquire) sees every slot.
   std::atomic<int> posted{0};
@@ -119,7 +119,7 @@ struct InstKeyHash {
 // again: a failed program leaves nothing that blocks or mismatches the next one.
 struct Tombstone {
   std::string error;
-  ErrKind kind = ErrKind::kInternal;
+  ErrorCode kind = ErrorCode::kInternal;
   std::vector<bool> missing;
 };
 
@@ -164,14 +164,14 @@ struct Task {
   std::atomic<bool> done{false};
   std::mutex mu;
   std::condition_variable cv;
-  ErrKind err_kind = ErrKind::kNone;
+  ErrorCode err_kind = ErrorCode::kOk;
   std::string error;
   // Set by WaitCollectiveAsync while the task is pending (under mu); run once,
   // on the completion thread, after the task completed.
   std::function<void()> on_complete;
 
   // First call wins; runs on_complete (on the completion thread); counts and traces.
-  void Complete(ErrKind kind, std::string message);
+  void Complete(ErrorCode kind, std::string message);
   // The instance became ready: wake the daemon that computes this rank.
   void NotifyReady();
   // Computes (and releases) if nobody claimed it yet; returns whether it did.
@@ -185,10 +185,8 @@ struct Task {
 int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, int64_t run_id = 0);
 
 // dfccl_done: blocks until the ticket's task completed.
-struct DoneStatus {
-  ErrKind kind = ErrKind::kNone;
-  std::string message;
-};
+// (the runtime's errors are dfccl::Error when thrown, dfccl::Status as values: dfccl/check.h)
+using DoneStatus = ::dfccl::Status;
 // dfccl_done, asynchronously: `callback` runs once the ticket's task completed
 // (at once, on the caller's thread, if it already has; else on the device's
 // completion thread, never on a daemon).  XLA's device thread is never blocked, so a

@@ -38,7 +38,7 @@ __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonP
   uint64_t* my_flags = cm->flags[pool][me];
   char* my_stage = cm->stage[pool][me];
   int result = 0;
-  Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
+  Spinner spin(P.spin_ns << min(s.sticky, P.sticky_max));
 
   while (s.c_recv < nchunks || s.c_send < nchunks) {  // done when all is received AND sent
     bool moved = false, peer_moved = false;
@@ -155,7 +155,7 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
     s.c_send = 1;
     result = kMoved;
   }
-  Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
+  Spinner spin(P.spin_ns << min(s.sticky, P.sticky_max));
   while (true) {
     bool ok = true;
     for (int r = 0; r < n && ok; ++r) {

@@ -173,7 +173,7 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   auto touches = [&](int p) { return direct::Touches<Op>(d, p); };
   auto touched_by = [&](int p) { return direct::TouchedBy<Op>(d, p); };
   int result = 0;
-  Spinner spin(P.spin_cycles << min(s.sticky, P.sticky_max));
+  Spinner spin(P.spin_ns << min(s.sticky, P.sticky_max));
   while (true) {
     if (s.c_send == 0) {  // ready: my addresses, then my credit, to every rank that touches my buffers
       if (threadIdx.x == 0) {

@@ -189,8 +189,8 @@ struct DaemonParams {
   HostShared* host;      // device address of the mapped host block
   uint32_t launch_id;
   int32_t workers;       // worker blocks; block `workers` is the control block
-  int64_t spin_cycles;   // base spin budget before a waiting lane is preempted
-  int32_t sticky_max;    // budget grows up to spin_cycles << sticky_max
+  int64_t spin_ns;       // base spin budget (%globaltimer ns) before a waiting lane is preempted
+  int32_t sticky_max;    // budget grows up to spin_ns << sticky_max
   int32_t trace;
   int64_t idle_ns;       // quit after this long with nothing pending
   int64_t stall_ns;      // quit after this long without progress while tasks are pending

@@ -23,18 +23,21 @@ DFCCL_DEV bool BlockPoll(P pred) {
   return r;
 }
 
-// Budget of spinning without progress, in SM clock cycles (thread 0's clock).
+// Budget of spinning without progress, in nanoseconds of %globaltimer (thread
+// 0's reads), so it means the same at any SM clock (config.spin_budget_us; no
+// clock rate is assumed).  The timer's update granularity is up to 1 us on some
+// GPUs (32 ns on others), which bounds a budget's precision, not its meaning.
 class Spinner {
  public:
-  DFCCL_DEV explicit Spinner(int64_t budget) : budget_(budget) { start_ = clock64(); }
-  DFCCL_DEV void Progress() { start_ = clock64(); }
+  DFCCL_DEV explicit Spinner(int64_t budget_ns) : budget_(static_cast<uint64_t>(budget_ns)) { start_ = GlobalTimer(); }
+  DFCCL_DEV void Progress() { start_ = GlobalTimer(); }
   // True while budget is left; block-uniform.
   DFCCL_DEV bool KeepSpinning() {
-    return BlockPoll([&] { return clock64() - start_ < budget_; });
+    return BlockPoll([&] { return GlobalTimer() - start_ < budget_; });
   }
  private:
-  int64_t budget_;
-  long long start_;
+  uint64_t budget_;
+  uint64_t start_;
 };
 
 }  // namespace dfccl::gpu

@@ -8,27 +8,19 @@
 #include "cpu/handlers.h"
 #include "cpu/runtime.h"
 #include "ffi/attrs.h"
+#include "ffi/error.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-ffi::Error ToFfi(dfccl::cpu::ErrKind kind, const std::string& msg) {
-  switch (kind) {
-    case dfccl::cpu::ErrKind::kNone: return ffi::Error::Success();
-    case dfccl::cpu::ErrKind::kPrecondition: return ffi::Error(ffi::ErrorCode::kFailedPrecondition, msg);
-    case dfccl::cpu::ErrKind::kInternal: break;
-  }
-  return ffi::Error(ffi::ErrorCode::kInternal, msg);
-}
-
 // dfccl_start(x, partition_id[, init]) -> (out, x_alias, ticket).  Never blocks.
 ffi::Error StartImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::AnyBuffer partition_id, std::optional<ffi::AnyBuffer> init,
                      ffi::Result<ffi::AnyBuffer> out,
                      ffi::Result<ffi::AnyBuffer> x_alias, ffi::Result<ffi::AnyBuffer> ticket,
                      dfccl::StartAttrs attrs) {
-  try {
+  return dfccl::FfiGuard([&] {
     DFCCL_CHECK(partition_id.element_type() == ffi::DataType::S32 && partition_id.element_count() == 1,
                 "dfccl: collective '" << attrs.key << "': partition_id must be s32[]");
     DFCCL_CHECK(ticket->element_type() == ffi::DataType::S64 && ticket->element_count() == 1,
@@ -57,12 +49,7 @@ ffi::Error StartImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::AnyBuffer partiti
     }
     const int64_t t = dfccl::cpu::StartCollective(spec, in, out->untyped_data(), run_id.run_id);
     *static_cast<int64_t*>(ticket->untyped_data()) = t;
-    return ffi::Error::Success();
-  } catch (const dfccl::Error& e) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
-  } catch (const std::exception& e) {
-    return ffi::Error::Internal(std::string("dfccl: ") + e.what());
-  }
+  });
 }
 
 // dfccl_done(out, x_alias, ticket) -> out (aliased).  Asynchronous: returns a
@@ -75,7 +62,7 @@ ffi::Future DoneImpl(ffi::AnyBuffer out, ffi::AnyBuffer x_alias, ffi::AnyBuffer 
   (void)x_alias;
   ffi::Promise promise;
   ffi::Future future(promise);
-  try {
+  ffi::Error error = dfccl::FfiGuard([&] {
     DFCCL_CHECK(ticket.element_type() == ffi::DataType::S64 && ticket.element_count() == 1,
                 "dfccl: collective '" << attrs.key << "': ticket must be s64[]");
     DFCCL_CHECK(result->size_bytes() == out.size_bytes(), "dfccl: done result does not match out");
@@ -84,13 +71,12 @@ ffi::Future DoneImpl(ffi::AnyBuffer out, ffi::AnyBuffer x_alias, ffi::AnyBuffer 
     const void* src = out.untyped_data();
     const size_t bytes = out.size_bytes();
     dfccl::cpu::WaitCollectiveAsync(t, attrs.key, [promise, dst, src, bytes](const dfccl::cpu::DoneStatus& st) mutable {
-      if (st.kind != dfccl::cpu::ErrKind::kNone) return promise.SetError(ToFfi(st.kind, st.message));
+      if (!st.ok()) return promise.SetError(dfccl::FfiStatus(st));
       if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
       promise.SetAvailable();
     });
-  } catch (const std::exception& e) {
-    promise.SetError(ffi::Error::Internal(e.what()));
-  }
+  });
+  if (!error.success()) promise.SetError(std::move(error));
   return future;
 }
 

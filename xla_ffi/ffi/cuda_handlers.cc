@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "ffi/attrs.h"
+#include "ffi/error.h"
 #include "runtime/runtime.h"
 
 namespace ffi = xla::ffi;
@@ -68,28 +69,18 @@ class HandlerTimer {
 thread_local Clock::time_point HandlerTimer::last_exit_{};
 
 // The parsed spec of this call site on this device (built at its first call).
-const Parsed* SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, int64_t out_elems, const StartAttrs& attrs,
-                     ffi::Error* error) {
+const Parsed& SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, int64_t out_elems, const StartAttrs& attrs) {
   thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
   const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
                   static_cast<int32_t>(x.element_type())};
   auto it = cache.find(k);
-  if (it != cache.end()) return &it->second;
-  try {
-    const int32_t pid = PartitionOf(attrs, ordinal);
-    if (pid < 0) {
-      *error = ffi::Error::InvalidArgument("dfccl: GPU " + std::to_string(ordinal) + " is not in collective '" +
-                                           std::string(attrs.key) + "'");
-      return nullptr;
-    }
-    Parsed p;
-    p.spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()), out_elems);
-    p.signature = p.spec.Signature();
-    return &cache.emplace(k, std::move(p)).first->second;
-  } catch (const std::exception& e) {
-    *error = ffi::Error::InvalidArgument(e.what());
-    return nullptr;
-  }
+  if (it != cache.end()) return it->second;
+  const int32_t pid = PartitionOf(attrs, ordinal);
+  DFCCL_CHECK(pid >= 0, "dfccl: GPU " << ordinal << " is not in collective '" << attrs.key << "'");
+  Parsed p;
+  p.spec = ParseSpec(attrs, pid, x.element_type(), static_cast<int64_t>(x.element_count()), out_elems);
+  p.signature = p.spec.Signature();
+  return cache.emplace(k, std::move(p)).first->second;
 }
 
 // Both start forms: the task submitted, the ready write (and, blocking, the done wait) enqueued.
@@ -99,18 +90,16 @@ ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, 
                  ffi::AnyBuffer& out_buf, const StartAttrs& attrs, bool blocking) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.start_ns, times.starts);
-  ffi::Error error = ffi::Error::Success();
-  void* out = out_buf.untyped_data();
-  const Parsed* p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs, &error);
-  if (!p) return error;
-  if (init.has_value() && init->untyped_data() != out && init->size_bytes() > 0) {
-    if (init->size_bytes() != out_buf.size_bytes()) return ffi::Error::InvalidArgument("dfccl: init does not match the result");
-    const cudaError_t e = cudaMemcpyAsync(out, init->untyped_data(), init->size_bytes(), cudaMemcpyDeviceToDevice, stream);
-    if (e != cudaSuccess) return ffi::Error::Internal(std::string("dfccl: copy of init: ") + cudaGetErrorString(e));
-  }
-  std::string err = Runtime::Get().Start(ordinal, stream, p->spec, p->signature, x.untyped_data(), out, blocking);
-  if (!err.empty()) return ffi::Error::Internal(err);
-  return ffi::Error::Success();
+  return FfiGuard([&] {
+    void* out = out_buf.untyped_data();
+    const Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
+    if (init.has_value() && init->untyped_data() != out && init->size_bytes() > 0) {
+      DFCCL_CHECK(init->size_bytes() == out_buf.size_bytes(), "dfccl: init does not match the result");
+      DFCCL_CHECK_CUDA(cudaMemcpyAsync(out, init->untyped_data(), init->size_bytes(), cudaMemcpyDeviceToDevice, stream),
+                       "dfccl: copy of init");
+    }
+    Runtime::Get().Start(ordinal, stream, p.spec, p.signature, x.untyped_data(), out, blocking);
+  });
 }
 
 // The ticket buffer stays unwritten: done pairs with start through the
@@ -131,14 +120,13 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in,
                     ffi::AnyBuffer /*ticket*/, ffi::Result<ffi::AnyBuffer> out, DoneAttrs attrs) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.done_ns, times.dones);
-  std::string err = Runtime::Get().Done(ordinal, stream, attrs.site);
-  if (!err.empty()) return ffi::Error::Internal(err);
-  if (out->untyped_data() != out_in.untyped_data()) {  // not aliased: copy after the wait
-    cudaError_t e = cudaMemcpyAsync(out->untyped_data(), out_in.untyped_data(), out_in.size_bytes(),
-                                    cudaMemcpyDeviceToDevice, stream);
-    if (e != cudaSuccess) return ffi::Error::Internal(std::string("dfccl: copy of done result: ") + cudaGetErrorString(e));
-  }
-  return ffi::Error::Success();
+  return FfiGuard([&] {
+    Runtime::Get().Done(ordinal, stream, attrs.site);
+    if (out->untyped_data() != out_in.untyped_data())  // not aliased: copy after the wait
+      DFCCL_CHECK_CUDA(cudaMemcpyAsync(out->untyped_data(), out_in.untyped_data(), out_in.size_bytes(),
+                                       cudaMemcpyDeviceToDevice, stream),
+                       "dfccl: copy of done result");
+  });
 }
 
 }  // namespace

@@ -9,13 +9,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "dfccl/check.h"
+#include "ffi/error.h"
 #include "overlap/launch.h"
 #include "overlap/profile.h"
 #include "runtime/driver.h"
@@ -43,6 +48,7 @@ struct Channel {
   int nranks = 0;
   Mailbox* mbox = nullptr;  // host-mapped, portable
   uint64_t timeout_ns = 0;  // of the latest call (for messages)
+  bool reported = false;    // the watcher printed its error (guarded by g_mu)
   RankState ranks[kMaxRanks];
   std::mutex mu;
 };
@@ -131,8 +137,36 @@ std::string Describe(const Channel& c, uint32_t code) {
   os << "dfccl overlap '" << c.key << "': rank " << waiter << " (GPU " << c.ranks[waiter % kMaxRanks].ordinal
      << ") timed out after " << c.timeout_ns / 1000000 << " ms waiting for " << what[w <= 5 ? w : 0]
      << " of rank " << peer << " (GPU " << c.ranks[peer % kMaxRanks].ordinal
-     << "); results of this op are invalid from then on";
+     << "); the op's kernels stopped (trap), so the program running it failed and that GPU's CUDA context is "
+        "lost (protocol.h)";
   return os.str();
+}
+
+// The watcher: prints each channel's recorded timeout once, as soon as it
+// appears in the (host-mapped) mailbox.  The kernels trap right after
+// recording it (protocol.h), so the failing program's own error names only the
+// CUDA failure; this line names the op key and the ranks.
+void StartWatcher() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::thread([] {  // detached and leaked, like the runtimes' threads
+      while (true) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        std::vector<std::string> found;
+        {
+          std::lock_guard<std::mutex> lock(g_mu);
+          for (auto& [k, c] : g_channels) {
+            const uint32_t err = *reinterpret_cast<volatile uint32_t*>(&c->mbox->error);
+            if (err != 0 && !c->reported) {
+              c->reported = true;
+              found.push_back(Describe(*c, err));
+            }
+          }
+        }
+        for (const std::string& m : found) std::fprintf(stderr, "%s\n", m.c_str());
+      }
+    }).detach();
+  });
 }
 
 struct Group {
@@ -207,11 +241,12 @@ struct Prologue {
 Prologue Begin(cudaStream_t stream, const std::string& key, const Group& g, size_t buf_bytes, size_t flag_words,
                size_t counter_words, uint64_t timeout_ns) {
   Channel& c = GetChannel(key, static_cast<int>(g.devs.size()));
+  StartWatcher();
   std::lock_guard<std::mutex> lock(c.mu);
   c.timeout_ns = timeout_ns;
   if (!c.ranks[g.rank].init) InitRank(c, g.rank, g.devs, buf_bytes, flag_words, counter_words, stream);
   const uint32_t err = *reinterpret_cast<volatile uint32_t*>(&c.mbox->error);
-  DFCCL_CHECK(err == 0, Describe(c, err));
+  DFCCL_CHECK_CODE(err == 0, ::dfccl::ErrorCode::kDeadlineExceeded, "an earlier call failed: " << Describe(c, err));
   const uint32_t seq = ++c.ranks[g.rank].seq;
   // Our previous instance is complete in stream order: peers may write again.
   dfccl::gpu::StreamOps::Write32(stream, &c.mbox->ready[g.rank], seq);
@@ -256,7 +291,7 @@ void SideCopy(cudaStream_t side, const Prologue& pro, int rank, int d, const voi
 ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> xg, std::string_view key,
                   ffi::Span<const int64_t> devices, int32_t group_size, int64_t timeout_ns, int32_t mode) {
-  try {
+  return dfccl::FfiGuard([&] {
     HostTimer host_timer(key);
     const int64_t host_ns = prof::Profiling() ? prof::HostNowNs() : 0;  // enqueue time (timeline)
     DeviceGuard guard(ordinal);
@@ -330,16 +365,13 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
       for (int b = 0; b < P; ++b)
         OV_CUDA(cudaMemcpyAsync(dst + b * blk, gl.a[b], blk, cudaMemcpyDeviceToDevice, stream));
     }
-    return ffi::Error::Success();
-  } catch (const std::exception& e) {
-    return ffi::Error::Internal(e.what());
-  }
+  });
 }
 
 ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                   ffi::Result<ffi::AnyBuffer> out, std::string_view key, ffi::Span<const int64_t> devices,
                   int32_t group_size, int64_t timeout_ns, int32_t mode) {
-  try {
+  return dfccl::FfiGuard([&] {
     HostTimer host_timer(key);
     const int64_t host_ns = prof::Profiling() ? prof::HostNowNs() : 0;  // enqueue time (timeline)
     DeviceGuard guard(ordinal);
@@ -396,10 +428,7 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     if (ce) OV_CUDA(cudaStreamWaitEvent(stream, dev.done, 0));
     if (gl.tl) KeepTimeline({std::string(key), ordinal, kGemmReduceScatter, g.rank, P, per_block, P * per_block,
                              gl.grid, ce ? 1 : 0, gl.tl, nullptr, host_ns}, stream);
-    return ffi::Error::Success();
-  } catch (const std::exception& e) {
-    return ffi::Error::Internal(e.what());
-  }
+  });
 }
 
 }  // namespace

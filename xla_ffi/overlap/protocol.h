@@ -57,9 +57,23 @@
 //    completes only after it consumed every flag of its instance (so no peer
 //    writes into its buffers after its completion), and the pushes it sends
 //    finish before its op completes (the side stream joins the main stream).
-//  * Every wait is bounded (globaltimer); on timeout the waiter writes `error`
-//    and proceeds (the result is then garbage); the host turns the code into
-//    an error naming the op key and ranks at the next call and in errors().
+//  * Every wait is bounded (globaltimer).  A kernel cannot fail the FFI call
+//    that launched it (the handler returned long before), and a timed-out
+//    wait must never let the op produce a result that looks valid.  So on
+//    timeout the waiter records `error` (what, waiter, peer), fences
+//    (fence.sc.sys: the code is in host memory before the kernel dies) and
+//    executes `trap`; a waiter of any rank that finds `error` set traps too.
+//    The trap fails the XLA execution holding the op on each such GPU (a CUDA
+//    launch failure when its results are awaited; the CUDA context of that
+//    GPU is lost, so the process must restart to use it): no rank consumes a
+//    partial result.  The key and ranks come from the host: a watcher thread
+//    (handlers.cc) prints the recorded error, naming the op key, the waiting
+//    and the missing rank and their GPUs, to stderr as soon as it appears;
+//    errors() (overlap_gpu.errors()/check()) returns it, and any later call of
+//    the op's channel raises it (DEADLINE_EXCEEDED).  This trades the
+//    process's GPU state for never returning garbage; the bound
+//    (config.overlap_wait_timeout_s, 10 s) trips only when a peer never
+//    arrives, where the alternative is a hang.
 //    A waiter reads `error` (host memory) only every kErrorPollEvery polls,
 //    the first time after that many, so a short wait makes no PCIe read.
 #pragma once

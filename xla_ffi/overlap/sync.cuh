@@ -30,26 +30,36 @@ __device__ __forceinline__ void StRelaxedSys(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// A timed-out or failed op never completes (protocol.h): the kernel dies, so
+// the XLA execution holding it fails instead of returning a garbage result.
+__device__ __forceinline__ void FailOp() {
+  __threadfence_system();  // the error code (host memory) is visible before the trap
+  __trap();
+}
+
 // Bounded-wait bookkeeping: the timeout every kTimerPollEvery polls (the GPU's
 // clock), the mailbox's error word (host memory, a PCIe read) every
-// kErrorPollEvery polls, the first time only after that many.  False once an
-// error is recorded or after timeout_ns, when the waiter records `code` in the
-// mailbox (if no error is there yet).
+// kErrorPollEvery polls, the first time only after that many.  True while the
+// wait may go on; once an error is recorded (by any rank), or after timeout_ns,
+// when the waiter records `code` in the mailbox (if no error is there yet),
+// it does not return: FailOp traps.
 __device__ __forceinline__ bool KeepWaiting(uint32_t it, uint64_t t0, Mailbox* mbox, uint64_t timeout_ns,
                                             uint32_t code) {
   if ((it % kTimerPollEvery) != kTimerPollEvery - 1) return true;
   if ((it % kErrorPollEvery) == kErrorPollEvery - 1 && *reinterpret_cast<volatile uint32_t*>(&mbox->error) != 0)
-    return false;
+    FailOp();
   if (GlobalTimer() - t0 <= timeout_ns) return true;
   // Host memory: no system-scope atomics on PCIe hosts; a racing store of
   // another code is harmless (any one of them is reported).
   StReleaseSys(&mbox->error, code);
-  return false;
+  FailOp();
+  return false;  // not reached
 }
 
 // Waits (acquire, system scope) until *p >= seq.  Bounded: after timeout_ns the
-// waiter records `code` in the mailbox (if no error is there yet) and returns
-// false; once any error is recorded every wait returns false soon after.
+// waiter records `code` in the mailbox (if no error is there yet) and traps;
+// once any error is recorded every wait traps soon after (FailOp).  Returns
+// true (the false paths of the callers are never taken).
 __device__ __forceinline__ bool WaitGeq(const uint32_t* p, uint32_t seq, Mailbox* mbox, uint64_t timeout_ns,
                                         uint32_t code) {
   if (Reached(LdAcquireSys(p), seq)) return true;

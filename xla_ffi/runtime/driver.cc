@@ -17,7 +17,7 @@ Fn Lookup(const char* name) {
   cudaDriverEntryPointQueryResult status{};
   // Version 12000 selects the _v2 implementation of the stream memory operations.
   cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status);
-  DFCCL_CHECK(err == cudaSuccess && fn != nullptr && status == cudaDriverEntryPointSuccess,
+  DFCCL_CHECK_CODE(err == cudaSuccess && fn != nullptr && status == cudaDriverEntryPointSuccess, ::dfccl::ErrorCode::kInternal,
               "dfccl: driver entry point " << name << " unavailable (" << cudaGetErrorString(err) << ")");
   return reinterpret_cast<Fn>(fn);
 }
@@ -34,7 +34,7 @@ const Table& T() {
 }
 
 void Check(CUresult r, const char* what) {
-  DFCCL_CHECK(r == CUDA_SUCCESS, "dfccl: " << what << " failed with CUresult " << static_cast<int>(r));
+  DFCCL_CHECK_CODE(r == CUDA_SUCCESS, ::dfccl::ErrorCode::kInternal, "dfccl: " << what << " failed with CUresult " << static_cast<int>(r));
 }
 
 }  // namespace
@@ -77,7 +77,7 @@ void EnablePeerAccess(int ordinal, const std::vector<int>& peers) {
     DFCCL_CHECK(ok, "dfccl: GPU " << ordinal << " cannot access GPU " << b << " (peer access required)");
     const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
     if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();  // clear it: not sticky
-    else DFCCL_CHECK(e == cudaSuccess, "dfccl: enabling peer access " << ordinal << "->" << b << ": " << cudaGetErrorString(e));
+    else DFCCL_CHECK_CODE(e == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: enabling peer access " << ordinal << "->" << b << ": " << cudaGetErrorString(e));
   }
 }
 

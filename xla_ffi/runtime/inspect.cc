@@ -31,7 +31,7 @@ std::string Runtime::Pending(int wait_ms) {
     os << "GPU " << ord << ": daemon " << (Running(d) ? "running" : "stopped") << " (launch " << d.launch_id
        << ", " << d.workers << " workers, " << d.launches << " launches), tickets " << d.oldest << ".." << d.next_ticket
        << ", copy-engine tickets " << d.ce_oldest << ".." << d.ce_next;
-    if (!d.error.empty()) os << ", error: " << d.error;
+    if (!d.error.ok()) os << ", error: " << d.error.message;
     os << "\n";
     std::vector<uint32_t> ready(kTaskRing, 0);
     bool have_ready = false;

@@ -35,14 +35,14 @@ void CopyOut(Device& d, void* dst, const void* src, size_t bytes) {
   DeviceGuard guard(d.ordinal);
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d.aux);
   if (e == cudaSuccess) e = cudaStreamSynchronize(d.aux);
-  DFCCL_CHECK(e == cudaSuccess, "dfccl: reading device counters: " << cudaGetErrorString(e));
+  DFCCL_CHECK_CODE(e == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: reading device counters: " << cudaGetErrorString(e));
 }
 
 void Runtime::FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, const Comm& c, const Instance& inst,
                        const void* in, void* out, int64_t msg_bytes) {
   TaskDesc& t = d.host->desc[ticket % kTaskRing];
   const PoolGeom& g = c.view.pool[inst.pool];
-  const int workers = msg_bytes >= cfg_.large_threshold ? cfg_.large_blocks : cfg_.blocks;
+  const int workers = msg_bytes >= cfg_.large_threshold ? cfg_.large_workers() : cfg_.workers();
   const bool direct = c.direct && inst.pool == 1;
   const int64_t unit = direct ? DirectUnitBytes(static_cast<int32_t>(spec.kind), msg_bytes, spec.nranks) : msg_bytes;
   auto [lanes, lane_bytes] = LanePlan(unit, g, workers, cfg_.lane_min_bytes);
@@ -139,8 +139,7 @@ Runtime::Enqueue Runtime::PlanWait(Device& d, uint64_t ticket) {
 
 // Under mu_: matches the instance, fills its descriptor and submits it (daemon
 // ring or copy-engine mover); returns the ticket, kCeTicket set for the mover.
-uint64_t Runtime::Submit(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out,
-                         std::string* err) {
+uint64_t Runtime::Submit(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out) {
   DFCCL_CHECK(spec.self_device == d.ordinal,
               "dfccl: device id " << spec.self_device << " is not local GPU " << d.ordinal
                                   << " (the CUDA backend runs in one process)");
@@ -148,17 +147,13 @@ uint64_t Runtime::Submit(Device& d, const CollectiveSpec& spec, const std::strin
   const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
   const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
   const bool ce = UseCopyEngine(spec, c);
-  Instance* inst = Join(c, spec, sig, seq, msg_bytes, ce, err);
-  if (!inst) return 0;
+  Instance* inst = Join(c, spec, sig, seq, msg_bytes, ce);
   if (key_names_.find(spec.key_hash) == key_names_.end()) key_names_.emplace(spec.key_hash, spec.key);
   if (ce) {
     const uint64_t ticket = d.ce_next;
     TaskInfo& ti = d.ce_info[ticket % kCeRing];
-    if (!ti.done) {
-      *err = "dfccl: more than " + std::to_string(kCeRing) + " copy-engine collectives in flight on GPU " +
-             std::to_string(d.ordinal);
-      return 0;
-    }
+    DFCCL_CHECK_CODE(ti.done, ErrorCode::kResourceExhausted,
+                     "dfccl: more than " << kCeRing << " copy-engine collectives in flight on GPU " << d.ordinal);
     inst->tasks.emplace_back(&d, ticket | kCeTicket);
     inst->started |= 1u << spec.rank;
     ti = TaskInfo{inst, &c, ticket, Clock::now(), false, false, msg_bytes, spec.key_hash, inst->seq};
@@ -168,10 +163,8 @@ uint64_t Runtime::Submit(Device& d, const CollectiveSpec& spec, const std::strin
   }
   const uint64_t ticket = d.next_ticket;
   const uint32_t e = ticket % kTaskRing;
-  if (!d.info[e].done) {
-    *err = "dfccl: more than " + std::to_string(kTaskRing) + " collectives in flight on GPU " + std::to_string(d.ordinal);
-    return 0;
-  }
+  DFCCL_CHECK_CODE(d.info[e].done, ErrorCode::kResourceExhausted,
+                   "dfccl: more than " << kTaskRing << " collectives in flight on GPU " << d.ordinal);
   FillDesc(d, ticket, spec, c, *inst, in, out, msg_bytes);
   inst->tasks.emplace_back(&d, ticket);
   inst->started |= 1u << spec.rank;
@@ -182,7 +175,7 @@ uint64_t Runtime::Submit(Device& d, const CollectiveSpec& spec, const std::strin
   std::atomic_thread_fence(std::memory_order_seq_cst);
   d.host->submitted = ticket + 1;
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (large && Running(d) && d.workers < cfg_.large_blocks) {
+  if (large && Running(d) && d.workers < cfg_.large_workers()) {
     d.host->resize = d.launch_id;  // the running daemon quits; a larger one is queued behind it
     Launch(d);
   }
@@ -207,7 +200,7 @@ void Runtime::EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready,
     if (wait && e.kernel_wait) {
       const cudaError_t err = LaunchStreamWait(stream, done_word, gen,
                                                e.trace ? d.dev->stream_trace[e.ticket % kTaskRing] : nullptr, e.proto);
-      DFCCL_CHECK(err == cudaSuccess, "dfccl: done wait kernel on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
+      DFCCL_CHECK_CODE(err == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: done wait kernel on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
     } else if (wait) {
       StreamOps::WaitGeq32(stream, done_word, gen);
     }
@@ -215,44 +208,42 @@ void Runtime::EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready,
   times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
 }
 
-std::string Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
-                           const void* in, void* out, bool blocking) {
-  try {
-    Enqueue e;
-    {
-      auto lk = HandlerLock();
-      Device& d = GetDevice(ordinal);
-      if (!d.error.empty()) return d.error;
-      std::string err;
-      const uint64_t ticket = Submit(d, spec, sig, in, out, &err);
-      if (!err.empty()) return err;
-      if (!blocking) d.fifo[spec.site].push_back(ticket);  // Done pairs with it
-      e = PlanWait(d, ticket);
+void Runtime::Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& sig,
+                    const void* in, void* out, bool blocking) {
+  Enqueue e;
+  {
+    auto lk = HandlerLock();
+    DFCCL_CHECK_CODE(cfg_.configured, ErrorCode::kFailedPrecondition,
+                     "dfccl: the GPU runtime was not configured (jax_dfccl._src.backend.load() passes every entry "
+                     "of jax_dfccl.config to it)");
+    Device& d = GetDevice(ordinal);
+    if (!d.error.ok()) d.error.Throw();
+    uint64_t ticket = 0;
+    try {
+      ticket = Submit(d, spec, sig, in, out);
+    } catch (const Error& ex) {  // mismatch, a failed instance, a full ring: kept for stats()["errors"]
+      RecordError(ex.what());
+      throw;
     }
-    EnqueueOnStream(stream, e, /*ready=*/true, /*wait=*/blocking);
-    return "";
-  } catch (const std::exception& ex) {
-    return ex.what();
+    if (!blocking) d.fifo[spec.site].push_back(ticket);  // Done pairs with it
+    e = PlanWait(d, ticket);
   }
+  EnqueueOnStream(stream, e, /*ready=*/true, /*wait=*/blocking);
 }
 
-std::string Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
-  try {
-    Enqueue e;
-    {
-      auto lk = HandlerLock();
-      Device& d = GetDevice(ordinal);
-      if (!d.error.empty()) return d.error;
-      auto& q = d.fifo[site];
-      if (q.empty()) return "dfccl: dfccl_done at site " + std::to_string(site) + " has no pending start";
-      e = PlanWait(d, q.front());
-      q.pop_front();
-    }
-    EnqueueOnStream(stream, e, /*ready=*/false, /*wait=*/true);
-    return "";
-  } catch (const std::exception& ex) {
-    return ex.what();
+void Runtime::Done(int ordinal, cudaStream_t stream, int64_t site) {
+  Enqueue e;
+  {
+    auto lk = HandlerLock();
+    Device& d = GetDevice(ordinal);
+    if (!d.error.ok()) d.error.Throw();
+    auto& q = d.fifo[site];
+    DFCCL_CHECK_CODE(!q.empty(), ErrorCode::kFailedPrecondition,
+                     "dfccl: dfccl_done at site " << site << " has no pending start");
+    e = PlanWait(d, q.front());
+    q.pop_front();
   }
+  EnqueueOnStream(stream, e, /*ready=*/false, /*wait=*/true);
 }
 
 // Hot path (every start): no CUDA call.  A daemon leaves only after storing
@@ -266,22 +257,22 @@ bool Runtime::Alive(Device& d) { return d.launched && cudaEventQuery(d.ev) == cu
 void Runtime::Launch(Device& d) {
   DeviceGuard guard(d.ordinal);
   d.launch_id++;
-  d.workers = d.pending_large > 0 ? cfg_.large_blocks : cfg_.blocks;
+  d.workers = d.pending_large > 0 ? cfg_.large_workers() : cfg_.workers();
   DaemonParams p{};
   p.dev = d.dev;
   p.host = d.host_dev;
   p.launch_id = d.launch_id;
   p.workers = d.workers;
-  p.spin_cycles = cfg_.spin_cycles;
-  p.sticky_max = cfg_.sticky_max;
+  p.spin_ns = cfg_.spin_ns();
+  p.sticky_max = cfg_.sticky_max();
   p.trace = cfg_.trace ? 1 : 0;
-  p.idle_ns = cfg_.idle_us * 1000;
-  p.stall_ns = cfg_.stall_us * 1000;
+  p.idle_ns = cfg_.idle_ns();
+  p.stall_ns = cfg_.stall_ns();
   busy_in_ = "a daemon launch";
   cudaError_t err = LaunchDaemon(p, d.stream);
   if (err == cudaSuccess) err = cudaEventRecord(d.ev, d.stream);
   busy_in_ = "nothing known";
-  DFCCL_CHECK(err == cudaSuccess, "dfccl: daemon launch on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
+  DFCCL_CHECK_CODE(err == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: daemon launch on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
   d.launched = true;
   d.launches++;
 }
@@ -315,13 +306,15 @@ void Runtime::ProxyLoop() {
       for (auto& [ord, d] : devices_) {
         try {
           PollDevice(*d, now);
+        } catch (const Error& ex) {
+          if (d->error.ok()) d->error = Status::Of(ex);
         } catch (const std::exception& ex) {
-          if (d->error.empty()) d->error = ex.what();
+          if (d->error.ok()) d->error = Status{ErrorCode::kInternal, ex.what()};
         }
       }
       if (std::string e = ce_.error(); !e.empty())
         for (auto& [ord, d] : devices_)
-          if (d->error.empty()) d->error = e;
+          if (d->error.ok()) d->error = Status{ErrorCode::kInternal, e};
       for (auto& [ord, d] : devices_) busy = busy || d->oldest < d->next_ticket;
     }
     // Short sleeps while collectives are pending (slots recycle promptly), longer when idle.
@@ -335,7 +328,7 @@ void Runtime::PollDevice(Device& d, Clock::time_point now) {
   if (d.oldest >= d.next_ticket) { d.backoff_us = 20; return; }
   if (!Running(d) && now >= d.next_relaunch) {
     Launch(d);
-    d.backoff_us = std::min<int64_t>(d.backoff_us * 2, cfg_.relaunch_max_us);
+    d.backoff_us = std::min<int64_t>(d.backoff_us * 2, static_cast<int64_t>(cfg_.relaunch_max_us));
     d.next_relaunch = now + std::chrono::microseconds(d.backoff_us);
   }
 }
@@ -348,6 +341,7 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
     TaskInfo& ti = info[t % N];
     if (!ti.done && done[t % N] == Gen(t, N)) {
       ti.done = true;
+      (ti.inst && ti.inst->failed ? d.failed : d.completed)++;
       d.pending_large -= ti.large ? 1 : 0;
       OnTaskDone(d, ti);
     }
@@ -389,7 +383,7 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
           why << (i ? ", " : "") << missing[i] << " (GPU " << ti.comm->ordinals[missing[i]] << ")";
         why << "] never started it";
       }
-      Abort(*ti.comm, *ti.inst, why.str());
+      Abort(*ti.comm, *ti.inst, ErrorCode::kDeadlineExceeded, why.str());
     }
   }
 }
@@ -414,16 +408,16 @@ void Runtime::OnTaskDone(Device& d, TaskInfo& ti) {
   (void)d;
 }
 
-void Runtime::Abort(Comm& c, Instance& inst, const std::string& why) {
+void Runtime::Abort(Comm& c, Instance& inst, ErrorCode code, const std::string& why) {
   inst.failed = true;
   std::ostringstream msg;
   msg << "dfccl: collective '" << inst.key << "' (sequence " << inst.seq << ", group of GPUs [";
   for (int i = 0; i < c.n; ++i) msg << (i ? "," : "") << c.ordinals[i];
   msg << "]) " << why;
-  errors_.push_back(msg.str());
+  RecordError(msg.str());
   for (int ord : c.ordinals) {
     Device& d = *devices_[ord];
-    if (d.error.empty()) d.error = msg.str();
+    if (d.error.ok()) d.error = Status{code, msg.str()};
   }
   // Copy-engine instances: once issued, their copies complete on their own (all
   // inputs were ready); otherwise the host releases the ranks' done waits.
@@ -444,6 +438,17 @@ void Runtime::Abort(Comm& c, Instance& inst, const std::string& why) {
   if (inst.slot < 0 && !inst.ce) ReleaseSlot(c, inst);  // leave the waiting queue
 }
 
+// Under mu_.
+void Runtime::RecordError(const std::string& message) {
+  errors_.push_back(message);
+  if (errors_.size() > kMaxErrors) errors_.erase(errors_.begin());
+}
+
+Config Runtime::config() {
+  std::lock_guard lk(mu_);
+  return cfg_;
+}
+
 void Runtime::Configure(const std::map<std::string, double>& kv) {
   std::lock_guard lk(mu_);
   cfg_.Apply(kv);
@@ -454,15 +459,19 @@ void Runtime::Configure(const std::map<std::string, double>& kv) {
 std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   std::lock_guard lk(mu_);
   std::map<std::string, double> s;
-  double started = 0, completed = 0, preempts = 0, resumes = 0, steps = 0, aborted = 0, launches = 0, relaunches = 0;
+  double started = 0, completed = 0, failed = 0, preempts = 0, resumes = 0, steps = 0, aborted = 0, launches = 0;
+  double relaunches = 0, daemon_done = 0, trace_records = 0;
   double dev_bytes = 0, host_bytes = 0, running = 0, live = 0, slots_used = 0, waiting = 0;
   for (auto& [ord, d] : devices_) {
-    started += d->next_ticket;
+    started += d->next_ticket + d->ce_next;
+    completed += d->completed;
+    failed += d->failed;
     std::vector<BlockStats> rows(kMaxBlocks);
     CopyOut(*d, rows.data(), d->dev->stats, sizeof(BlockStats) * kMaxBlocks);
     for (int b = 0; b < kMaxBlocks; ++b) {
       const BlockStats& bs = rows[b];
-      completed += bs.tasks_done;
+      daemon_done += bs.tasks_done;
+      trace_records += std::min<uint64_t>(bs.trace_head, kTracePerBlock);
       preempts += bs.preempts;
       resumes += bs.resumes;
       steps += bs.steps;
@@ -482,10 +491,17 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
       waiting += c->waiting[p].size();
     }
   }
-  s["collectives_started"] = started;
-  s["collectives_completed"] = completed;
+  // The keys common to every backend (docs/architecture.md, "stats() keys"), then the GPU extras.
+  s["started"] = started;
+  s["completed"] = completed;
+  s["failed"] = failed;
+  s["pending"] = started - completed - failed;
   s["preemptions"] = preempts;
   s["resumes"] = resumes;
+  s["communicators"] = static_cast<double>(comms_.size());
+  s["instances_live"] = live;
+  s["trace_records"] = trace_records;
+  s["daemon_tasks_done"] = daemon_done;
   s["steps"] = steps;
   s["aborted"] = aborted;
   s["launches"] = launches;
@@ -495,19 +511,16 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   double sms = 0;
   for (auto& [ord, d] : devices_) sms = std::max<double>(sms, d->launched ? d->workers + 1 : 0);
   s["sms_used"] = sms;                      // blocks of the latest daemon (max over devices)
-  s["sms_default"] = cfg_.blocks + 1;
-  s["sms_large"] = cfg_.large_blocks + 1;
+  s["sms_default"] = cfg_.workers() + 1;
+  s["sms_large"] = cfg_.large_workers() + 1;
   s["daemons_running"] = running;
   s["devices"] = static_cast<double>(devices_.size());
-  s["communicators"] = static_cast<double>(comms_.size());
-  s["instances_live"] = live;
   s["slots_in_use"] = slots_used;
   s["instances_waiting_for_slot"] = waiting;
   s["copy_engine_ops"] = static_cast<double>(ce_.issued());  // instances moved by the copy engines
   s["copy_engine_issue_us"] = ce_.issue_s() * 1e6;          // host time enqueueing them (all ranks), total
   s["copy_engine_gpu_us"] = ce_.gpu_s() * 1e6;              // rank 0's GPU time, first copy .. done, total
   s["copy_engine_timed"] = static_cast<double>(ce_.timed()); // ... over this many of them
-  s["errors"] = static_cast<double>(errors_.size());
   const auto per = [](int64_t ns, int64_t n) { return n > 0 ? static_cast<double>(ns) / n / 1e3 : 0.0; };
   s["host_start_us"] = per(times_.start_ns, times_.starts);
   s["host_done_us"] = per(times_.done_ns, times_.dones);
@@ -554,7 +567,7 @@ void Runtime::Reset() {
   std::lock_guard lk(mu_);
   errors_.clear();
   for (auto& [ord, d] : devices_) {
-    d->error.clear();
+    d->error = Status{};
     d->seq.clear();
     d->fifo.clear();
   }

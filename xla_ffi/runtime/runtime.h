@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dfccl/check.h"
 #include "dfccl/collective.h"
 #include "device/task.h"
 #include "runtime/config.h"
@@ -47,6 +48,9 @@ struct Instance {
   std::vector<std::pair<Device*, uint64_t>> tasks;  // (device, ticket); kCeTicket marks the copy-engine ring
   std::vector<CeRank> ce_ranks;                     // per rank, filled as ranks start (copy-engine path)
 };
+
+static_assert(kMaxDaemonBlocks == kMaxBlocks, "config.h's block limit is the daemon's");
+inline constexpr size_t kMaxErrors = 256;  // errors kept for stats()["errors"], newest last
 
 inline constexpr uint64_t kCeTicket = uint64_t{1} << 63;  // tickets of the copy-engine ring carry this bit
 
@@ -95,7 +99,8 @@ struct Device {
   uint64_t ce_next = 0, ce_oldest = 0;
   std::map<std::pair<Comm*, uint64_t>, uint64_t> seq;
   std::unordered_map<int64_t, std::deque<uint64_t>> fifo;  // start/done pairing per site
-  std::string error;                                       // surfaced at the next handler call
+  Status error;                                            // recorded by the proxy/watchdog; thrown by the next handler call
+  int64_t completed = 0, failed = 0;                       // tasks seen done by the proxy (stats())
 };
 
 // Copies device memory out on the device's private stream and waits for it
@@ -135,12 +140,14 @@ class Runtime {
   static Runtime& Get();
   ~Runtime();
 
-  // Handlers.  Return "" on success, else the error message for ffi::Error.
+  // Handlers.  Throw dfccl::Error (the FFI boundary, ffi/error.h, converts it).
   // blocking: the blocking form, start and done in one call (one locked section,
   // the ready write and the done wait in one batch of stream memory operations).
-  std::string Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
-                    const void* in, void* out, bool blocking);
-  std::string Done(int ordinal, cudaStream_t stream, int64_t site);
+  void Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
+             const void* in, void* out, bool blocking);
+  void Done(int ordinal, cudaStream_t stream, int64_t site);
+  // The entries of jax_dfccl.config this runtime holds (module function config()).
+  Config config();
 
   void Configure(const std::map<std::string, double>& kv);
   HostTimes& host_times() { return times_; }
@@ -160,14 +167,12 @@ class Runtime {
     TraceRec proto{};
   };
   std::unique_lock<std::timed_mutex> HandlerLock();
-  uint64_t Submit(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out,
-                  std::string* err);
+  uint64_t Submit(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out);
   Enqueue PlanWait(Device& d, uint64_t ticket);
   void EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready, bool wait);
   Device& GetDevice(int ordinal);
   Comm& GetComm(const std::vector<int64_t>& group);
-  Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes, bool ce,
-                 std::string* err);
+  Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes, bool ce);
   bool UseCopyEngine(const CollectiveSpec& spec, const Comm& c) const;
   void StartCopyEngine(Device& d, Comm& c, Instance& inst, const CollectiveSpec& spec, const void* in, void* out,
                        uint64_t ticket);
@@ -185,10 +190,11 @@ class Runtime {
   void PollDevice(Device& d, Clock::time_point now);
   void OnTaskDone(Device& d, TaskInfo& ti);
   void ReleaseSlot(Comm& c, Instance& inst);
-  void Abort(Comm& c, Instance& inst, const std::string& why);
+  void Abort(Comm& c, Instance& inst, ErrorCode code, const std::string& why);
+  void RecordError(const std::string& message);  // stats()["errors"]
 
   alignas(64) std::timed_mutex mu_;  // timed: the proxy and Pending() must not wait for it blindly
-  std::atomic<double> timeout_s_{60.0};                // cfg_.timeout_s, readable without mu_
+  std::atomic<double> timeout_s_{0.0};                 // cfg_.timeout_s (set by Configure), readable without mu_
   std::atomic<const char*> busy_in_{"nothing known"};  // a CUDA call made under mu_ that may block
   alignas(64) HostTimes times_;  // its own cache lines, not the lock's
   Config cfg_;

@@ -126,11 +126,11 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
 }
 
 Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes,
-                        bool ce, std::string* err) {
+                        bool ce) {
   const auto id = std::make_pair(spec.key_hash, seq);
   if (auto f = c.failed.find(id); f != c.failed.end()) {
-    *err = "dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + ") already failed on another rank";
-    return nullptr;
+    throw Error("dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) +
+                ") already failed on another rank", ErrorCode::kAborted);
   }
   auto it = c.live.find(id);
   if (it == c.live.end()) {
@@ -144,13 +144,12 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
     // Pool 0 (LL protocol) takes messages whose lanes fit one LL chunk (8 data
     // bytes per 16-byte line) and are 16-byte multiples; the rest use pool 1.
     const PoolGeom& small = c.view.pool[0];
-    const auto plan = LanePlan(msg_bytes, small, cfg_.blocks, cfg_.lane_min_bytes);
+    const auto plan = LanePlan(msg_bytes, small, cfg_.workers(), cfg_.lane_min_bytes);
     // ragged_all_to_all needs the peers' addresses: the direct path of pool 1 only.
     const bool direct_only = spec.kind == OpKind::kRaggedAllToAll;
-    if (direct_only && !c.direct) {
-      *err = "dfccl: ragged_all_to_all '" + spec.key + "' needs the direct path (peer access between the GPUs)";
-      return nullptr;
-    }
+    if (direct_only && !c.direct)
+      throw Error("dfccl: ragged_all_to_all '" + spec.key + "' needs the direct path (peer access between the GPUs)",
+                  ErrorCode::kFailedPrecondition);
     inst->pool = ce ? -1 : (!direct_only && cfg_.ll && msg_bytes % 16 == 0 && plan.second * 2 <= small.chunk_bytes) ? 0 : 1;
     if (ce) {
       // copy-engine path: no pool slot
@@ -165,18 +164,19 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
   }
   Instance* inst = it->second.get();
   if (inst->signature != sig) {
-    *err = "dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + "): rank " +
-           std::to_string(spec.rank) + " started it as " + sig + " but another rank as " + inst->signature;
-    return nullptr;
+    throw Error("dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + "): rank " +
+                    std::to_string(spec.rank) + " started it as " + sig + " but another rank as " + inst->signature,
+                ErrorCode::kFailedPrecondition);
   }
   if (inst->ce != ce) {
-    *err = "dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + "): rank " +
-           std::to_string(spec.rank) + " and another rank chose different transports (copy_engine_min_bytes differs)";
-    return nullptr;
+    throw Error("dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + "): rank " +
+                    std::to_string(spec.rank) +
+                    " and another rank chose different transports (copy_engine_min_bytes differs)",
+                ErrorCode::kFailedPrecondition);
   }
   if (inst->started & (1u << spec.rank)) {
-    *err = "dfccl: collective '" + spec.key + "' started twice by rank " + std::to_string(spec.rank);
-    return nullptr;
+    throw Error("dfccl: collective '" + spec.key + "' started twice by rank " + std::to_string(spec.rank),
+                ErrorCode::kFailedPrecondition);
   }
   return inst;
 }

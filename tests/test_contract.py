@@ -1,0 +1,210 @@
+"""The contracts every backend shares, checked on the CPU backend (the CUDA
+backend: tests/gpu/test_gpu_contract.py): the runtime holds exactly the
+configuration Python set (jax_dfccl/config.py is the one schema), stats() has
+exactly the documented keys, and errors carry their kind as XLA's error code."""
+import dataclasses
+import pathlib
+import re
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_dfccl as dc
+from jax_dfccl._src import backend
+from jax_dfccl.config import Config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The entries the CPU runtime reads (xla_ffi/cpu/config.h DFCCL_CPU_CONFIG).
+CPU_ENTRIES = {"timeout_s", "spin_budget_us", "sticky_budget_us", "trace", "trace_capacity"}
+
+
+def _cpu():
+  return backend.load()["cpu"]
+
+
+def test_cpu_runtime_holds_the_python_defaults():
+  got = _cpu().config()
+  assert set(got) == CPU_ENTRIES
+  want = Config()  # the defaults, as defined once in Python
+  for k, v in got.items():
+    assert v == getattr(want, k) or v == getattr(dc.config, k), k
+    assert type(v) is type(getattr(want, k)), (k, type(v))
+
+
+def test_cpu_runtime_reports_exactly_what_python_set():
+  new = {"timeout_s": 123.25, "spin_budget_us": 3.5, "sticky_budget_us": 77.0, "trace": True,
+         "trace_capacity": 1234}
+  with dc.configured(**new):
+    got = _cpu().config()
+    assert got == {k: getattr(dc.config, k) for k in CPU_ENTRIES} == new
+  got = _cpu().config()
+  assert got == {k: getattr(dc.config, k) for k in CPU_ENTRIES}
+
+
+def test_rejected_value_changes_nothing():
+  before, rt_before = dc.config.as_dict(), _cpu().config()
+  with pytest.raises(ValueError, match="trace_capacity"):
+    dc.configure(timeout_s=42.0, trace_capacity=0)
+  assert dc.config.as_dict() == before and _cpu().config() == rt_before
+
+
+def test_python_config_is_the_only_default_list():
+  """Every entry is documented in config.py (a #: comment above it)."""
+  src = (ROOT / "jax_dfccl" / "config.py").read_text()
+  for f in dataclasses.fields(Config):
+    assert re.search(r"#:[^\n]*\n(?:\s*#:[^\n]*\n|\s*\w+: [^\n]*\n)*\s*" + f.name + ":", src), f.name
+  # No competing defaults in the runtimes' config structs.
+  for path in ("xla_ffi/runtime/config.h", "xla_ffi/cpu/config.h", "xla_ffi/cpu/runtime.h"):
+    text = (ROOT / path).read_text()
+    assert "kCyclesPerUs" not in text
+    for name in ("timeout_s", "idle_quit_us", "stall_quit_us", "spin_budget_us"):
+      assert not re.search(name + r"\s*(\{[^}]|=)\s*[0-9]", text), (path, name)
+
+
+def _doc_table():
+  """The key column of the "stats() keys" table in docs/architecture.md."""
+  doc = (ROOT / "docs" / "architecture.md").read_text()
+  section = doc.split("### stats() keys", 1)[1].split("\n#", 1)[0]
+  common = re.findall(r"^\| `(\w+)` \|", section.split("Backend extras", 1)[0], re.M)
+  extras = {}
+  for plat, body in re.findall(r"^- `(\w+)`: (.*)$", section.split("Backend extras", 1)[1], re.M):
+    extras[plat] = set(re.findall(r"`(\w+)`", body))
+  return common, extras
+
+
+def test_stats_keys_are_the_documented_table(mesh8):
+  common, extras = _doc_table()
+  assert common == list(backend.STATS_KEYS)
+  assert extras == {p: set(e) for p, e in backend.STATS_EXTRAS.items()}
+  jax.block_until_ready(jax.jit(jax.shard_map(lambda v: dc.psum(v, "x"), mesh=mesh8, in_specs=P("x"),
+                                              out_specs=P("x")))(np.arange(8.0, dtype=np.float32)))
+  s = dc.stats()["cpu"]
+  assert set(s) == set(backend.STATS_KEYS) | set(backend.STATS_EXTRAS["cpu"])
+  assert isinstance(s["errors"], list) and all(isinstance(s[k], int) for k in s if k != "errors")
+  assert s["pending"] == s["started"] - s["completed"] - s["failed"]
+  assert s["started"] >= 8 and s["communicators"] >= 1
+
+
+def test_timeout_is_deadline_exceeded_and_recorded(mesh8):
+  """A timed-out collective fails with XLA's DEADLINE_EXCEEDED, names key and missing ranks, and
+  its message is in stats()['errors']."""
+  dc.reset()
+  body = lambda v: jax.lax.cond(jax.lax.axis_index("x") == 0, lambda v: dc.psum(v, "x", key="contract/lonely"),
+                                lambda v: v, v)
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  x = jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(mesh8, P("x")))
+  with dc.configured(timeout_s=0.3):
+    with pytest.raises(Exception, match=r"DEADLINE_EXCEEDED.*contract/lonely.*never started"):
+      jax.block_until_ready(f(x))
+  try:
+    jax.effects_barrier()
+  except Exception:  # noqa: BLE001 - the failed program's other devices
+    pass
+  errs = dc.stats()["cpu"]["errors"]
+  assert any("contract/lonely" in e and "[1 (device" in e for e in errs), errs
+  dc.reset()
+  assert dc.stats()["cpu"]["errors"] == []
+
+
+def test_mismatch_is_failed_precondition(mesh8):
+  dc.reset()
+  def body(v):
+    return jax.lax.cond(jax.lax.axis_index("x") == 0, lambda v: dc.psum(v, "x", key="contract/mm"),
+                        lambda v: dc.pmax(v, "x", key="contract/mm"), v)
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  x = jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(mesh8, P("x")))
+  with pytest.raises(Exception, match=r"FAILED_PRECONDITION.*contract/mm.*mismatch"):
+    jax.block_until_ready(f(x))
+  try:
+    jax.effects_barrier()
+  except Exception:  # noqa: BLE001
+    pass
+  dc.reset()
+
+
+def _table(path, macro):
+  """(type, name) rows of an X-macro config table of a runtime header."""
+  text = (ROOT / path).read_text()
+  body = text.split(f"#define {macro}(X)", 1)[1].split("\n\n", 1)[0]
+  return re.findall(r"X\((\w+), (\w+)\)", body)
+
+
+@pytest.mark.parametrize("path,macro", [("xla_ffi/cpu/config.h", "DFCCL_CPU_CONFIG"),
+                                        ("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")])
+def test_runtime_tables_are_entries_of_the_python_schema(path, macro):
+  """Both runtimes' tables (the CUDA one too, checked here without a GPU) hold entries of
+  jax_dfccl.config, under its names and with its types."""
+  rows = _table(path, macro)
+  assert len(rows) >= 5
+  fields = {f.name: f.type for f in dataclasses.fields(Config)}
+  py = {"double": "float", "int": "int", "int64_t": "int", "bool": "bool"}
+  for ctype, name in rows:
+    assert name in fields, f"{path}: {name} is not an entry of jax_dfccl.config"
+    assert py[ctype] == fields[name], (name, ctype, fields[name])
+
+
+def test_every_gpu_entry_reaches_the_gpu_runtime():
+  """The GPU-only entries of the schema (neither the CPU runtime's nor read at trace time) are in
+  the CUDA runtime's table."""
+  gpu = {n for _, n in _table("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")}
+  cpu = {n for _, n in _table("xla_ffi/cpu/config.h", "DFCCL_CPU_CONFIG")}
+  assert cpu == CPU_ENTRIES
+  trace_time = {f.name for f in dataclasses.fields(Config) if f.name.startswith("overlap_")}
+  assert {f.name for f in dataclasses.fields(Config)} - gpu == {"trace_capacity"} | trace_time
+
+
+_UNCONFIGURED = """
+import sys
+sys.path.insert(0, {cpp!r})
+import numpy as np, jax
+from jax.sharding import Mesh
+import test_cpu_runtime as T   # drives _dfccl_cpu directly, without jax_dfccl._src.backend
+T._register()
+mesh = Mesh(np.array(jax.devices("cpu")[:8]), ("x",))
+print("CONFIG", T.rt.config(), flush=True)
+try:
+  T._run(mesh, lambda v: T._done(T._start(v, T._pid(), mesh, "all_reduce", "u"), "u"), np.arange(8, dtype=np.float32))
+  print("RAN", flush=True)
+except Exception as e:  # noqa: BLE001
+  print("ERROR", e, flush=True)
+"""
+
+
+def test_unconfigured_runtime_runs_nothing():
+  """A runtime given no configuration holds no values of its own and refuses to start."""
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(ROOT))
+  p = subprocess.run([sys.executable, "-c", _UNCONFIGURED.format(cpp=str(ROOT / "tests" / "cpp"))],
+                     capture_output=True, text=True, timeout=120, env=env)
+  out = p.stdout + p.stderr
+  assert "CONFIG {" in p.stdout and "RAN" not in p.stdout, out
+  config_line = next(line for line in p.stdout.splitlines() if line.startswith("CONFIG"))
+  assert "'timeout_s': 0.0" in config_line and "'trace_capacity': 0" in config_line, config_line
+  assert "FAILED_PRECONDITION" in out and "not configured" in out, out
+
+
+def test_cuda_module_contract_without_a_gpu():
+  """The CUDA extension (when built) loads without a GPU: its config() reports exactly what Python
+  set, rejects a value out of range without changing anything, and its stats() keys are the
+  documented table (the same checks on GPUs: tests/gpu/test_gpu_contract.py)."""
+  import importlib
+  try:
+    m = importlib.import_module("jax_dfccl._dfccl_cuda")
+  except ImportError:
+    pytest.skip("the CUDA backend is not built")
+  want = Config().as_dict()
+  m.configure(want)
+  got = m.config()
+  assert {k: (v, type(v)) for k, v in got.items()} == {k: (want[k], type(want[k])) for k in got}
+  gpu = {n for _, n in _table("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")}
+  assert set(got) == gpu
+  with pytest.raises(ValueError, match="max_blocks"):
+    m.configure({"timeout_s": 1.0, "max_blocks": 65})
+  assert m.config() == got
+  s = m.stats()
+  assert set(s) == set(backend.STATS_KEYS) | set(backend.STATS_EXTRAS["cuda"])
+  m.configure(dc.config.as_dict())
