@@ -154,3 +154,8 @@ class Config:
 
 
 config = Config()
+
+
+#: The entries read when a program is traced (by the Python layer), not by the runtimes.
+TRACE_TIME_ENTRIES = frozenset(
+    {f.name for f in dataclasses.fields(Config) if f.name.startswith("overlap_")} | {"runtime_for_groups_of_one"})

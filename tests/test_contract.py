@@ -151,8 +151,8 @@ def test_every_gpu_entry_reaches_the_gpu_runtime():
   gpu = {n for _, n in _table("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")}
   cpu = {n for _, n in _table("xla_ffi/cpu/config.h", "DFCCL_CPU_CONFIG")}
   assert cpu == CPU_ENTRIES
-  trace_time = {f.name for f in dataclasses.fields(Config) if f.name.startswith("overlap_")}
-  assert {f.name for f in dataclasses.fields(Config)} - gpu == {"trace_capacity"} | trace_time
+  from jax_dfccl.config import TRACE_TIME_ENTRIES
+  assert {f.name for f in dataclasses.fields(Config)} - gpu == {"trace_capacity"} | TRACE_TIME_ENTRIES
 
 
 _UNCONFIGURED = """
