@@ -107,6 +107,38 @@ int main() {
   std::printf("timeout: %s\n", st.message.c_str());
   failures += st.ok();
   Reset();
+  // A failed execution (RunId 1: ranks 4.. never start key 50, the others time out), then the
+  // next execution (RunId 2, every rank): exact, nothing left behind, inputs freed right after done.
+  {
+    auto phase = [&](int64_t run, int ranks, double timeout) {
+      GetConfig().timeout_s = timeout;
+      std::vector<std::thread> ts;
+      std::atomic<int> errs{0}, wrong{0};
+      for (int rank = 0; rank < ranks; ++rank)
+        ts.emplace_back([&, rank] {
+          auto spec = MakeSpec(rank, 50, OpKind::kAllReduce);
+          auto in = std::make_unique<std::vector<float>>(E, float(rank + 1));
+          std::vector<float> out(E, -1.f);
+          int64_t tk = StartCollective(spec, in->data(), out.data(), run);
+          DoneStatus d = WaitCollective(tk, "k50");
+          in.reset();
+          if (!d.ok()) ++errs;
+          else if (out[0] != float(N * (N + 1) / 2)) ++wrong;
+        });
+      for (auto& t : ts) t.join();
+      return std::make_pair(errs.load(), wrong.load());
+    };
+    auto [e1, w1] = phase(1, N / 2, 0.05);
+    StatsSnapshot mid = GetStats();
+    auto [e2, w2] = phase(2, N, 60);
+    StatsSnapshot end = GetStats();
+    std::printf("failed execution: %d errors, tombstones %lld; next execution: %d errors, %d wrong, tombstones %lld, "
+                "live %lld\n", e1, (long long)mid.tombstones, e2, w2, (long long)end.tombstones,
+                (long long)end.instances_live);
+    failures += e1 != N / 2 || w1 != 0 || mid.tombstones != 1 || e2 != 0 || w2 != 0 || end.tombstones != 0 ||
+                end.instances_live != 0;
+  }
+  Reset();
   // Abort: device 100 fails 'mm' (mismatch with device 101); its started but
   // never-waited 'orphan' (peer never starts it) must fail at once, not time out.
   GetConfig().timeout_s = 60;
