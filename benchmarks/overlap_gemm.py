@@ -6,14 +6,20 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
   xla_dot     jnp.dot under jax.jit (what t_gemm measures in overlap.py)
   fused_1x1   the fused kernel of xla_ffi/overlap over a one-GPU axis (a group
               of one rank: no communication, the GEMM with its scheduler and
-              epilogue), one CTA per tile
-  fused_2x1   the same with jax_dfccl.config.overlap_cluster_m = 2 (pairs of
-              tiles on 2x1 clusters, the weight tile multicast to both)
+              epilogue), one CTA per tile, default configuration (stream-K for
+              a partial last wave where the host's heuristic picks it)
+  fused_dp    the same with jax_dfccl.config.overlap_stream_k = False (whole
+              tiles only: the previous schedule)
+  fused_2x1   overlap_cluster_m = 2 (pairs of tiles on 2x1 clusters, the
+              weight tile multicast to both; no stream-K)
 
 Timing as in overlap.py (a chain of dependent ops per program, programs
 called back to back, median over reps).  Needs one sm90 GPU.
 
-  python benchmarks/overlap_gemm.py --tag h200 --outdir $OUT [--profile]
+  python benchmarks/overlap_gemm.py --tag h200 --outdir $OUT [--profile] [--m-nk0 512,1024,2048,4096,8192]
+
+--m-nk0 gives the M values of the first (LLaMA-3-8B) shape pair (an M sweep);
+the other pairs keep --m.  The ratio column is fused_1x1 / xla_dot.
 
 --profile also traces one call of each chain (jax.profiler) and reports the
 GEMM kernel's own time and the GPU's idle gap between consecutive GEMMs.
@@ -30,7 +36,7 @@ import os
 import statistics
 import sys
 
-VARIANTS = ["xla_dot", "fused_1x1", "fused_2x1"]
+VARIANTS = ["xla_dot", "fused_1x1", "fused_dp", "fused_2x1"]
 
 
 def build(kind, M, N, K, names, iters):
@@ -49,20 +55,20 @@ def build(kind, M, N, K, names, iters):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
 
-  def fused(cluster_m):
+  def fused(cluster_m, stream_k=True):
     if kind == "ag":
       body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
     else:
       body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
     f = jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
-    with jax_dfccl.configured(overlap_cluster_m=cluster_m):
+    with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_stream_k=stream_k):
       lowered = f.lower(x, w)
     if "dfccl_overlap_" not in lowered.as_text():
       raise RuntimeError("fused kernel not used")
     return lowered.compile(), (x, w)
 
   makers = {"xla_dot": lambda: (jax.jit(chain(jnp.dot, iters)), (x, w)),
-            "fused_1x1": lambda: fused(1), "fused_2x1": lambda: fused(2)}
+            "fused_1x1": lambda: fused(1), "fused_dp": lambda: fused(1, False), "fused_2x1": lambda: fused(2)}
   return {v: makers[v] for v in names}, (m, n, k)
 
 
@@ -100,6 +106,8 @@ def main():
   p.add_argument("--ops", default="ag,rs", type=lambda s: s.split(","))
   p.add_argument("--m", default=[1024, 4096, 8192], type=lambda s: [int(v) for v in s.split(",")])
   p.add_argument("--nk", default=[0, 1, 2], type=lambda s: [int(v) for v in s.split(",")])
+  p.add_argument("--m-nk0", default=None, type=lambda s: [int(v) for v in s.split(",")],
+                 help="M values for the first (N, K) pair instead of --m (the LLaMA-3-8B M sweep)")
   p.add_argument("--variants", default=VARIANTS, type=lambda s: s.split(","))
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--min-rep-ms", type=float, default=30.0)
@@ -117,7 +125,7 @@ def main():
 
   rows = []
   for i in args.nk:
-    for M in args.m:
+    for M in (args.m_nk0 if i == 0 and args.m_nk0 else args.m):
       for kind in args.ops:
         N, K = (AG_NK if kind == "ag" else RS_NK)[i]
         iters, _ = plan(kind, M, N, K)
@@ -147,12 +155,14 @@ def main():
     json.dump({"meta": meta, "rows": rows}, fh, indent=1)
   lines = [f"# Fused overlap GEMM alone vs XLA dot ({meta['device']}, {meta['date']})", "",
            f"`{meta['command']}` (jax {meta['jax']}); ms per op (TFLOP/s), bfloat16, per-rank GEMM of TP=2.", "",
-           "| op | M | N | K | GEMM m x n x k | " + " | ".join(args.variants) + " |",
-           "|---|---|---|---|---|" + "---|" * len(args.variants)]
+           "| op | M | N | K | GEMM m x n x k | " + " | ".join(args.variants) + " | fused_1x1 / xla_dot |",
+           "|---|---|---|---|---|" + "---|" * (len(args.variants) + 1)]
   for r in rows:
     cells = [f"{r['ms'][v]:.3f} ({r['tflops'][v]:.0f})" if r["ms"].get(v) else "err" for v in args.variants]
+    ratio = (f"{r['ms']['fused_1x1'] / r['ms']['xla_dot']:.3f}"
+             if r["ms"].get("fused_1x1") and r["ms"].get("xla_dot") else "-")
     lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | {'x'.join(map(str, r['gemm']))} | "
-                 + " | ".join(cells) + " |")
+                 + " | ".join(cells) + f" | {ratio} |")
   if args.profile:
     lines += ["", "Traced chains: GEMM kernel us / GPU idle gap between consecutive GEMMs us (median)", "",
               "| op | M | N | K | " + " | ".join(args.variants) + " |", "|---|---|---|---|" + "---|" * len(args.variants)]

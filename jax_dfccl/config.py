@@ -86,6 +86,15 @@ class Config:
   #: within -3%..+4% of 1 over the 18 benchmark shapes, so 1 stays the default
   #: (not yet measured with communication on 2 GPUs).  Read (and checked) at trace time.
   overlap_cluster_m: int = 1
+  #: Fused GEMMs with overlap_cluster_m == 1: stream-K for a partial last
+  #: wave.  When the tiles' last wave would leave many SMs idle, the last
+  #: wave's tiles are shared by up to one unit per SM, each an equal range of
+  #: their k iterations; the unit holding a tile's last iterations adds the
+  #: others' f32 partials and runs the tile's epilogue (its signal covers the
+  #: whole tile).  The host chooses it per launch from the tile count, the SMs
+  #: and K (xla_ffi/overlap/handlers.cc, Schedule); False: whole tiles only.
+  #: Read at trace time.
+  overlap_stream_k: bool = True
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)

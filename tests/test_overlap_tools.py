@@ -24,7 +24,7 @@ def _bench():
 
 def _cfg(**kw):
   base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20,
-              overlap_cluster_m=1)
+              overlap_cluster_m=1, overlap_stream_k=True)
   base.update(kw)
   return types.SimpleNamespace(**base)
 
@@ -48,6 +48,13 @@ def test_mode_cluster_bit():
   for bad in (0, 3, 4, True, "2"):
     with pytest.raises(ValueError, match="overlap_cluster_m"):
       og._mode(_cfg(overlap_cluster_m=bad), "ag", 2, 0)
+
+
+def test_mode_stream_k_bit():
+  assert og.MODE_NO_STREAM_K == 32
+  assert og._mode(_cfg(overlap_stream_k=False), "ag", 2, 0) == 1 | 2 | 32
+  assert og._mode(_cfg(overlap_stream_k=False, overlap_cluster_m=2), "rs", 2, 8 << 20) == 1 | 2 | 4 | 16 | 32
+  assert og._mode(_cfg(), "ag", 2, 0) & 32 == 0
 
 
 def _lower_for_cuda(kind):

@@ -36,6 +36,8 @@ struct RankState {
   uint32_t seq = 0;
   uint32_t rs_ce_rounds = 0;  // RS copy-engine launches so far (done counter target / tiles)
   uint32_t tiles_taken = 0;  // GEMM tile counter value after all launches so far (units + clusters each)
+  float* sk_partials = nullptr;  // stream-K: [SMs][kTileM * kTileN] f32 (allocated at its first use)
+  uint32_t* sk_flags = nullptr;  // stream-K: [SMs] instance numbers
 };
 
 struct Channel {
@@ -125,11 +127,12 @@ void InitRank(Channel& c, int rank, const std::vector<int>& devs, size_t buf_byt
 
 std::string Describe(const Channel& c, uint32_t code) {
   static const char* what[] = {"?", "the ready flag (receive buffer free)", "partial tiles", "gathered rows",
-                               "the ready flag (gather buffer free)", "its own partial tiles (local)"};
+                               "the ready flag (gather buffer free)", "its own partial tiles (local)",
+                               "its own stream-K partial accumulators (local)"};
   const uint32_t w = code >> 24, waiter = (code >> 16) & 0xff, peer = (code >> 8) & 0xff;
   std::ostringstream os;
   os << "dfccl overlap '" << c.key << "': rank " << waiter << " (GPU " << c.ranks[waiter % kMaxRanks].ordinal
-     << ") timed out after " << c.timeout_ns / 1000000 << " ms waiting for " << what[w <= 5 ? w : 0]
+     << ") timed out after " << c.timeout_ns / 1000000 << " ms waiting for " << what[w <= 6 ? w : 0]
      << " of rank " << peer << " (GPU " << c.ranks[peer % kMaxRanks].ordinal
      << "); results of this op are invalid from then on";
   return os.str();
@@ -172,6 +175,66 @@ int ClusterM(int32_t mode) { return (mode & kModeClusterM2) ? 2 : 1; }
 
 // Work units of the GEMM (gemm_sched.cuh): cm m tiles of a row block x one n tile.
 int Units(int nranks, int mtiles, int ntiles, int cm) { return nranks * ((mtiles + cm - 1) / cm) * ntiles; }
+
+int GemmGrid(const DeviceState& dev, int avail, int units, int cm);
+
+// Work units of one launch (gemm_sched.cuh): whole tiles, and with stream-K
+// the last sk_tiles tiles shared by sk_units units.
+struct Sched {
+  int units = 0, sk_units = 0, sk_tiles = 0;
+};
+
+// Stream-K for a partial last wave (cluster_m = 1, not kModeNoStreamK): with
+// `avail` resident CTAs, `tiles` whole tiles of k_tiles iterations take
+// ceil(tiles / avail) waves of tile time.  The remainder R = tiles mod avail
+// (the last wave) can instead be shared by S units, S in (R, min(avail,
+// kSkMaxSplit R, R k_tiles / kSkMinIters)]: floor(tiles / avail) + R / S waves,
+// times kSkCost for the partials written and added and the shorter mainloops.
+// Chosen when that estimate is at most kSkGain of the whole-tile one; S as
+// large as allowed.  Same shape, same device: same choice on every rank.
+constexpr int kSkMinIters = 4;   // k iterations of a stream-K unit at least (pipeline depth)
+constexpr int kSkMaxSplit = 4;   // units sharing a tile, on average, at most (partials added per tile)
+constexpr double kSkCost = 1.1;  // a stream-K wave against a wave of whole tiles
+constexpr double kSkGain = 0.95;
+Sched Schedule(int tiles, int avail, int k_tiles, int cm, int32_t mode) {
+  Sched s;
+  s.units = tiles;
+  if (cm != 1 || (mode & kModeNoStreamK) || avail < 2) return s;
+  const int full = tiles / avail, rem = tiles % avail;
+  if (rem == 0) return s;
+  const int64_t cap = std::min<int64_t>({avail, int64_t(kSkMaxSplit) * rem, int64_t(rem) * k_tiles / kSkMinIters});
+  if (cap <= rem) return s;
+  const double est = full + kSkCost * double(rem) / double(cap);
+  if (est > kSkGain * (full + 1)) return s;
+  s.sk_units = int(cap);
+  s.sk_tiles = rem;
+  s.units = tiles - rem + s.sk_units;
+  return s;
+}
+
+// Stream-K workspace of a rank (one slot per SM: sk_units <= avail <= SMs).
+void EnsureStreamK(RankState& rs, const DeviceState& dev, GemmLaunch& gl, cudaStream_t stream) {
+  if (rs.sk_partials == nullptr) {
+    OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.sk_partials), size_t(dev.sms) * kTileM * kTileN * sizeof(float)));
+    OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.sk_flags), size_t(dev.sms) * sizeof(uint32_t)));
+    OV_CUDA(cudaMemsetAsync(rs.sk_flags, 0, size_t(dev.sms) * sizeof(uint32_t), stream));
+  }
+  gl.sk_partials = rs.sk_partials;
+  gl.sk_flags = rs.sk_flags;
+}
+
+// Units and grid of a launch; stream-K workspace when used.
+void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, int mtiles, int ntiles, int32_t mode,
+              cudaStream_t stream) {
+  const int k_tiles = (gl.k + 63) / 64;
+  const Sched s = gl.cluster_m == 1 ? Schedule(gl.nranks * mtiles * ntiles, std::max(1, avail), k_tiles, 1, mode)
+                                    : Sched{Units(gl.nranks, mtiles, ntiles, gl.cluster_m), 0, 0};
+  gl.units = s.units;
+  gl.sk_units = s.sk_units;
+  gl.sk_tiles = s.sk_tiles;
+  if (s.sk_units > 0) EnsureStreamK(rs, dev, gl, stream);
+  gl.grid = GemmGrid(dev, avail, gl.units, gl.cluster_m);
+}
 
 // Grid of the persistent GEMM: at most `avail` CTAs (the SMs left to it) and
 // one per unit; cm = 2 whole clusters only, no more than are resident at once.
@@ -314,8 +377,8 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     // Copy engine: one SM stays free for the side stream's wait / signal kernels
     // (the persistent GEMM's CTAs wait for flags those kernels raise).
     gl.cluster_m = ClusterM(mode);
-    gl.units = Units(P, int(mtiles), (n + kTileN - 1) / kTileN, gl.cluster_m);
-    gl.grid = GemmGrid(dev, dev.sms - (push ? std::max(push_ctas, 1) : 0), gl.units, gl.cluster_m);
+    PlanGemm(gl, *pro.rs, dev, dev.sms - (push ? std::max(push_ctas, 1) : 0), int(mtiles), (n + kTileN - 1) / kTileN,
+             mode, stream);
     gl.tile_base = pro.rs->tiles_taken;
     pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
@@ -386,8 +449,8 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     }
     // Copy engine: one SM stays free for the side stream's wait / signal kernels.
     gl.cluster_m = ClusterM(mode);
-    gl.units = Units(P, (mb + kTileM - 1) / kTileM, (N + kTileN - 1) / kTileN, gl.cluster_m);
-    gl.grid = GemmGrid(dev, dev.sms - (ce ? 1 : 0), gl.units, gl.cluster_m);
+    PlanGemm(gl, *pro.rs, dev, dev.sms - (ce ? 1 : 0), (mb + kTileM - 1) / kTileM, (N + kTileN - 1) / kTileN, mode,
+             stream);
     gl.tile_base = pro.rs->tiles_taken;
     pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
