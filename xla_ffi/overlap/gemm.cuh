@@ -80,7 +80,7 @@ __device__ __forceinline__ void ConsumerBarrier(int threads) {
   asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory");  // id 8: unused by CUTLASS here
 }
 
-// Stream-K partials (gemm_sched.cuh): the accumulator fragment of each
+// Partials of a split last wave (gemm_sched.cuh): the accumulator fragment of each
 // consumer thread, 16-byte vectors interleaved over the threads ([i / 4][tid]
 // [4] floats: a warp's stores are contiguous), at L2 (.cg: the owner on
 // another SM reads them after the flag).  Four vectors per step in flight.
@@ -205,33 +205,30 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
       ++sstate;
       u = __shfl_sync(0xffffffffu, u, 0);
       if (u >= units) break;
-      for (int pi = 0; pi < 2; ++pi) {  // the unit's pieces (stream-K: two; else one whole tile)
-        const Piece pc = UnitPiece<CM>(l, u, pi, k_tiles);
-        if (!pc.valid) break;
-        const TileCoord tc = Decode<CM>(l, pc.tile, mt, nt, int(crank));
-        // AG: each CTA waits for the rows of its own m tile (none below the
-        // block).  The peer CTA of a pair waits for the other chunk of the same
-        // row block; the consumers of both need both CTAs' halves of W, so a
-        // CTA may wait for its peer's chunk too: chunks are pushed by the peers'
-        // side streams / push kernels, which do not wait for this GEMM's tiles,
-        // so that wait ends (or times out) like the CTA's own.
-        if (l.kind == kAllGatherGemm && tc.b != l.rank && !l.no_comm && tc.mi < mt) {
-          if (lane == 0) {  // rows of chunk mi of block b pushed by rank b (release.sys)
-            uint64_t* tl = l.tl != nullptr && !pc.partial
-                               ? l.tl + TimelineRow<CM>(pc.tile, tc, mt, nt) * kTlWords : nullptr;
-            if (tl) tl[4] = GlobalTimer();
-            WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns,
-                    ErrorCode(kWaitRows, l.rank, tc.b));
-            if (tl) tl[5] = GlobalTimer();
-          }
-          __syncwarp();
-          FenceProxyAsyncGlobal();
+      const Piece pc = UnitPiece<CM>(l, u, k_tiles);
+      const TileCoord tc = Decode<CM>(l, pc.tile, mt, nt, int(crank));
+      // AG: each CTA waits for the rows of its own m tile (none below the
+      // block).  The peer CTA of a pair waits for the other chunk of the same
+      // row block; the consumers of both need both CTAs' halves of W, so a
+      // CTA may wait for its peer's chunk too: chunks are pushed by the peers'
+      // side streams / push kernels, which do not wait for this GEMM's tiles,
+      // so that wait ends (or times out) like the CTA's own.
+      if (l.kind == kAllGatherGemm && tc.b != l.rank && !l.no_comm && tc.mi < mt) {
+        if (lane == 0) {  // rows of chunk mi of block b pushed by rank b (release.sys)
+          uint64_t* tl = l.tl != nullptr && !pc.partial
+                             ? l.tl + TimelineRow<CM>(pc.tile, tc, mt, nt) * kTlWords : nullptr;
+          if (tl) tl[4] = GlobalTimer();
+          WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns,
+                  ErrorCode(kWaitRows, l.rank, tc.b));
+          if (tl) tl[5] = GlobalTimer();
         }
-        auto k_iter = cute::make_coord_iterator(idx2crd(pc.k0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
-        collective.load(p.ml[tc.b], pipeline, state, load_inputs, make_coord(tc.mi, tc.ni, _, 0), k_iter, pc.kn,
-                        lane, crank, ss.tensors);
-        state.advance(pc.kn);
+        __syncwarp();
+        FenceProxyAsyncGlobal();
       }
+      auto k_iter = cute::make_coord_iterator(idx2crd(pc.k0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
+      collective.load(p.ml[tc.b], pipeline, state, load_inputs, make_coord(tc.mi, tc.ni, _, 0), k_iter, pc.kn,
+                      lane, crank, ss.tensors);
+      state.advance(pc.kn);
     }
     collective.load_tail(pipeline, state);
     ClusterSyncBeforeExit<CM>();
@@ -253,162 +250,161 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
     sched.consumer_release(sstate);
     ++sstate;
     if (u >= units) break;
-    for (int pi = 0; pi < 2; ++pi) {  // the unit's pieces (stream-K: two; else one whole tile)
-      const Piece pc = UnitPiece<CM>(l, u, pi, k_tiles);
-      if (!pc.valid) break;
-      const TileCoord tc = Decode<CM>(l, pc.tile, mt, nt, int(crank));
-      const bool in_block = tc.mi < mt;  // CM = 2: false for the empty second tile of a pair
-      uint64_t* tl = l.tl != nullptr && mma_tid == 0 && in_block && !pc.partial
-                         ? l.tl + TimelineRow<CM>(pc.tile, tc, mt, nt) * kTlWords : nullptr;
-      if (tl) tl[0] = GlobalTimer();
-      auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename C::TileShape{}));
-      collective.mma(pipeline, state, acc, pc.kn, mma_tid, ss.tensors, p.ml[tc.b]);
-      collective.mma_tail(pipeline, state, pc.kn);
-      state.advance(pc.kn);
-      if (tl) tl[1] = tl[2] = GlobalTimer();
-      if (!in_block) continue;  // its stages are released (the peer's multicast); nothing to store
-      if (pc.partial) {  // stream-K: the accumulator to this unit's slot, then its flag (no epilogue)
-        SkStorePartial<C::kMmaThreads>(l.sk_partials + size_t(pc.slot) * kTileM * kTileN, acc, mma_tid);
-        ConsumerBarrier(C::kMmaThreads);  // every thread's stores, then one cumulative fence + flag
-        if (mma_tid == 0) {
-          FenceAcqRelGpu();
-          StRelaxedGpu(l.sk_flags + pc.slot, l.seq);
-        }
-        continue;
+    const Piece pc = UnitPiece<CM>(l, u, k_tiles);
+    const TileCoord tc = Decode<CM>(l, pc.tile, mt, nt, int(crank));
+    const bool in_block = tc.mi < mt;  // CM = 2: false for the empty second tile of a pair
+    uint64_t* tl = l.tl != nullptr && mma_tid == 0 && in_block && !pc.partial
+                       ? l.tl + TimelineRow<CM>(pc.tile, tc, mt, nt) * kTlWords : nullptr;
+    if (tl) tl[0] = GlobalTimer();
+    auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename C::TileShape{}));
+    collective.mma(pipeline, state, acc, pc.kn, mma_tid, ss.tensors, p.ml[tc.b]);
+    collective.mma_tail(pipeline, state, pc.kn);
+    state.advance(pc.kn);
+    if (tl) tl[1] = tl[2] = GlobalTimer();
+    if (!in_block) continue;  // its stages are released (the peer's multicast); nothing to store
+    if (pc.partial) {  // split tile: the accumulator to this unit's slot, then its flag (no epilogue)
+      SkStorePartial<C::kMmaThreads>(l.sk_partials + size_t(pc.slot) * kTileM * kTileN, acc, mma_tid);
+      ConsumerBarrier(C::kMmaThreads);  // every thread's stores, then one cumulative fence + flag
+      if (mma_tid == 0) {
+        FenceAcqRelGpu();
+        StRelaxedGpu(l.sk_flags + pc.slot, l.seq);
       }
-      if (pc.wait_lo >= 0) {  // stream-K owner: add the earlier units' partials of this tile
-        if (mma_tid == 0)
-          for (int q = pc.wait_lo; q < pc.slot; ++q)
-            WaitGeq(l.sk_flags + q, l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitStreamK, l.rank, l.rank));
-        ConsumerBarrier(C::kMmaThreads);
-        for (int q = pc.wait_lo; q < pc.slot; ++q)
-          SkAddPartial<C::kMmaThreads>(l.sk_partials + size_t(q) * kTileM * kTileN, acc, mma_tid);
-      }
+      continue;
+    }
+    if (pc.wait_n > 0) {  // split tile's owner: add the earlier chunks' partials (chunk order)
+      if (mma_tid == 0)
+        for (int i = 0; i < pc.wait_n; ++i)
+          WaitGeq(l.sk_flags + pc.wait_first + i * l.sk_tiles, l.seq, l.mbox, l.timeout_ns,
+                  ErrorCode(kWaitSplit, l.rank, l.rank));
+      ConsumerBarrier(C::kMmaThreads);
+      for (int i = 0; i < pc.wait_n; ++i)
+        SkAddPartial<C::kMmaThreads>(l.sk_partials + size_t(pc.wait_first + i * l.sk_tiles) * kTileM * kTileN, acc,
+                                     mma_tid);
+    }
 
-      const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
-      const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
-      const int tile_idx = tc.mi * nt + tc.ni;
-      const bool rs = l.kind == kGemmReduceScatter && !l.no_comm;
-      T* dst = nullptr;
-      if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
-        dst = static_cast<T*>(l.send) + tile_off;
-      } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
-        if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {  // once per CTA and peer
-          const bool ok = WaitReady(l.ready_in != nullptr ? l.ready_in + tc.b : nullptr, &l.mbox->ready[tc.b], l.seq,
-                                    l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
-          // Addresses from the host once known there, else from the mailbox
-          // (published before the peer's first ready write).
-          const uint64_t recv = l.peer_recv[tc.b] != 0 ? l.peer_recv[tc.b] : LoadMailboxPtr(&l.mbox->recv[tc.b]);
-          const uint64_t flags = l.peer_flags[tc.b] != 0 ? l.peer_flags[tc.b] : LoadMailboxPtr(&l.mbox->flags[tc.b]);
-          ss.extra.peer_recv[tc.b] = ok ? recv : 0;
-          ss.extra.peer_flags[tc.b] = ok ? flags : 0;
-          ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
-        }
+    const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
+    const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
+    const int tile_idx = tc.mi * nt + tc.ni;
+    const bool rs = l.kind == kGemmReduceScatter && !l.no_comm;
+    T* dst = nullptr;
+    if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
+      dst = static_cast<T*>(l.send) + tile_off;
+    } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
+      if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {  // once per CTA and peer
+        const bool ok = WaitReady(l.ready_in != nullptr ? l.ready_in + tc.b : nullptr, &l.mbox->ready[tc.b], l.seq,
+                                  l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
+        // Addresses from the host once known there, else from the mailbox
+        // (published before the peer's first ready write).
+        const uint64_t recv = l.peer_recv[tc.b] != 0 ? l.peer_recv[tc.b] : LoadMailboxPtr(&l.mbox->recv[tc.b]);
+        const uint64_t flags = l.peer_flags[tc.b] != 0 ? l.peer_flags[tc.b] : LoadMailboxPtr(&l.mbox->flags[tc.b]);
+        ss.extra.peer_recv[tc.b] = ok ? recv : 0;
+        ss.extra.peer_flags[tc.b] = ok ? flags : 0;
+        ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
+      }
+      ConsumerBarrier(C::kMmaThreads);
+      if (tl) tl[2] = GlobalTimer();
+      if (ss.extra.peer_recv[tc.b] != 0)
+        dst = reinterpret_cast<T*>(ss.extra.peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
+    } else if (rs) {  // own block: fold in the peers' partials (waited for below)
+      dst = out + tile_off;
+    } else if (l.kind == kGemmReduceScatter) {  // no_comm diagnostic: every block to the local recv buffer
+      dst = const_cast<T*>(static_cast<const T*>(l.local_recv)) + size_t(tc.b) * l.mb * l.n + tile_off;
+    } else {
+      dst = out + size_t(tc.b) * l.mb * l.n + tile_off;
+    }
+    const bool fold = rs && tc.b == l.rank && l.nranks > 1;  // one rank: nothing to fold in
+    // Epilogue through shared memory, in two halves of 128 columns: the
+    // accumulator (rounded to T) goes to a swizzled 128 x 128 staging tile,
+    // then every thread moves 16-byte vectors, a warp two contiguous 256-byte
+    // row pieces (local HBM or, for a peer's partial, NVLink).  The own RS
+    // block adds the peers' partials (16-byte loads) in f32 on the way.
+    // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
+    // values [64h, 64h + 64) of a thread hold columns [128h, 128h + 128).
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      ConsumerBarrier(C::kMmaThreads);  // the previous half / tile was read out
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 64 * h; i < 64 * h + 64; i += 2) {
+        const auto c0 = tCcD(i);
+        const int r = get<0>(c0), c = get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
+        const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
+        *reinterpret_cast<uint32_t*>(ss.extra.stage + r * 256 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2) = packed;
+      }
+      ConsumerBarrier(C::kMmaThreads);
+      if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
+        WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
+                ErrorCode(kWaitPartial, l.rank, mma_tid));
+      if (fold && h == 0) {
         ConsumerBarrier(C::kMmaThreads);
         if (tl) tl[2] = GlobalTimer();
-        if (ss.extra.peer_recv[tc.b] != 0)
-          dst = reinterpret_cast<T*>(ss.extra.peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
-      } else if (rs) {  // own block: fold in the peers' partials (waited for below)
-        dst = out + tile_off;
-      } else if (l.kind == kGemmReduceScatter) {  // no_comm diagnostic: every block to the local recv buffer
-        dst = const_cast<T*>(static_cast<const T*>(l.local_recv)) + size_t(tc.b) * l.mb * l.n + tile_off;
-      } else {
-        dst = out + size_t(tc.b) * l.mb * l.n + tile_off;
       }
-      const bool fold = rs && tc.b == l.rank && l.nranks > 1;  // one rank: nothing to fold in
-      // Epilogue through shared memory, in two halves of 128 columns: the
-      // accumulator (rounded to T) goes to a swizzled 128 x 128 staging tile,
-      // then every thread moves 16-byte vectors, a warp two contiguous 256-byte
-      // row pieces (local HBM or, for a peer's partial, NVLink).  The own RS
-      // block adds the peers' partials (16-byte loads) in f32 on the way.
-      // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
-      // values [64h, 64h + 64) of a thread hold columns [128h, 128h + 128).
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        ConsumerBarrier(C::kMmaThreads);  // the previous half / tile was read out
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 64 * h; i < 64 * h + 64; i += 2) {
-          const auto c0 = tCcD(i);
-          const int r = get<0>(c0), c = get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
-          const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
-          *reinterpret_cast<uint32_t*>(ss.extra.stage + r * 256 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2) = packed;
-        }
-        ConsumerBarrier(C::kMmaThreads);
-        if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
-          WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
-                  ErrorCode(kWaitPartial, l.rank, mma_tid));
-        if (fold && h == 0) {
-          ConsumerBarrier(C::kMmaThreads);
-          if (tl) tl[2] = GlobalTimer();
-        }
-        if (dst != nullptr) {
-          constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
-          // Fold: the first peer's partials of this half are loaded up front (all
-          // kVecs 16-byte loads in flight at once, not one per store).
-          const int q0 = l.rank == 0 ? 1 : 0;
-          uint4 pre[kVecs];
-          if (fold) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kVecs; ++j) {
-              const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
-              pre[j] = make_uint4(0, 0, 0, 0);
-              if (r < rows && col < cols)
-                pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
-                                                         tile_off + size_t(r) * l.n + col);
-            }
-          }
+      if (dst != nullptr) {
+        constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
+        // Fold: the first peer's partials of this half are loaded up front (all
+        // kVecs 16-byte loads in flight at once, not one per store).
+        const int q0 = l.rank == 0 ? 1 : 0;
+        uint4 pre[kVecs];
+        if (fold) {
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kVecs; ++j) {
-            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
-            const int col = 128 * h + ch * 8;
-            if (r >= rows || col >= cols) continue;  // cols % 8 == 0: a chunk is all in or all out
-            uint4 v = *reinterpret_cast<const uint4*>(ss.extra.stage + r * 256 + ((ch ^ (r & 7)) << 4));
-            if (fold) {
-              float f[8];
-              const T* pv = reinterpret_cast<const T*>(&v);
-              for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
-              for (int q = 0; q < l.nranks; ++q) {
-                if (q == l.rank) continue;
-                const uint4 u = q == q0 ? pre[j]
-                                        : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
-                                                                          size_t(q) * l.mb * l.n + tile_off +
-                                                                          size_t(r) * l.n + col);
-                const T* pu = reinterpret_cast<const T*>(&u);
-                for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
-              }
-              T* pw = reinterpret_cast<T*>(&v);
-              for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
+            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
+            pre[j] = make_uint4(0, 0, 0, 0);
+            if (r < rows && col < cols)
+              pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
+                                                       tile_off + size_t(r) * l.n + col);
+          }
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kVecs; ++j) {
+          const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
+          const int col = 128 * h + ch * 8;
+          if (r >= rows || col >= cols) continue;  // cols % 8 == 0: a chunk is all in or all out
+          uint4 v = *reinterpret_cast<const uint4*>(ss.extra.stage + r * 256 + ((ch ^ (r & 7)) << 4));
+          if (fold) {
+            float f[8];
+            const T* pv = reinterpret_cast<const T*>(&v);
+            for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
+            for (int q = 0; q < l.nranks; ++q) {
+              if (q == l.rank) continue;
+              const uint4 u = q == q0 ? pre[j]
+                                      : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
+                                                                        size_t(q) * l.mb * l.n + tile_off +
+                                                                        size_t(r) * l.n + col);
+              const T* pu = reinterpret_cast<const T*>(&u);
+              for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
             }
-            *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) = v;
+            T* pw = reinterpret_cast<T*>(&v);
+            for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
           }
+          *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) = v;
         }
       }
-      if (rs && tc.b != l.rank && l.send != nullptr) {
-        ConsumerBarrier(C::kMmaThreads);  // the tile's local stores, then one cumulative fence + count
-        if (mma_tid == 0) {
+    }
+    if (rs && tc.b != l.rank && l.send != nullptr) {
+      ConsumerBarrier(C::kMmaThreads);  // the tile's local stores, then one cumulative fence + count
+      if (mma_tid == 0) {
+        FenceAcqRelSys();
+        atomicAdd(l.done_counter, 1u);
+      }
+    } else if (rs && tc.b != l.rank) {
+      if (l.thread_fences) __threadfence_system();  // every storing thread: its remote stores before the flag
+      ConsumerBarrier(C::kMmaThreads);              // all stores of the tile issued (CTA-ordered before ...)
+      if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0) {
+        uint32_t* flag = reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx;
+        if (l.thread_fences) {
+          StReleaseSys(flag, l.seq);
+        } else {  // ... this one cumulative system fence, then a strong store (release pattern)
           FenceAcqRelSys();
-          atomicAdd(l.done_counter, 1u);
-        }
-      } else if (rs && tc.b != l.rank) {
-        if (l.thread_fences) __threadfence_system();  // every storing thread: its remote stores before the flag
-        ConsumerBarrier(C::kMmaThreads);              // all stores of the tile issued (CTA-ordered before ...)
-        if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0) {
-          uint32_t* flag = reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx;
-          if (l.thread_fences) {
-            StReleaseSys(flag, l.seq);
-          } else {  // ... this one cumulative system fence, then a strong store (release pattern)
-            FenceAcqRelSys();
-            StRelaxedSys(flag, l.seq);
-          }
+          StRelaxedSys(flag, l.seq);
         }
       }
-      if (tl) {
-        tl[3] = GlobalTimer();
-        uint32_t sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        tl[6] = sm;
-      }
-    }  // pieces
+    }
+    if (tl) {
+      tl[3] = GlobalTimer();
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      tl[6] = sm;
+    }
   }
   ClusterSyncBeforeExit<CM>();
 }

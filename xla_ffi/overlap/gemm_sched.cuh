@@ -21,22 +21,22 @@
 // resident.  Both CTAs of a pair belong to the same row block, so a pair never
 // ties a CTA with waits to a CTA of an earlier segment.
 //
-// Stream-K (CM = 1, GemmLaunch::sk_units > 0; the host chooses it when the
-// last wave of whole tiles would leave many SMs idle): the first
+// Split last wave (CM = 1, GemmLaunch::sk_units > 0; the host chooses it
+// when the last wave of whole tiles would leave many SMs idle): the first
 // units - sk_units units are whole tiles 0, 1, ... of the order above; the
-// last sk_units units share the last sk_tiles tiles (sk_units > sk_tiles),
-// unit j taking k iterations [j I / S, (j + 1) I / S) of the I = sk_tiles x
-// k_tiles iterations of those tiles laid end to end (S = sk_units).  So a unit
-// covers at most two pieces: the end of one tile and the start of the next.
-// A piece that holds its tile's last k iteration owns the tile: it waits for
-// the partial accumulators of the earlier units that hold the rest of it,
-// adds them and runs the tile's epilogue (store, RS signal or fold: unchanged,
-// so a tile's flag still covers the whole tile).  A piece that ends inside its
-// tile is a partial: its f32 accumulator goes to the unit's slot, then a flag.
-// A unit runs its partial piece first (it waits for nothing), its owned piece
-// second; an owner waits only for units before it, which were taken earlier
-// by running CTAs (or by the same CTA, whose consumers finished them), so the
-// lowest unfinished unit never waits on unfinished work: no deadlock.
+// last sk_units = s x sk_tiles units split the last sk_tiles tiles into s
+// equal k ranges, chunk-major: unit dp + c x sk_tiles + t takes chunk c of
+// tile dp + t.  Units of one chunk run side by side, so the m tiles of a
+// weight column still read the same k range of it at the same time (L2
+// reuse; a stream-K split at other offsets per tile read the weights up to
+// m-tiles times from memory and was slower).  Chunks 0 .. s-2 are partials:
+// the f32 accumulator goes to the unit's slot, then its flag.  The last chunk
+// owns the tile: it waits for the tile's partials, adds them (in chunk order)
+// and runs the tile's epilogue (store, RS signal or fold: unchanged, so a
+// tile's flag still covers the whole tile).  An owner waits only for units
+// before it, which were taken earlier by running CTAs (or by the same CTA,
+// whose consumers finished them), so the lowest unfinished unit never waits
+// on unfinished work: no deadlock.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -66,47 +66,23 @@ __device__ __forceinline__ TileCoord Decode(const GemmLaunch& l, int u, int mt, 
   return {s, b, (in / gw) * CM + crank, g * kGroupN + in % gw};
 }
 
-// One piece of a unit's work: k iterations [k0, k0 + kn) of tile `tile` (its
-// CM = 1 unit index; CM = 2: the pair unit).  Stream-K: `slot` is the unit's
-// partial slot; an owner with wait_lo >= 0 adds slots [wait_lo, slot).
+// The work of a unit: k iterations [k0, k0 + kn) of tile `tile` (its CM = 1
+// unit index; CM = 2: the pair unit).  Split last wave: a partial leaves its
+// accumulator in slot `slot`; an owner adds slots wait_first + i x sk_tiles,
+// i < wait_n.
 struct Piece {
-  int tile, k0, kn, slot, wait_lo;
-  bool partial, valid;
+  int tile, k0, kn, slot, wait_first, wait_n;
+  bool partial;
 };
 
-__device__ __forceinline__ int64_t SkStart(int j, int64_t iters, int units) { return int64_t(j) * iters / units; }
-
-// The stream-K unit whose range holds iteration x.
-__device__ __forceinline__ int SkUnitOf(int64_t x, int64_t iters, int units) {
-  int j = int(x * units / iters);
-  while (j + 1 < units && SkStart(j + 1, iters, units) <= x) ++j;
-  while (j > 0 && SkStart(j, iters, units) > x) --j;
-  return j;
-}
-
-// Piece p (0, 1) of unit u, in processing order; invalid past the last.
 template <int CM>
-__device__ __forceinline__ Piece UnitPiece(const GemmLaunch& l, int u, int p, int kt) {
-  Piece pc{u, 0, kt, -1, -1, false, p == 0};
+__device__ __forceinline__ Piece UnitPiece(const GemmLaunch& l, int u, int kt) {
   const int dp = l.units - l.sk_units;
-  if (CM > 1 || u < dp) return pc;
-  const int S = l.sk_units, j = u - dp;
-  const int64_t iters = int64_t(l.sk_tiles) * kt, s = SkStart(j, iters, S), e = SkStart(j + 1, iters, S);
-  const int ts = int(s / kt), te = int((e - 1) / kt);  // te <= ts + 1: a range is at most kt long
-  const int pieces = te > ts ? 2 : 1;
-  pc.valid = p < pieces;
-  // Processing order: the second piece of the range first when it is a partial.
-  const int which = pieces == 1 ? 0 : (e % kt != 0 ? 1 - p : p);
-  const int t = which == 0 ? ts : te;
-  const int64_t lo = which == 0 ? s : int64_t(te) * kt;
-  const int64_t hi = which == 0 ? (e < int64_t(ts + 1) * kt ? e : int64_t(ts + 1) * kt) : e;
-  pc.tile = dp + t;
-  pc.k0 = int(lo - int64_t(t) * kt);
-  pc.kn = int(hi - lo);
-  pc.slot = j;
-  pc.partial = hi % kt != 0;
-  if (!pc.partial && pc.k0 > 0) pc.wait_lo = SkUnitOf(int64_t(t) * kt, iters, S);
-  return pc;
+  if (CM > 1 || u < dp) return {u, 0, kt, -1, 0, 0, false};
+  const int j = u - dp, R = l.sk_tiles, s = l.sk_units / R, c = j / R, t = j % R;
+  const int k0 = c * kt / s, k1 = (c + 1) * kt / s;
+  const bool owner = c == s - 1;
+  return {dp + t, k0, k1 - k0, j, t, owner ? s - 1 : 0, !owner};
 }
 
 // Timeline row of a tile (profile.cc reads row / per_block as the segment):

@@ -78,15 +78,16 @@ enum Kind : int32_t { kAllGatherGemm = 0, kGemmReduceScatter = 1 };
 // kModeMailboxOnly (diagnostic, no config entry): announcements and addresses
 // only through the host-mapped mailbox (the first version's handshake).
 // kModeClusterM2 (config overlap_cluster_m=2): the GEMM's 2x1-cluster variant.
-// kModeNoStreamK (config overlap_stream_k=False): no stream-K units for a
-// partial last wave (gemm_sched.cuh), every unit a whole tile.
+// kModeNoSplit (config overlap_split_last_wave=False): no split of a partial
+// last wave's tiles (gemm_sched.cuh), every unit a whole tile.
 enum Mode : int32_t {
   kModeCopyEngine = 1,
   kModeCtaFence = 2,
   kModeRsCopyEngine = 4,
   kModeMailboxOnly = 8,
   kModeClusterM2 = 16,
-  kModeNoStreamK = 32
+  kModeNoSplit = 32,
+  kModeClusterAuto = 64  // config overlap_cluster_m=0: the host picks 1x1 or 2x1 per launch (handlers.cc)
 };
 
 // Profile timeline (globaltimer ns, written only when GemmLaunch::tl is set):
@@ -109,7 +110,7 @@ constexpr uint32_t kErrorPollEvery = 2048;  // the mailbox error word (a peer ti
 // What a timed-out waiter was waiting for (bits 24..31 of the error code).
 enum WaitWhat : uint32_t {
   kWaitReady = 1, kWaitPartial = 2, kWaitRows = 3, kWaitPushReady = 4, kWaitOwnTiles = 5,
-  kWaitStreamK = 6  // a stream-K tile's owner for the f32 partials of earlier units (local, gemm_sched.cuh)
+  kWaitSplit = 6  // a split tile's owner for the f32 partials of its other chunks (local, gemm_sched.cuh)
 };
 
 struct Mailbox {
@@ -143,15 +144,14 @@ struct GemmLaunch {
   int32_t grid = 0;                     // cluster_m = 2: even
   int32_t cluster_m = 1;                // 1: one CTA per tile; 2: 2x1 clusters on tile pairs (gemm_sched.cuh)
   int32_t units = 0;                    // work units: nranks x ceil(m tiles / cluster_m) x n tiles, or with
-                                        // stream-K (cluster_m = 1): tiles - sk_tiles + sk_units
-  // Stream-K (gemm_sched.cuh): the last sk_tiles tiles of the order are shared
-  // by the last sk_units units (sk_units > sk_tiles), each an equal range of
-  // their k iterations; 0: none.  A unit whose range ends inside a tile leaves
-  // its f32 accumulator in sk_partials[unit - (units - sk_units)] (kTileM x
-  // kTileN floats) and raises sk_flags[same] = seq (release, GPU scope); the
-  // unit holding a tile's last k iteration owns the tile: it adds the earlier
-  // units' partials and runs the tile's epilogue (its store, signal or fold):
-  // a tile's signal still covers the whole tile.
+                                        // a split last wave (cluster_m = 1): tiles - sk_tiles + sk_units
+  // Split last wave (gemm_sched.cuh): the last sk_tiles tiles of the order
+  // are split into s = sk_units / sk_tiles equal k ranges, one unit each
+  // (chunk-major); 0: none.  Chunks 0 .. s-2 leave their f32 accumulator in
+  // sk_partials[unit - (units - sk_units)] (kTileM x kTileN floats) and raise
+  // sk_flags[same] = seq (release, GPU scope); the last chunk owns the tile:
+  // it adds the partials and runs the tile's epilogue (its store, signal or
+  // fold), so a tile's signal still covers the whole tile.
   int32_t sk_units = 0, sk_tiles = 0;
   float* sk_partials = nullptr;         // local [sk_units][kTileM * kTileN]
   uint32_t* sk_flags = nullptr;         // local [sk_units], instance numbers (never reset)

@@ -30,7 +30,7 @@ __device__ __forceinline__ void StRelaxedSys(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// The same at GPU scope (stream-K partials: writer and reader on one GPU).
+// The same at GPU scope (split-tile partials: writer and reader on one GPU).
 __device__ __forceinline__ void FenceAcqRelGpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ void StRelaxedGpu(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
