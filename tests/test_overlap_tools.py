@@ -94,7 +94,7 @@ def test_lowering_rejects_a_bad_cluster_m(monkeypatch):
   from jax_dfccl.config import config
   monkeypatch.setattr(og, "available", lambda: True)
   monkeypatch.setattr(config, "overlap_cluster_m", 4)
-  with pytest.raises(ValueError, match="overlap_cluster_m must be 0 \(auto\), 1 or 2"):
+  with pytest.raises(ValueError, match=r"overlap_cluster_m must be 0 \(auto\), 1 or 2"):
     _lower_for_cuda("rs")
 
 

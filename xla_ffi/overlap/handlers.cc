@@ -228,8 +228,8 @@ void EnsureSplit(RankState& rs, const DeviceState& dev, GemmLaunch& gl, cudaStre
 // Cluster shape, units and grid of a launch; the split-tile workspace when
 // used.  kModeClusterAuto (config overlap_cluster_m = 0): 1x1 when the last
 // wave is split or the tiles fit in one wave, else 2x1 (one H200, the GEMM
-// alone: 2x1 as fast or faster on the multi-wave benchmark shapes,
-// overlap_gemm_2026-12-01_h200_split.md).
+// alone: 2x1 within the run-to-run spread of 1x1 on the multi-wave benchmark
+// shapes, 0-3% ahead on most in overlap_gemm_2026-12-01_h200_configs_rot.md).
 void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, int mtiles, int ntiles, int32_t mode,
               cudaStream_t stream) {
   const int k_tiles = (gl.k + 63) / 64, tiles = gl.nranks * mtiles * ntiles;
