@@ -21,7 +21,10 @@
 // Two variants (template parameter CM, GemmLaunch::cluster_m): CM = 1 one CTA
 // per tile; CM = 2 clusters of 2x1 CTAs computing a pair of m tiles of one
 // row block and n tile, the W tile multicast to both (gemm_sched.cuh: units,
-// their order and the handoff of a unit between the cluster's CTAs).
+// their order and the handoff of a unit between the cluster's CTAs).  CM = 1
+// may split a partial last wave's tiles into k chunks, one unit each; the
+// last chunk adds the others' f32 partials and runs the tile's epilogue as
+// usual (gemm_sched.cuh, GemmLaunch::sk_units).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -218,8 +221,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
           uint64_t* tl = l.tl != nullptr && !pc.partial
                              ? l.tl + TimelineRow<CM>(pc.tile, tc, mt, nt) * kTlWords : nullptr;
           if (tl) tl[4] = GlobalTimer();
-          WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns,
-                  ErrorCode(kWaitRows, l.rank, tc.b));
+          WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitRows, l.rank, tc.b));
           if (tl) tl[5] = GlobalTimer();
         }
         __syncwarp();

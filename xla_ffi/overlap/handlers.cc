@@ -176,7 +176,13 @@ int ClusterM(int32_t mode) { return (mode & kModeClusterM2) ? 2 : 1; }
 // Work units of the GEMM (gemm_sched.cuh): cm m tiles of a row block x one n tile.
 int Units(int nranks, int mtiles, int ntiles, int cm) { return nranks * ((mtiles + cm - 1) / cm) * ntiles; }
 
-int GemmGrid(const DeviceState& dev, int avail, int units, int cm);
+// Grid of the persistent GEMM: at most `avail` CTAs (the SMs left to it) and
+// one per unit; cm = 2 whole clusters only, no more than are resident at once.
+int GemmGrid(const DeviceState& dev, int avail, int units, int cm) {
+  if (cm == 1) return std::max(1, std::min(avail, units));
+  DFCCL_CHECK(dev.cluster_ctas >= 2, "dfccl overlap: no 2x1 cluster of the GEMM fits on the device");
+  return std::max(2, std::min({avail, 2 * units, dev.cluster_ctas}) & ~1);
+}
 
 // Work units of one launch (gemm_sched.cuh): whole tiles, and with a split
 // last wave the last sk_tiles tiles split into sk_units / sk_tiles chunks.
@@ -199,10 +205,10 @@ constexpr int kSkMinIters = 4;   // k iterations of a chunk at least (pipeline d
 constexpr int kSkMaxSplit = 4;   // chunks of a tile at most (partials added by its owner)
 constexpr double kSkCost = 1.1;  // a wave of chunks against a wave of whole tiles
 constexpr double kSkGain = 0.95;
-Sched Schedule(int tiles, int avail, int k_tiles, int cm, int32_t mode) {
+Sched Schedule(int tiles, int avail, int k_tiles, int32_t mode) {
   Sched s;
   s.units = tiles;
-  if (cm != 1 || (mode & kModeNoSplit) || avail < 2) return s;
+  if ((mode & kModeNoSplit) || avail < 2) return s;
   const int full = tiles / avail, rem = tiles % avail;
   if (rem == 0) return s;
   const int split = std::min({avail / rem, kSkMaxSplit, k_tiles / kSkMinIters});
@@ -233,7 +239,7 @@ void EnsureSplit(RankState& rs, const DeviceState& dev, GemmLaunch& gl, cudaStre
 void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, int mtiles, int ntiles, int32_t mode,
               cudaStream_t stream) {
   const int k_tiles = (gl.k + 63) / 64, tiles = gl.nranks * mtiles * ntiles;
-  Sched s = Schedule(tiles, std::max(1, avail), k_tiles, 1, mode);
+  Sched s = Schedule(tiles, std::max(1, avail), k_tiles, mode);  // 1x1 units
   gl.cluster_m = ClusterM(mode);
   if (mode & kModeClusterAuto) gl.cluster_m = s.sk_units == 0 && tiles > avail && dev.cluster_ctas >= 2 ? 2 : 1;
   if (gl.cluster_m != 1) s = Sched{Units(gl.nranks, mtiles, ntiles, gl.cluster_m), 0, 0};
@@ -244,13 +250,6 @@ void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, 
   gl.grid = GemmGrid(dev, avail, gl.units, gl.cluster_m);
 }
 
-// Grid of the persistent GEMM: at most `avail` CTAs (the SMs left to it) and
-// one per unit; cm = 2 whole clusters only, no more than are resident at once.
-int GemmGrid(const DeviceState& dev, int avail, int units, int cm) {
-  if (cm == 1) return std::max(1, std::min(avail, units));
-  DFCCL_CHECK(dev.cluster_ctas >= 2, "dfccl overlap: no 2x1 cluster of the GEMM fits on the device");
-  return std::max(2, std::min({avail, 2 * units, dev.cluster_ctas}) & ~1);
-}
 
 LaunchFn Dispatch(ffi::DataType t) {  // the one dtype table
   switch (t) {
