@@ -6,14 +6,27 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
   xla_dot     jnp.dot under jax.jit (what t_gemm measures in overlap.py)
   fused_1x1   the fused kernel of xla_ffi/overlap over a one-GPU axis (a group
               of one rank: no communication, the GEMM with its scheduler and
-              epilogue), one CTA per tile
-  fused_2x1   the same with jax_dfccl.config.overlap_cluster_m = 2 (pairs of
-              tiles on 2x1 clusters, the weight tile multicast to both)
+              epilogue), one CTA per tile, default configuration (a partial
+              last wave's tiles split along k where the host's heuristic
+              picks it)
+  fused_dp    the same with jax_dfccl.config.overlap_split_last_wave = False
+              (whole tiles only: the previous schedule)
+  fused_2x1   overlap_cluster_m = 2 (pairs of tiles on 2x1 clusters, the
+              weight tile multicast to both; no split)
+  fused_auto  overlap_cluster_m = 0: the host picks 1x1 (with the split) when
+              the last wave is split or the tiles fit in one wave, else 2x1
 
 Timing as in overlap.py (a chain of dependent ops per program, programs
-called back to back, median over reps).  Needs one sm90 GPU.
+called back to back), but the variants of a shape take turns rep by rep
+(--interleave, default: drift of the GPU's clocks over a run hits them
+alike; each rep starts with the next variant); median over reps.  Needs
+one sm90 GPU.
 
-  python benchmarks/overlap_gemm.py --tag h200 --outdir $OUT [--profile]
+
+  python benchmarks/overlap_gemm.py --tag h200 --outdir $OUT [--profile] [--m-nk0 512,1024,2048,4096,8192]
+
+--m-nk0 gives the M values of the first (LLaMA-3-8B) shape pair (an M sweep);
+the other pairs keep --m.  The ratio column is fused_1x1 / xla_dot.
 
 --profile also traces one call of each chain (jax.profiler) and reports the
 GEMM kernel's own time and the GPU's idle gap between consecutive GEMMs.
@@ -30,7 +43,7 @@ import os
 import statistics
 import sys
 
-VARIANTS = ["xla_dot", "fused_1x1", "fused_2x1"]
+VARIANTS = ["xla_dot", "fused_1x1", "fused_dp", "fused_2x1", "fused_auto"]
 
 
 def build(kind, M, N, K, names, iters):
@@ -49,21 +62,49 @@ def build(kind, M, N, K, names, iters):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
 
-  def fused(cluster_m):
+  def fused(cluster_m, split=True):
     if kind == "ag":
       body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
     else:
       body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
     f = jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
-    with jax_dfccl.configured(overlap_cluster_m=cluster_m):
+    with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split):
       lowered = f.lower(x, w)
     if "dfccl_overlap_" not in lowered.as_text():
       raise RuntimeError("fused kernel not used")
     return lowered.compile(), (x, w)
 
   makers = {"xla_dot": lambda: (jax.jit(chain(jnp.dot, iters)), (x, w)),
-            "fused_1x1": lambda: fused(1), "fused_2x1": lambda: fused(2)}
+            "fused_1x1": lambda: fused(1), "fused_dp": lambda: fused(1, False), "fused_2x1": lambda: fused(2),
+            "fused_auto": lambda: fused(0)}
   return {v: makers[v] for v in names}, (m, n, k)
+
+
+def interleaved(fns, iters, reps, min_rep_s):
+  """{name: ms per op} for {name: (fn, args)}: per rep every variant once, in turn (rep r starts with
+  the r-th variant: none always follows the same one); median over reps."""
+  import math
+  import time
+
+  import jax
+  calls = {}
+  for v, (f, a) in fns.items():
+    jax.block_until_ready(f(*a))  # compile + first run
+    t = time.perf_counter()
+    jax.block_until_ready(f(*a))
+    calls[v] = max(1, min(64, math.ceil(min_rep_s / max(time.perf_counter() - t, 1e-6))))
+  ts = {v: [] for v in fns}
+  names = list(fns)
+  for r in range(reps):
+    for v in names[r % len(names):] + names[: r % len(names)]:
+      f, a = fns[v]
+      t = time.perf_counter()
+      out = None
+      for _ in range(calls[v]):
+        out = f(*a)
+      jax.block_until_ready(out)
+      ts[v].append((time.perf_counter() - t) / (calls[v] * iters))
+  return {v: statistics.median(x) * 1e3 for v, x in ts.items()}
 
 
 def gpu_kernel_events(trace_dir):
@@ -100,8 +141,12 @@ def main():
   p.add_argument("--ops", default="ag,rs", type=lambda s: s.split(","))
   p.add_argument("--m", default=[1024, 4096, 8192], type=lambda s: [int(v) for v in s.split(",")])
   p.add_argument("--nk", default=[0, 1, 2], type=lambda s: [int(v) for v in s.split(",")])
+  p.add_argument("--m-nk0", default=None, type=lambda s: [int(v) for v in s.split(",")],
+                 help="M values for the first (N, K) pair instead of --m (the LLaMA-3-8B M sweep)")
   p.add_argument("--variants", default=VARIANTS, type=lambda s: s.split(","))
   p.add_argument("--reps", type=int, default=5)
+  p.add_argument("--no-interleave", dest="interleave", action="store_false",
+                 help="time each variant's reps back to back (as overlap.py) instead of in turns")
   p.add_argument("--min-rep-ms", type=float, default=30.0)
   p.add_argument("--tag", default="local")
   p.add_argument("--outdir", default=None, help="default benchmarks/results")
@@ -117,17 +162,32 @@ def main():
 
   rows = []
   for i in args.nk:
-    for M in args.m:
+    for M in (args.m_nk0 if i == 0 and args.m_nk0 else args.m):
       for kind in args.ops:
         N, K = (AG_NK if kind == "ag" else RS_NK)[i]
         iters, _ = plan(kind, M, N, K)
         makers, (m, n, k) = build(kind, M, N, K, args.variants, iters)
         row = {"kind": kind, "M": M, "N": N, "K": K, "gemm": [m, n, k], "ms": {}, "tflops": {}}
+        built = {}
         for v, make in makers.items():
           try:
             f, a = make()
-            ms, _ = time_per_op(f, a, iters, args.reps, args.min_rep_ms / 1e3)
-            row["ms"][v], row["tflops"][v] = ms, 2 * m * n * k / (ms * 1e-3) / 1e12
+            built[v] = (f, a)
+            if not args.interleave:
+              row["ms"][v], _ = time_per_op(f, a, iters, args.reps, args.min_rep_ms / 1e3)
+          except Exception as e:  # noqa: BLE001  (recorded, the run goes on)
+            row["ms"][v] = None
+            row.setdefault("errors", {})[v] = f"{type(e).__name__}: {e}"[:300]
+        if args.interleave and built:
+          try:
+            row["ms"].update(interleaved(built, iters, args.reps, args.min_rep_ms / 1e3))
+          except Exception as e:  # noqa: BLE001
+            row.setdefault("errors", {})["interleaved"] = f"{type(e).__name__}: {e}"[:300]
+            built = {}
+        for v, (f, a) in built.items():
+          try:
+            ms = row["ms"][v]
+            row["tflops"][v] = 2 * m * n * k / (ms * 1e-3) / 1e12
             if args.profile:
               import tempfile  # noqa: PLC0415
               row.setdefault("profile", {})[v] = chain_profile(f, a, tempfile.mkdtemp())
@@ -139,6 +199,7 @@ def main():
   now = dt.datetime.now(dt.timezone.utc)
   dev = jax.devices()[0]
   meta = {"date": now.isoformat(timespec="seconds"), "device": getattr(dev, "device_kind", str(dev)),
+          "interleave": args.interleave, "reps": args.reps, "min_rep_ms": args.min_rep_ms,
           "jax": jax.__version__, "command": "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])}
   outdir = args.outdir or os.path.join(here, "results")
   os.makedirs(outdir, exist_ok=True)
@@ -147,12 +208,20 @@ def main():
     json.dump({"meta": meta, "rows": rows}, fh, indent=1)
   lines = [f"# Fused overlap GEMM alone vs XLA dot ({meta['device']}, {meta['date']})", "",
            f"`{meta['command']}` (jax {meta['jax']}); ms per op (TFLOP/s), bfloat16, per-rank GEMM of TP=2.", "",
-           "| op | M | N | K | GEMM m x n x k | " + " | ".join(args.variants) + " |",
-           "|---|---|---|---|---|" + "---|" * len(args.variants)]
+           ("Variants in turns rep by rep, " if args.interleave else "Variants one after another, ")
+           + f"median of {args.reps} reps of at least {args.min_rep_ms:g} ms.", "",
+           "| op | M | N | K | GEMM m x n x k | " + " | ".join(args.variants) + " | fused_1x1 / xla_dot |"
+           + (" fused_auto / xla_dot |" if "fused_auto" in args.variants else ""),
+           "|---|---|---|---|---|" + "---|" * (len(args.variants) + 1 + ("fused_auto" in args.variants))]
   for r in rows:
     cells = [f"{r['ms'][v]:.3f} ({r['tflops'][v]:.0f})" if r["ms"].get(v) else "err" for v in args.variants]
+    ratio = (f"{r['ms']['fused_1x1'] / r['ms']['xla_dot']:.3f}"
+             if r["ms"].get("fused_1x1") and r["ms"].get("xla_dot") else "-")
+    if "fused_auto" in args.variants:
+      ratio += (f" | {r['ms']['fused_auto'] / r['ms']['xla_dot']:.3f}"
+                if r["ms"].get("fused_auto") and r["ms"].get("xla_dot") else " | -")
     lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | {'x'.join(map(str, r['gemm']))} | "
-                 + " | ".join(cells) + " |")
+                 + " | ".join(cells) + f" | {ratio} |")
   if args.profile:
     lines += ["", "Traced chains: GEMM kernel us / GPU idle gap between consecutive GEMMs us (median)", "",
               "| op | M | N | K | " + " | ".join(args.variants) + " |", "|---|---|---|---|" + "---|" * len(args.variants)]

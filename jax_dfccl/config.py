@@ -99,7 +99,10 @@ class Config:
   #: which cuts the mainloop's L2 traffic by a third; the grid is whole
   #: clusters.  The GEMM alone on one H200 (benchmarks/overlap_gemm.py):
   #: within -3%..+4% of 1 over the 18 benchmark shapes, so 1 stays the default
-  #: (not yet measured with communication on 2 GPUs).  Read (and checked) at trace time.
+  #: (not yet measured with communication on 2 GPUs).  0: chosen per launch
+  #: by the host (xla_ffi/overlap/handlers.cc, PlanGemm): 1 when the last
+  #: wave is split (overlap_split_last_wave) or the tiles fit in one wave,
+  #: else 2.  Read (and checked) at trace time.
   overlap_cluster_m: int = 1
   # ---- GPU daemon tuning (runtime/config.h reads them; benchmarks and tools set them) ----
   #: GPU: cap of the proxy's backoff between relaunches of a daemon that quit
@@ -148,6 +151,14 @@ class Config:
   #: to plain HLO.  For tests and measurements of the runtime on one device
   #: only: results are the same, slower.  Read at trace time.
   runtime_for_groups_of_one: bool = False
+  #: Fused GEMMs on 1x1 clusters: split a partial last wave.  When
+  #: the last wave of whole tiles would leave at least half of the SMs idle,
+  #: its tiles are split into 2-4 equal k ranges, one CTA each; the last range
+  #: adds the others' f32 partials and runs the tile's epilogue (its signal
+  #: covers the whole tile).  The host chooses it per launch from the tile
+  #: count, the SMs and K (xla_ffi/overlap/handlers.cc, Schedule); False:
+  #: whole tiles only.  Read at trace time.
+  overlap_split_last_wave: bool = True
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -24,7 +24,7 @@ def _bench():
 
 def _cfg(**kw):
   base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20,
-              overlap_cluster_m=1)
+              overlap_cluster_m=1, overlap_split_last_wave=True)
   base.update(kw)
   return types.SimpleNamespace(**base)
 
@@ -45,9 +45,17 @@ def test_mode_cluster_bit():
   assert og._mode(_cfg(overlap_cluster_m=2), "ag", 2, 0) == 1 | 2 | 16
   assert og._mode(_cfg(overlap_cluster_m=2), "rs", 2, 8 << 20) == 1 | 2 | 4 | 16
   assert og._mode(_cfg(overlap_cluster_m=1), "rs", 2, 8 << 20) == 1 | 2 | 4
-  for bad in (0, 3, 4, True, "2"):
+  assert og._mode(_cfg(overlap_cluster_m=0), "ag", 2, 0) == 1 | 2 | 64  # auto: the host picks
+  for bad in (-1, 3, 4, True, "2"):
     with pytest.raises(ValueError, match="overlap_cluster_m"):
       og._mode(_cfg(overlap_cluster_m=bad), "ag", 2, 0)
+
+
+def test_mode_split_bit():
+  assert og.MODE_NO_SPLIT == 32
+  assert og._mode(_cfg(overlap_split_last_wave=False), "ag", 2, 0) == 1 | 2 | 32
+  assert og._mode(_cfg(overlap_split_last_wave=False, overlap_cluster_m=2), "rs", 2, 8 << 20) == 1 | 2 | 4 | 16 | 32
+  assert og._mode(_cfg(), "ag", 2, 0) & 32 == 0
 
 
 def _lower_for_cuda(kind):
@@ -86,7 +94,7 @@ def test_lowering_rejects_a_bad_cluster_m(monkeypatch):
   from jax_dfccl.config import config
   monkeypatch.setattr(og, "available", lambda: True)
   monkeypatch.setattr(config, "overlap_cluster_m", 4)
-  with pytest.raises(ValueError, match="overlap_cluster_m must be 1 or 2"):
+  with pytest.raises(ValueError, match=r"overlap_cluster_m must be 0 \(auto\), 1 or 2"):
     _lower_for_cuda("rs")
 
 

@@ -18,7 +18,7 @@
 #             then benchmarks/overlap_gemm.py (the fused GEMM alone, 1x1 and 2x1 clusters, vs XLA's
 #             dot; OVERLAP_GEMM_ARGS) -> overlap_gemm_<date>_<tag>.{json,md}
 #   memcheck  (only if listed in OVERLAP_STEPS) compute-sanitizer of a tiny fused-op program
-#             (one GPU: the one-rank GEMM, both cluster shapes), one run per tool in
+#             (one GPU: the one-rank GEMM, both cluster shapes, two split last waves), one run per tool in
 #             OVERLAP_SANITIZERS (default memcheck; also racecheck, synccheck), each within the
 #             time left (at most 120 s)
 # OVERLAP_STEPS (default tests,timeline,bench) picks the steps, OVERLAP_TAG (default
@@ -111,6 +111,14 @@ if len(jax.devices()) < 2:  # one GPU: the GEMM alone (a one-rank group), 1x1 an
         f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
         y = np.asarray(f(x[:rows], w).astype(jnp.float32))
         print(name, "cluster", cm, y.shape, "max", y.max(), "min", y.min(), "errors:", og.errors(), flush=True)
+  jax_dfccl.configure(overlap_cluster_m=1)  # split last wave (132 SMs): 25 tiles in 4 chunks; 132 + 33 in 2
+  for (m, n, k) in ((600, 1040, 1000), (1300, 3600, 512)):
+    for name, op in (("ag", lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]),
+                     ("rs", lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1))):
+      f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
+      for _ in range(2):  # the second instance: flags from the first still there
+        y = np.asarray(f(jnp.ones((m, k), jnp.bfloat16), jnp.ones((k, n), jnp.bfloat16)).astype(jnp.float32))
+      print(name, "split", y.shape, "all", k, bool((y == k).all()), "errors:", og.errors(), flush=True)
   raise SystemExit(0)
 mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
 put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))

@@ -22,8 +22,9 @@ extension on CPU.  Every cross-rank wait in the kernels is bounded by
 trace time); ``overlap_copy_engine`` (AG rows moved by the copy engine instead
 of the SM push kernel), ``overlap_cta_fence`` (RS: one system fence per CTA
 and tile) ``overlap_rs_copy_engine_min_bytes`` (RS partial blocks at least
-that large moved by the copy engine) and ``overlap_cluster_m`` (the GEMM's
-2x1-cluster variant) travel as the `mode` attribute.
+that large moved by the copy engine), ``overlap_cluster_m`` (the GEMM's
+2x1-cluster variant) and ``overlap_split_last_wave`` (a partial last wave's
+tiles split along k) travel as the `mode` attribute.
 
 Diagnostics (benchmarks/overlap_diag.py): ``profile(True)`` makes the kernels
 record CUDA-event times and a per-tile device timeline of every fused launch,
@@ -48,7 +49,8 @@ from jax_dfccl._src import compat
 from jax_dfccl._src import core as dcore
 
 __all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_scatter", "errors",
-           "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY", "MODE_CLUSTER_M2"]
+           "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY", "MODE_CLUSTER_M2",
+           "MODE_NO_SPLIT", "MODE_CLUSTER_AUTO"]
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANKS = 8
@@ -57,6 +59,8 @@ _enabled: list = [None]  # None: jax_dfccl.config.overlap_fused
 _diag_bits: list = [0]   # extra `mode` bits of ops traced inside diag_mode()
 MODE_MAILBOX_ONLY = 8    # protocol.h kModeMailboxOnly
 MODE_CLUSTER_M2 = 16     # protocol.h kModeClusterM2 (config overlap_cluster_m == 2)
+MODE_NO_SPLIT = 32       # protocol.h kModeNoSplit (config overlap_split_last_wave False)
+MODE_CLUSTER_AUTO = 64   # protocol.h kModeClusterAuto (config overlap_cluster_m == 0)
 _lock = threading.Lock()
 _mod: list = []  # [module or None] once tried
 
@@ -239,10 +243,11 @@ def _mode(cfg, kind, nranks, block_bytes) -> int:
   lim = cfg.overlap_rs_copy_engine_min_bytes
   rs_ce = kind == "rs" and nranks == 2 and lim >= 0 and block_bytes >= lim
   cluster_m = cfg.overlap_cluster_m
-  if isinstance(cluster_m, bool) or cluster_m not in (1, 2):
-    raise ValueError(f"jax_dfccl.config.overlap_cluster_m must be 1 or 2, got {cluster_m!r}")
+  if isinstance(cluster_m, bool) or cluster_m not in (0, 1, 2):
+    raise ValueError(f"jax_dfccl.config.overlap_cluster_m must be 0 (auto), 1 or 2, got {cluster_m!r}")
   return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
-          | (MODE_CLUSTER_M2 if cluster_m == 2 else 0) | _diag_bits[0])
+          | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0) | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT)
+          | _diag_bits[0])
 
 
 mlir.register_lowering(fused_p, _lowering, platform="cuda")

@@ -6,8 +6,15 @@ GEMM itself -- tile scheduler, TMA loads with zero fill, the 1x1 and 2x1
 cluster variants, predicated epilogues -- checked against a float32 jnp.dot of
 the same rounded inputs, on shapes whose M, N, K are not multiples of the
 128x256x64 tile and whose m-tile counts are odd (the second tile of the last
-2x1 pair lies below the matrix).  Needs one sm90 GPU; the cross-rank paths are
-tested in test_overlap_gpu.py (two GPUs).
+2x1 pair lies below the matrix), and the split of a partial last wave
+(xla_ffi/overlap/handlers.cc, Schedule; on 132 SMs): one partial wave split
+into 4 chunks (600x1040x1000: 25 tiles of 16 k iterations, 100 units) or 2
+(1024x2048x1024: 64 tiles, 128 units), whole tiles then a last wave of 33
+tiles in 2 chunks of 5-6 iterations (1300x3600x704: 165 tiles, 198 units) or
+of 2 tiles in 4 chunks (200x17000x1000: 134 tiles, 140 units), and shapes
+where it is not chosen (K = 8: one k iteration; 2, 9 or 18 tiles of few
+iterations).  Needs one sm90 GPU; the cross-rank paths
+are tested in test_overlap_gpu.py (two GPUs).
 """
 from __future__ import annotations
 
@@ -50,8 +57,8 @@ def _close(got, ref, dtype, what):
   assert np.isfinite(got).all() and err < TOL[dtype], f"{what}: max rel error {err:.3g}"
 
 
-def _run(kind, cluster_m, x, w):
-  """The fused op traced under overlap_cluster_m (the setting is read at trace time)."""
+def _run(kind, cluster_m, x, w, split=True):
+  """The fused op traced under overlap_cluster_m / overlap_split_last_wave (read at trace time)."""
   og = _og()
   import jax_dfccl
   mesh = Mesh(np.array(gpus()[:1]), ("one",))
@@ -60,12 +67,13 @@ def _run(kind, cluster_m, x, w):
   else:
     body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
-  with jax_dfccl.configured(overlap_cluster_m=cluster_m):
+  with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split):
     lowered = f.lower(x, w)
   text, compiled = lowered.as_text(), lowered.compile()
   assert f"dfccl_overlap_{kind}" in text, "fused kernel not used"
   mode = int(re.search(r"mode = (\d+)", text).group(1))
   assert bool(mode & og.MODE_CLUSTER_M2) == (cluster_m == 2), mode
+  assert bool(mode & og.MODE_NO_SPLIT) == (not split), mode
   return compiled
 
 
@@ -89,4 +97,36 @@ def test_variants_alternate_on_one_channel():
   g1, g2 = _run("rs", 1, x, w), _run("rs", 2, x, w)
   for it in range(6):
     _close((g2 if it % 2 else g1)(x, w), ref, jnp.bfloat16, f"alternating iter {it}")
+  _og().check()
+
+
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("M,N,K", [(1300, 3600, 704), (1100, 5000, 200)])
+def test_auto_cluster(M, N, K, kind):
+  """overlap_cluster_m = 0: the host picks 1x1 + split (first shape, 132 SMs) or 2x1 (180 tiles, 9 m tiles)."""
+  x, w = _inputs(M, N, K, jnp.bfloat16, seed=M + 2 * N + K)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  g = _run(kind, 0, x, w)
+  for it in range(3):
+    _close(g(x, w), ref, jnp.bfloat16, f"{kind} {M}x{N}x{K} auto cluster iter {it}")
+  _og().check()
+
+
+# Split last wave on 132 SMs: whole tiles + 33 tiles in 2 chunks; + 2 tiles in 4 chunks; 25 tiles in 4 chunks
+SPLIT_SHAPES = [(1300, 3600, 704), (200, 17000, 1000), (600, 1040, 1000)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("M,N,K", SPLIT_SHAPES)
+def test_split_last_wave_against_whole_tiles(M, N, K, kind, dtype):
+  """Split allowed and not: both match the f32 reference, on repeated instances (flags by instance)."""
+  x, w = _inputs(M, N, K, dtype, seed=3 * M + N + K)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  g_sk, g_dp = _run(kind, 1, x, w, split=True), _run(kind, 1, x, w, split=False)
+  for it in range(3):
+    _close(g_sk(x, w), ref, dtype, f"{kind} {M}x{N}x{K} split iter {it}")
+    _close(g_dp(x, w), ref, dtype, f"{kind} {M}x{N}x{K} whole tiles iter {it}")
+  x2, w2 = _inputs(M, N, K, dtype, seed=M + 7)  # fresh inputs through the same programs
+  _close(g_sk(x2, w2), jnp.dot(x2.astype(jnp.float32), w2.astype(jnp.float32)), dtype, f"{kind} split fresh")
   _og().check()

@@ -21,7 +21,10 @@
 // Two variants (template parameter CM, GemmLaunch::cluster_m): CM = 1 one CTA
 // per tile; CM = 2 clusters of 2x1 CTAs computing a pair of m tiles of one
 // row block and n tile, the W tile multicast to both (gemm_sched.cuh: units,
-// their order and the handoff of a unit between the cluster's CTAs).
+// their order and the handoff of a unit between the cluster's CTAs).  CM = 1
+// may split a partial last wave's tiles into k chunks, one unit each; the
+// last chunk adds the others' f32 partials and runs the tile's epilogue as
+// usual (gemm_sched.cuh, GemmLaunch::sk_units).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -78,6 +81,35 @@ struct GemmCfg {
 
 __device__ __forceinline__ void ConsumerBarrier(int threads) {
   asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory");  // id 8: unused by CUTLASS here
+}
+
+// Partials of a split last wave (gemm_sched.cuh): the accumulator fragment of each
+// consumer thread, 16-byte vectors interleaved over the threads ([i / 4][tid]
+// [4] floats: a warp's stores are contiguous), at L2 (.cg: the owner on
+// another SM reads them after the flag).  Four vectors per step in flight.
+template <int kThreads, class Acc>
+__device__ __forceinline__ void SkStorePartial(float* slot, const Acc& acc, int tid) {
+  float4* p = reinterpret_cast<float4*>(slot) + tid;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < int(cute::size(acc)); i += 4)
+    __stcg(p + (i / 4) * kThreads, make_float4(acc(i), acc(i + 1), acc(i + 2), acc(i + 3)));
+}
+template <int kThreads, class Acc>
+__device__ __forceinline__ void SkAddPartial(const float* slot, Acc& acc, int tid) {
+  const float4* p = reinterpret_cast<const float4*>(slot) + tid;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < int(cute::size(acc)); i += 16) {
+    float4 v[4];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < 4; ++j) v[j] = __ldcg(p + (i / 4 + j) * kThreads);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      acc(i + 4 * j) += v[j].x;
+      acc(i + 4 * j + 1) += v[j].y;
+      acc(i + 4 * j + 2) += v[j].z;
+      acc(i + 4 * j + 3) += v[j].w;
+    }
+  }
 }
 
 // Every thread of the CTA before it exits (CM = 2): no CTA of a cluster
@@ -176,7 +208,8 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
       ++sstate;
       u = __shfl_sync(0xffffffffu, u, 0);
       if (u >= units) break;
-      const TileCoord tc = Decode<CM>(l, u, mt, nt, int(crank));
+      const Piece pc = UnitPiece<CM>(l, u, k_tiles);
+      const TileCoord tc = Decode<CM>(l, pc.tile, mt, nt, int(crank));
       // AG: each CTA waits for the rows of its own m tile (none below the
       // block).  The peer CTA of a pair waits for the other chunk of the same
       // row block; the consumers of both need both CTAs' halves of W, so a
@@ -185,7 +218,8 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
       // so that wait ends (or times out) like the CTA's own.
       if (l.kind == kAllGatherGemm && tc.b != l.rank && !l.no_comm && tc.mi < mt) {
         if (lane == 0) {  // rows of chunk mi of block b pushed by rank b (release.sys)
-          uint64_t* tl = l.tl != nullptr ? l.tl + TimelineRow<CM>(u, tc, mt, nt) * kTlWords : nullptr;
+          uint64_t* tl = l.tl != nullptr && !pc.partial
+                             ? l.tl + TimelineRow<CM>(pc.tile, tc, mt, nt) * kTlWords : nullptr;
           if (tl) tl[4] = GlobalTimer();
           WaitGeq(l.local_flags + tc.b * mt + tc.mi, l.seq, l.mbox, l.timeout_ns, ErrorCode(kWaitRows, l.rank, tc.b));
           if (tl) tl[5] = GlobalTimer();
@@ -193,10 +227,10 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
         __syncwarp();
         FenceProxyAsyncGlobal();
       }
-      auto k_iter = cute::make_coord_iterator(idx2crd(0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
-      collective.load(p.ml[tc.b], pipeline, state, load_inputs, make_coord(tc.mi, tc.ni, _, 0), k_iter, k_tiles, lane,
-                      crank, ss.tensors);
-      state.advance(k_tiles);
+      auto k_iter = cute::make_coord_iterator(idx2crd(pc.k0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
+      collective.load(p.ml[tc.b], pipeline, state, load_inputs, make_coord(tc.mi, tc.ni, _, 0), k_iter, pc.kn,
+                      lane, crank, ss.tensors);
+      state.advance(pc.kn);
     }
     collective.load_tail(pipeline, state);
     ClusterSyncBeforeExit<CM>();
@@ -218,17 +252,37 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
     sched.consumer_release(sstate);
     ++sstate;
     if (u >= units) break;
-    const TileCoord tc = Decode<CM>(l, u, mt, nt, int(crank));
+    const Piece pc = UnitPiece<CM>(l, u, k_tiles);
+    const TileCoord tc = Decode<CM>(l, pc.tile, mt, nt, int(crank));
     const bool in_block = tc.mi < mt;  // CM = 2: false for the empty second tile of a pair
-    uint64_t* tl = l.tl != nullptr && mma_tid == 0 && in_block ? l.tl + TimelineRow<CM>(u, tc, mt, nt) * kTlWords
-                                                                : nullptr;
+    uint64_t* tl = l.tl != nullptr && mma_tid == 0 && in_block && !pc.partial
+                       ? l.tl + TimelineRow<CM>(pc.tile, tc, mt, nt) * kTlWords : nullptr;
     if (tl) tl[0] = GlobalTimer();
     auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename C::TileShape{}));
-    collective.mma(pipeline, state, acc, k_tiles, mma_tid, ss.tensors, p.ml[tc.b]);
-    collective.mma_tail(pipeline, state, k_tiles);
-    state.advance(k_tiles);
+    collective.mma(pipeline, state, acc, pc.kn, mma_tid, ss.tensors, p.ml[tc.b]);
+    collective.mma_tail(pipeline, state, pc.kn);
+    state.advance(pc.kn);
     if (tl) tl[1] = tl[2] = GlobalTimer();
     if (!in_block) continue;  // its stages are released (the peer's multicast); nothing to store
+    if (pc.partial) {  // split tile: the accumulator to this unit's slot, then its flag (no epilogue)
+      SkStorePartial<C::kMmaThreads>(l.sk_partials + size_t(pc.slot) * kTileM * kTileN, acc, mma_tid);
+      ConsumerBarrier(C::kMmaThreads);  // every thread's stores, then one cumulative fence + flag
+      if (mma_tid == 0) {
+        FenceAcqRelGpu();
+        StRelaxedGpu(l.sk_flags + pc.slot, l.seq);
+      }
+      continue;
+    }
+    if (pc.wait_n > 0) {  // split tile's owner: add the earlier chunks' partials (chunk order)
+      if (mma_tid == 0)
+        for (int i = 0; i < pc.wait_n; ++i)
+          WaitGeq(l.sk_flags + pc.wait_first + i * l.sk_tiles, l.seq, l.mbox, l.timeout_ns,
+                  ErrorCode(kWaitSplit, l.rank, l.rank));
+      ConsumerBarrier(C::kMmaThreads);
+      for (int i = 0; i < pc.wait_n; ++i)
+        SkAddPartial<C::kMmaThreads>(l.sk_partials + size_t(pc.wait_first + i * l.sk_tiles) * kTileM * kTileN, acc,
+                                     mma_tid);
+    }
 
     const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
     const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;

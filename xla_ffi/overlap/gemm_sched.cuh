@@ -20,6 +20,23 @@
 // without this rank's progress; the peers' pushes), however many CTAs are
 // resident.  Both CTAs of a pair belong to the same row block, so a pair never
 // ties a CTA with waits to a CTA of an earlier segment.
+//
+// Split last wave (CM = 1, GemmLaunch::sk_units > 0; the host chooses it
+// when the last wave of whole tiles would leave many SMs idle): the first
+// units - sk_units units are whole tiles 0, 1, ... of the order above; the
+// last sk_units = s x sk_tiles units split the last sk_tiles tiles into s
+// equal k ranges, chunk-major: unit dp + c x sk_tiles + t takes chunk c of
+// tile dp + t.  Units of one chunk run side by side, so the m tiles of a
+// weight column still read the same k range of it at the same time (L2
+// reuse; a stream-K split at other offsets per tile read the weights up to
+// m-tiles times from memory and was slower).  Chunks 0 .. s-2 are partials:
+// the f32 accumulator goes to the unit's slot, then its flag.  The last chunk
+// owns the tile: it waits for the tile's partials, adds them (in chunk order)
+// and runs the tile's epilogue (store, RS signal or fold: unchanged, so a
+// tile's flag still covers the whole tile).  An owner waits only for units
+// before it, which were taken earlier by running CTAs (or by the same CTA,
+// whose consumers finished them), so the lowest unfinished unit never waits
+// on unfinished work: no deadlock.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -47,6 +64,25 @@ __device__ __forceinline__ TileCoord Decode(const GemmLaunch& l, int u, int mt, 
   const int g = rem / (mu * kGroupN), in = rem % (mu * kGroupN);
   const int gw = min(kGroupN, nt - g * kGroupN);
   return {s, b, (in / gw) * CM + crank, g * kGroupN + in % gw};
+}
+
+// The work of a unit: k iterations [k0, k0 + kn) of tile `tile` (its CM = 1
+// unit index; CM = 2: the pair unit).  Split last wave: a partial leaves its
+// accumulator in slot `slot`; an owner adds slots wait_first + i x sk_tiles,
+// i < wait_n.
+struct Piece {
+  int tile, k0, kn, slot, wait_first, wait_n;
+  bool partial;
+};
+
+template <int CM>
+__device__ __forceinline__ Piece UnitPiece(const GemmLaunch& l, int u, int kt) {
+  const int dp = l.units - l.sk_units;
+  if (CM > 1 || u < dp) return {u, 0, kt, -1, 0, 0, false};
+  const int j = u - dp, R = l.sk_tiles, s = l.sk_units / R, c = j / R, t = j % R;
+  const int k0 = c * kt / s, k1 = (c + 1) * kt / s;
+  const bool owner = c == s - 1;
+  return {dp + t, k0, k1 - k0, j, t, owner ? s - 1 : 0, !owner};
 }
 
 // Timeline row of a tile (profile.cc reads row / per_block as the segment):

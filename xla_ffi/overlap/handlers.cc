@@ -41,6 +41,8 @@ struct RankState {
   uint32_t seq = 0;
   uint32_t rs_ce_rounds = 0;  // RS copy-engine launches so far (done counter target / tiles)
   uint32_t tiles_taken = 0;  // GEMM tile counter value after all launches so far (units + clusters each)
+  float* sk_partials = nullptr;  // split last wave: [SMs][kTileM * kTileN] f32 (allocated at its first use)
+  uint32_t* sk_flags = nullptr;  // split last wave: [SMs] instance numbers
 };
 
 struct Channel {
@@ -131,11 +133,12 @@ void InitRank(Channel& c, int rank, const std::vector<int>& devs, size_t buf_byt
 
 std::string Describe(const Channel& c, uint32_t code) {
   static const char* what[] = {"?", "the ready flag (receive buffer free)", "partial tiles", "gathered rows",
-                               "the ready flag (gather buffer free)", "its own partial tiles (local)"};
+                               "the ready flag (gather buffer free)", "its own partial tiles (local)",
+                               "its own split tiles' partial accumulators (local)"};
   const uint32_t w = code >> 24, waiter = (code >> 16) & 0xff, peer = (code >> 8) & 0xff;
   std::ostringstream os;
   os << "dfccl overlap '" << c.key << "': rank " << waiter << " (GPU " << c.ranks[waiter % kMaxRanks].ordinal
-     << ") timed out after " << c.timeout_ns / 1000000 << " ms waiting for " << what[w <= 5 ? w : 0]
+     << ") timed out after " << c.timeout_ns / 1000000 << " ms waiting for " << what[w <= 6 ? w : 0]
      << " of rank " << peer << " (GPU " << c.ranks[peer % kMaxRanks].ordinal
      << "); the op's kernels stopped (trap), so the program running it failed and that GPU's CUDA context is "
         "lost (protocol.h)";
@@ -214,6 +217,73 @@ int GemmGrid(const DeviceState& dev, int avail, int units, int cm) {
   DFCCL_CHECK(dev.cluster_ctas >= 2, "dfccl overlap: no 2x1 cluster of the GEMM fits on the device");
   return std::max(2, std::min({avail, 2 * units, dev.cluster_ctas}) & ~1);
 }
+
+// Work units of one launch (gemm_sched.cuh): whole tiles, and with a split
+// last wave the last sk_tiles tiles split into sk_units / sk_tiles chunks.
+struct Sched {
+  int units = 0, sk_units = 0, sk_tiles = 0;
+};
+
+// Split of a partial last wave (cluster_m = 1, not kModeNoSplit): with
+// `avail` resident CTAs, `tiles` whole tiles of k_tiles iterations take
+// ceil(tiles / avail) waves of tile time.  The remainder R = tiles mod avail
+// (the last wave) split into s = min(avail / R, kSkMaxSplit, k_tiles /
+// kSkMinIters) chunks of k takes 1 / s of a wave, times kSkCost (the partials
+// stored and added, the shorter mainloops).  Chosen when s >= 2 and that
+// estimate is at most kSkGain of the whole-tile one.  Same shape, same device:
+// the same choice on every rank.  (A stream-K split, R tiles' iterations laid
+// end to end over `avail` units, also fills a last wave with R > avail / 2,
+// but its units read the weights at different k offsets per m tile: measured
+// slower, 0.065 vs 0.054 ms for 512x7168x4096 on one H200.)
+constexpr int kSkMinIters = 4;   // k iterations of a chunk at least (pipeline depth)
+constexpr int kSkMaxSplit = 4;   // chunks of a tile at most (partials added by its owner)
+constexpr double kSkCost = 1.1;  // a wave of chunks against a wave of whole tiles
+constexpr double kSkGain = 0.95;
+Sched Schedule(int tiles, int avail, int k_tiles, int32_t mode) {
+  Sched s;
+  s.units = tiles;
+  if ((mode & kModeNoSplit) || avail < 2) return s;
+  const int full = tiles / avail, rem = tiles % avail;
+  if (rem == 0) return s;
+  const int split = std::min({avail / rem, kSkMaxSplit, k_tiles / kSkMinIters});
+  if (split < 2) return s;
+  if (full + kSkCost / split > kSkGain * (full + 1)) return s;
+  s.sk_tiles = rem;
+  s.sk_units = rem * split;
+  s.units = tiles - rem + s.sk_units;
+  return s;
+}
+
+// Split-tile workspace of a rank (one slot per SM: sk_units <= avail <= SMs).
+void EnsureSplit(RankState& rs, const DeviceState& dev, GemmLaunch& gl, cudaStream_t stream) {
+  if (rs.sk_partials == nullptr) {
+    OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.sk_partials), size_t(dev.sms) * kTileM * kTileN * sizeof(float)));
+    OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.sk_flags), size_t(dev.sms) * sizeof(uint32_t)));
+    OV_CUDA(cudaMemsetAsync(rs.sk_flags, 0, size_t(dev.sms) * sizeof(uint32_t), stream));
+  }
+  gl.sk_partials = rs.sk_partials;
+  gl.sk_flags = rs.sk_flags;
+}
+
+// Cluster shape, units and grid of a launch; the split-tile workspace when
+// used.  kModeClusterAuto (config overlap_cluster_m = 0): 1x1 when the last
+// wave is split or the tiles fit in one wave, else 2x1 (one H200, the GEMM
+// alone: 2x1 within the run-to-run spread of 1x1 on the multi-wave benchmark
+// shapes, 0-3% ahead on most in overlap_gemm_2026-12-01_h200_configs_rot.md).
+void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, int mtiles, int ntiles, int32_t mode,
+              cudaStream_t stream) {
+  const int k_tiles = (gl.k + 63) / 64, tiles = gl.nranks * mtiles * ntiles;
+  Sched s = Schedule(tiles, std::max(1, avail), k_tiles, mode);  // 1x1 units
+  gl.cluster_m = ClusterM(mode);
+  if (mode & kModeClusterAuto) gl.cluster_m = s.sk_units == 0 && tiles > avail && dev.cluster_ctas >= 2 ? 2 : 1;
+  if (gl.cluster_m != 1) s = Sched{Units(gl.nranks, mtiles, ntiles, gl.cluster_m), 0, 0};
+  gl.units = s.units;
+  gl.sk_units = s.sk_units;
+  gl.sk_tiles = s.sk_tiles;
+  if (s.sk_units > 0) EnsureSplit(rs, dev, gl, stream);
+  gl.grid = GemmGrid(dev, avail, gl.units, gl.cluster_m);
+}
+
 
 LaunchFn Dispatch(ffi::DataType t) {  // the one dtype table
   switch (t) {
@@ -348,9 +418,8 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     PeerAddresses(pro, P, mode, gl);
     // Copy engine: one SM stays free for the side stream's wait / signal kernels
     // (the persistent GEMM's CTAs wait for flags those kernels raise).
-    gl.cluster_m = ClusterM(mode);
-    gl.units = Units(P, int(mtiles), (n + kTileN - 1) / kTileN, gl.cluster_m);
-    gl.grid = GemmGrid(dev, dev.sms - (push ? std::max(push_ctas, 1) : 0), gl.units, gl.cluster_m);
+    PlanGemm(gl, *pro.rs, dev, dev.sms - (push ? std::max(push_ctas, 1) : 0), int(mtiles), (n + kTileN - 1) / kTileN,
+             mode, stream);
     gl.tile_base = pro.rs->tiles_taken;
     pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
@@ -417,9 +486,8 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
       OV_CUDA(cudaEventRecord(dev.done, dev.side));
     }
     // Copy engine: one SM stays free for the side stream's wait / signal kernels.
-    gl.cluster_m = ClusterM(mode);
-    gl.units = Units(P, (mb + kTileM - 1) / kTileM, (N + kTileN - 1) / kTileN, gl.cluster_m);
-    gl.grid = GemmGrid(dev, dev.sms - (ce ? 1 : 0), gl.units, gl.cluster_m);
+    PlanGemm(gl, *pro.rs, dev, dev.sms - (ce ? 1 : 0), (mb + kTileM - 1) / kTileM, (N + kTileN - 1) / kTileN, mode,
+             stream);
     gl.tile_base = pro.rs->tiles_taken;
     pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);

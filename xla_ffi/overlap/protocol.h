@@ -92,12 +92,16 @@ enum Kind : int32_t { kAllGatherGemm = 0, kGemmReduceScatter = 1 };
 // kModeMailboxOnly (diagnostic, no config entry): announcements and addresses
 // only through the host-mapped mailbox (the first version's handshake).
 // kModeClusterM2 (config overlap_cluster_m=2): the GEMM's 2x1-cluster variant.
+// kModeNoSplit (config overlap_split_last_wave=False): no split of a partial
+// last wave's tiles (gemm_sched.cuh), every unit a whole tile.
 enum Mode : int32_t {
   kModeCopyEngine = 1,
   kModeCtaFence = 2,
   kModeRsCopyEngine = 4,
   kModeMailboxOnly = 8,
-  kModeClusterM2 = 16
+  kModeClusterM2 = 16,
+  kModeNoSplit = 32,
+  kModeClusterAuto = 64  // config overlap_cluster_m=0: the host picks 1x1 or 2x1 per launch (handlers.cc)
 };
 
 // Profile timeline (globaltimer ns, written only when GemmLaunch::tl is set):
@@ -118,7 +122,10 @@ constexpr uint32_t kTimerPollEvery = 128;   // the timeout (GPU clock)
 constexpr uint32_t kErrorPollEvery = 2048;  // the mailbox error word (a peer timed out); a multiple of the above
 
 // What a timed-out waiter was waiting for (bits 24..31 of the error code).
-enum WaitWhat : uint32_t { kWaitReady = 1, kWaitPartial = 2, kWaitRows = 3, kWaitPushReady = 4, kWaitOwnTiles = 5 };
+enum WaitWhat : uint32_t {
+  kWaitReady = 1, kWaitPartial = 2, kWaitRows = 3, kWaitPushReady = 4, kWaitOwnTiles = 5,
+  kWaitSplit = 6  // a split tile's owner for the f32 partials of its other chunks (local, gemm_sched.cuh)
+};
 
 struct Mailbox {
   uint32_t ready[kMaxRanks];
@@ -150,7 +157,18 @@ struct GemmLaunch {
   uint64_t timeout_ns = 0;
   int32_t grid = 0;                     // cluster_m = 2: even
   int32_t cluster_m = 1;                // 1: one CTA per tile; 2: 2x1 clusters on tile pairs (gemm_sched.cuh)
-  int32_t units = 0;                    // work units: nranks x ceil(m tiles / cluster_m) x n tiles
+  int32_t units = 0;                    // work units: nranks x ceil(m tiles / cluster_m) x n tiles, or with
+                                        // a split last wave (cluster_m = 1): tiles - sk_tiles + sk_units
+  // Split last wave (gemm_sched.cuh): the last sk_tiles tiles of the order
+  // are split into s = sk_units / sk_tiles equal k ranges, one unit each
+  // (chunk-major); 0: none.  Chunks 0 .. s-2 leave their f32 accumulator in
+  // sk_partials[unit - (units - sk_units)] (kTileM x kTileN floats) and raise
+  // sk_flags[same] = seq (release, GPU scope); the last chunk owns the tile:
+  // it adds the partials and runs the tile's epilogue (its store, signal or
+  // fold), so a tile's signal still covers the whole tile.
+  int32_t sk_units = 0, sk_tiles = 0;
+  float* sk_partials = nullptr;         // local [sk_units][kTileM * kTileN]
+  uint32_t* sk_flags = nullptr;         // local [sk_units], instance numbers (never reset)
   int32_t no_comm = 0;  // diagnostic: no waits, no remote stores (GEMM cost alone; results invalid)
   int32_t thread_fences = 0;  // RS: every storing thread fences (else one fence per CTA)
   uint64_t* tl = nullptr;     // profile timeline (see kTlWords) or null

@@ -37,6 +37,12 @@ __device__ __forceinline__ void FailOp() {
   __trap();
 }
 
+// The same at GPU scope (split-tile partials: writer and reader on one GPU).
+__device__ __forceinline__ void FenceAcqRelGpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void StRelaxedGpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // Bounded-wait bookkeeping: the timeout every kTimerPollEvery polls (the GPU's
 // clock), the mailbox's error word (host memory, a PCIe read) every
 // kErrorPollEvery polls, the first time only after that many.  True while the
