@@ -86,6 +86,16 @@ class Config:
   #: within -3%..+4% of 1 over the 18 benchmark shapes, so 1 stays the default
   #: (not yet measured with communication on 2 GPUs).  Read (and checked) at trace time.
   overlap_cluster_m: int = 1
+  #: CPU across processes (:func:`jax_dfccl.initialize`): bytes of each
+  #: process's shared staging arena (a POSIX shared-memory segment mapped by
+  #: every process of the job; tmpfs pages are used only once touched).  Every
+  #: rank of a group spanning processes copies its input there at start; the
+  #: copy is held until every rank has read it.  A start that finds the arena
+  #: full fails with an error naming this entry.  Read by initialize().
+  shm_arena_bytes: int = 1 << 30
+  #: CPU across processes: collective instances that may be in flight at once
+  #: across the job (entries of the shared instance table).  Read by initialize().
+  shm_max_instances: int = 2048
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -331,9 +331,10 @@ def group_table(mesh, axes, groups=None) -> np.ndarray:
 
 def device_ids(mesh) -> np.ndarray:
   """Per flat mesh position, the device as the runtimes see it: the local hardware
-  id (the CUDA ordinal an FFI handler is called with; equal to ``id`` on CPU)."""
+  id (the CUDA ordinal an FFI handler is called with); on CPU the global ``id``
+  (unique across processes, which the runtime spanning processes needs)."""
   if isinstance(mesh, jax.sharding.Mesh):
-    hw = lambda d: d.local_hardware_id if getattr(d, "local_hardware_id", None) is not None else d.id  # noqa: E731
+    hw = lambda d: d.local_hardware_id if d.platform != "cpu" and getattr(d, "local_hardware_id", None) is not None else d.id  # noqa: E731
     return np.asarray([hw(d) for d in mesh.devices.flat], dtype=np.int64)
   return np.arange(mesh.size, dtype=np.int64)  # abstract mesh: partition ids
 

@@ -1,11 +1,15 @@
 // nanobind module _dfccl_cpu: the extension-module contract of
 // docs/architecture.md for the CPU backend.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <string>
 
 #include "cpu/handlers.h"
+#include "cpu/multiprocess.h"
+#include "cpu/shm.h"
 #include "cpu/runtime.h"
 
 namespace nb = nanobind;
@@ -67,6 +71,12 @@ nb::dict Stats() {
   d["key_counters"] = s.key_counters;
   d["trace_records"] = s.trace_records;
   d["tickets"] = s.tickets;
+  const ShmStats m = GetShmStats();  // the runtime across processes (multiprocess.h)
+  d["shm_process"] = m.process;
+  d["shm_processes"] = m.processes;
+  d["shm_live_entries"] = m.live_entries;
+  d["shm_staged_bytes"] = m.staged_bytes;
+  d["shm_arena_bytes"] = m.arena_bytes;
   Config& c = GetConfig();
   d["timeout_s"] = c.timeout_s.load();
   d["spin_budget_us"] = c.spin_budget_us.load();
@@ -97,6 +107,17 @@ NB_MODULE(_dfccl_cpu, m) {
   m.def("trace_records", &TraceRecords, "(device, key, seq, event, t_ns) from the trace ring buffer");
   m.def("pending", [](int /*wait_ms*/) { return PendingReport(); }, nb::arg("wait_ms") = 1000,
         nb::call_guard<nb::gil_scoped_release>(), "Report of the collectives in flight");
+  // Bootstrap across processes (jax_dfccl/_src/distributed.py); see multiprocess.h.
+  m.def("shm_control_bytes", &ShmControlBytes, nb::arg("entries"));
+  m.def("shm_create", &ShmCreate, nb::arg("name"), nb::arg("bytes"), nb::arg("control"), nb::arg("nprocs"),
+        nb::arg("entries"), "Create and map a segment of this process (control segment or arena)");
+  m.def("shm_attach", &ShmAttach, nb::arg("control"), nb::arg("arenas"), nb::arg("process"),
+        nb::arg("device_procs"), nb::call_guard<nb::gil_scoped_release>(),
+        "Map the peers' segments and register this process");
+  m.def("shm_detach", &ShmDetach, "Mark this process as exited in the process table");
+  m.def("shm_unlink", [](const std::string& name) { dfccl::shm::UnlinkSegment(name); }, nb::arg("name"));
+  m.def("shm_sweep", [] { return dfccl::shm::SweepDeadSegments(); },
+        "Remove /dev/shm/dfccl.<pid>.* segments of dead creators; returns how many");
   m.def("reset", [] {
     nb::gil_scoped_release r;
     Reset();

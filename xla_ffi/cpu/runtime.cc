@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "cpu/daemon.h"
+#include "cpu/multiprocess.h"
 #include "cpu/reduce.h"
 #include <deque>
 #include <future>
@@ -190,6 +191,10 @@ void Task::Complete(ErrKind kind, std::string message) {
 
 void Task::NotifyReady() { daemon->Wake(); }
 
+bool Task::Ready() const {
+  return shm ? ShmReady(*this) : inst->posted.load(std::memory_order_acquire) == inst->n;
+}
+
 bool Task::TryCompute() {
   if (claimed.load(std::memory_order_relaxed) || claimed.exchange(true, std::memory_order_acq_rel)) return false;
   ComputeAndRelease(*this);
@@ -197,6 +202,46 @@ bool Task::TryCompute() {
 }
 
 // ---- start ---------------------------------------------------------------------
+namespace {
+// A group spanning processes: the sequence number is counted here as for any
+// group; matching and data go through shared memory (multiprocess.h).
+int64_t StartCrossProcess(const std::shared_ptr<Task>& task) {
+  Globals& g = G();
+  const CollectiveSpec& spec = task->spec;
+  auto inst = std::make_shared<Instance>();  // local shell, for messages
+  inst->key_hash = spec.key_hash;
+  inst->key = spec.key;
+  inst->n = spec.nranks;
+  inst->slots.resize(spec.nranks);
+  {
+    std::lock_guard<std::mutex> l(task->comm->mu);
+    auto& cnt = task->comm->counters[spec.key_hash];
+    if (cnt.empty()) cnt.assign(spec.nranks, 0);
+    task->seq = inst->seq = cnt[spec.rank]++;
+  }
+  task->inst = inst;
+  TraceEvent(spec.self_device, spec.key, task->seq, "start");
+  ErrKind kind = ErrKind::kNone;
+  std::string msg;
+  bool ok = false;
+  try {
+    ok = ShmStart(*task, &kind, &msg);
+  } catch (...) {
+    task->Complete(ErrKind::kInternal, "dfccl: collective '" + spec.key + "' failed to start");
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> l(g.tickets_mu);
+    g.tickets.emplace(task->ticket, task);
+  }
+  if (ok)
+    task->daemon->Submit(task, /*urgent=*/ShmReady(*task));
+  else
+    task->Complete(kind, msg);
+  return task->ticket;
+}
+}  // namespace
+
 int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
   Globals& g = G();
   const int n = spec.nranks;
@@ -224,6 +269,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
   task->ticket = g.next_ticket.fetch_add(1, std::memory_order_relaxed);
   g.counters.started.fetch_add(1, std::memory_order_relaxed);
   g.counters.live_tasks.fetch_add(1, std::memory_order_relaxed);
+  if (CrossProcess(spec)) return StartCrossProcess(task);
 
   // Post under the communicator mutex; act (complete / wake) after releasing it.
   std::vector<std::shared_ptr<Task>> fail_tasks;
@@ -305,6 +351,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
 
 // ---- daemon-side transitions -----------------------------------------------------
 void ComputeAndRelease(Task& t) {
+  if (t.shm) return ShmComputeAndRelease(t);
   Instance& inst = *t.inst;
   // The instance is ready (posted == n was loaded with acquire): slots are
   // immutable and every peer input stays valid until all readers are done,
@@ -344,6 +391,7 @@ void ComputeAndRelease(Task& t) {
 }
 
 void FailOnTimeout(Task& t, double timeout_s) {
+  if (t.shm) return ShmFailOnTimeout(t, timeout_s);
   Instance& inst = *t.inst;
   std::vector<std::shared_ptr<Task>> tasks;
   std::string msg;
@@ -384,6 +432,12 @@ void AbortDevice(int64_t device, const std::string& failed_key) {
       if (t->spec.self_device == device && !t->done.load(std::memory_order_acquire)) victims.push_back(t);
   }
   for (auto& v : victims) {
+    if (v->shm) {
+      ShmAbort(*v, failed_key);
+      std::unique_lock<std::mutex> l(v->mu);
+      v->cv.wait(l, [&] { return v->done.load(std::memory_order_relaxed); });
+      continue;
+    }
     Instance& inst = *v->inst;
     std::vector<std::shared_ptr<Task>> tasks;
     std::string msg;
@@ -424,9 +478,7 @@ void WaitCollectiveAsync(int64_t ticket, std::string_view key,
   // The last reader (or a failure) completes the task; the daemon computes this
   // rank's output and enforces the timeout, unless the instance is ready now
   // and the daemon has not claimed it: then this thread computes it.
-  Instance& inst = *t->inst;
-  if (!t->done.load(std::memory_order_acquire) && !t->claimed.load(std::memory_order_acquire) &&
-      inst.posted.load(std::memory_order_acquire) == inst.n)
+  if (!t->done.load(std::memory_order_acquire) && !t->claimed.load(std::memory_order_acquire) && t->Ready())
     t->TryCompute();
   auto finish = [t, callback = std::move(callback)] {
     DoneStatus st{t->err_kind, t->error};
@@ -511,11 +563,12 @@ std::string PendingReport() {
   std::sort(lines.begin(), lines.end());
   std::string report;
   for (const std::string& line : lines) report += line + "\n";
-  return report;
+  return report + ShmPendingReport();
 }
 
 void Reset() {
   Globals& g = G();
+  ShmReset();  // fails this process's open shared instances (peers get the error)
   std::vector<std::shared_ptr<Communicator>> comms;
   {
     std::lock_guard<std::mutex> l(g.comms_mu);

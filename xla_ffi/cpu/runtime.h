@@ -41,6 +41,7 @@ namespace dfccl::cpu {
 
 class Daemon;
 struct Task;
+struct ShmRef;  // multiprocess.h
 
 int64_t NowNs();  // steady_clock
 
@@ -133,6 +134,9 @@ struct Task {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<Instance> inst;
   Daemon* daemon = nullptr;
+  // Set for a group spanning processes (multiprocess.h): the shared instance;
+  // `inst` is then a local shell (n, key, seq) and never becomes ready.
+  std::shared_ptr<ShmRef> shm;
 
   // Scheduling state, touched only by the owning daemon thread.
   bool preempted = false, sticky = false;
@@ -160,6 +164,8 @@ struct Task {
   void NotifyReady();
   // Computes (and releases) if nobody claimed it yet; returns whether it did.
   bool TryCompute();
+  // Every rank posted (acquire): the task can be computed.
+  bool Ready() const;
 };
 
 // ---- entry points --------------------------------------------------------------
