@@ -242,3 +242,15 @@ except Exception:  # noqa: BLE001
 clear_failed_tokens()
 result["stats"] = {k: v for k, v in dc.stats()["cpu"].items() if k.startswith("shm_")}
 print("RESULT " + json.dumps(result), flush=True)
+if scenario == "dead":
+  # With recoverability the coordinator's process does not wait for the others
+  # at shutdown; exiting first would fail their disconnect (and abort them).
+  from jax._src import distributed
+  client = distributed.global_state.client
+  if me == 0:  # the survivors say goodbye just before they disconnect
+    for p in range(1, nprocs - 1):
+      client.blocking_key_value_get(f"bye/{p}", 20_000)
+    time.sleep(1.0)
+  else:
+    client.key_value_set(f"bye/{me}", "1")
+    jax.distributed.shutdown()
