@@ -94,8 +94,7 @@ void Table::Format(void* base, int nprocs, int entries) {
   h->nprocs = nprocs;
   h->entries = entries;
   h->cells = 2 * entries;
-  std::atomic_thread_fence(std::memory_order_release);
-  h->magic = kMagic;
+  h->magic = kMagic;  // peers map the segment only after a barrier (distributed.py)
 }
 
 Table::Table(void* base) : header_(static_cast<Header*>(base)) {
