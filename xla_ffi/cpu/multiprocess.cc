@@ -217,8 +217,8 @@ bool ShmPoll(Task& t) {
   if (now < t.shm->next_check_ns) return false;
   t.shm->next_check_ns = now + kLivenessPeriodNs;
   bool dead = false;
-  for (int r = 0; r < en.n && !dead; ++r)
-    dead = !en.slots[r].posted && !ProcessGone(w, ProcOf(w, en.devices[r])).empty();
+  for (int r = 0; r < en.n && !dead; ++r)  // a hint without the lock; FailOpen re-checks under it
+    dead = !__atomic_load_n(&en.slots[r].posted, __ATOMIC_RELAXED) && !ProcessGone(w, ProcOf(w, en.devices[r])).empty();
   if (!dead) return false;
   const bool failed = w.table->FailOpen(t.shm->entry, t.shm->gen, shm::kInternal, true, [&](const shm::Entry& e) {
     std::ostringstream os;
@@ -233,7 +233,7 @@ bool ShmPoll(Task& t) {
       first = false;
     }
     os << "] before starting it";
-    return os.str();
+    return first ? std::string() : os.str();  // nobody gone after all (posted meanwhile)
   });
   if (failed) RingGroup(w, en);
   if (en.state.load(std::memory_order_acquire) == shm::kFailed) {

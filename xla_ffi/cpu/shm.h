@@ -145,8 +145,8 @@ class Table {
   // acknowledges it (once per call that returns true: call it until it does).
   bool TakeFailure(int32_t e, uint32_t gen, int32_t* kind, std::string* error);
   // Fails an open entry (posted < n).  `missing_msg(entry)` builds the error
-  // under the lock from the entry's slots.  Returns false when it was ready,
-  // already failed or freed.
+  // under the lock from the entry's slots ("" to leave it open).  Returns
+  // false when it was ready, already failed or freed, or left open.
   template <typename F>
   bool FailOpen(int32_t e, uint32_t gen, int32_t kind, bool dead_cause, F&& missing_msg);
   // A rank finished reading the staged inputs; the n-th frees the entry.
@@ -181,11 +181,13 @@ template <typename F>
 bool Table::FailOpen(int32_t e, uint32_t gen, int32_t kind, bool dead_cause, F&& missing_msg) {
   Entry& en = entries_[e];
   Acquire(header_->lock);
-  const bool open = en.gen.load(std::memory_order_relaxed) == gen &&
+  bool open = en.gen.load(std::memory_order_relaxed) == gen &&
                     en.state.load(std::memory_order_relaxed) == kOpen &&
                     en.posted.load(std::memory_order_relaxed) < en.n;
+  std::string msg;
+  if (open) msg = missing_msg(static_cast<const Entry&>(en));
+  open = open && !msg.empty();  // "": the reason went away under the lock
   if (open) {
-    std::string msg = missing_msg(static_cast<const Entry&>(en));
     msg.resize(std::min<size_t>(msg.size(), kErrLen - 1));
     std::memcpy(en.error, msg.c_str(), msg.size() + 1);
     en.err_kind = kind;
