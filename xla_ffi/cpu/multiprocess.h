@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct ShmRef {
 // Whether the runtime spans processes and `spec`'s group has a rank in another one.
 bool CrossProcess(const CollectiveSpec& spec);
 
+// dfccl_start of a task whose group spans processes (runtime.cc built the
+// task): counts its sequence number, stages and arrives (ShmStart), registers
+// the ticket, submits it to the daemon or completes it with the error.
+int64_t StartCrossProcess(const std::shared_ptr<Task>& task);
 // Stages the input and arrives at the shared instance (task.seq is set).  On
 // failure returns false with the error; else sets task.shm.
 bool ShmStart(Task& task, ErrKind* kind, std::string* error);

@@ -202,45 +202,11 @@ bool Task::TryCompute() {
 }
 
 // ---- start ---------------------------------------------------------------------
-namespace {
-// A group spanning processes: the sequence number is counted here as for any
-// group; matching and data go through shared memory (multiprocess.h).
-int64_t StartCrossProcess(const std::shared_ptr<Task>& task) {
+void RegisterTicket(const std::shared_ptr<Task>& task) {
   Globals& g = G();
-  const CollectiveSpec& spec = task->spec;
-  auto inst = std::make_shared<Instance>();  // local shell, for messages
-  inst->key_hash = spec.key_hash;
-  inst->key = spec.key;
-  inst->n = spec.nranks;
-  inst->slots.resize(spec.nranks);
-  {
-    std::lock_guard<std::mutex> l(task->comm->mu);
-    auto& cnt = task->comm->counters[spec.key_hash];
-    if (cnt.empty()) cnt.assign(spec.nranks, 0);
-    task->seq = inst->seq = cnt[spec.rank]++;
-  }
-  task->inst = inst;
-  TraceEvent(spec.self_device, spec.key, task->seq, "start");
-  ErrKind kind = ErrKind::kNone;
-  std::string msg;
-  bool ok = false;
-  try {
-    ok = ShmStart(*task, &kind, &msg);
-  } catch (...) {
-    task->Complete(ErrKind::kInternal, "dfccl: collective '" + spec.key + "' failed to start");
-    throw;
-  }
-  {
-    std::lock_guard<std::mutex> l(g.tickets_mu);
-    g.tickets.emplace(task->ticket, task);
-  }
-  if (ok)
-    task->daemon->Submit(task, /*urgent=*/ShmReady(*task));
-  else
-    task->Complete(kind, msg);
-  return task->ticket;
+  std::lock_guard<std::mutex> l(g.tickets_mu);
+  g.tickets.emplace(task->ticket, task);
 }
-}  // namespace
 
 int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out) {
   Globals& g = G();

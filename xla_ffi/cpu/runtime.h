@@ -171,6 +171,8 @@ struct Task {
 // ---- entry points --------------------------------------------------------------
 // dfccl_start: returns the ticket.  Throws dfccl::Error on malformed input.
 int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out);
+// Makes a started task reachable by its ticket (for done()).
+void RegisterTicket(const std::shared_ptr<Task>& task);
 
 // dfccl_done: blocks until the ticket's task completed.
 struct DoneStatus {
