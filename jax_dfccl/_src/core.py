@@ -380,6 +380,9 @@ def _trivial(ctx, x, op, perm):
 def _start_lowering(ctx, x, *, op, axes, groups, key, key_hash, reduce, perm, site,
                     target="dfccl_start", aliases=None):
   mesh = _spmd_mesh(ctx, op)
+  if isinstance(mesh, jax.sharding.Mesh):
+    from jax_dfccl._src import distributed
+    distributed.check_reach(mesh.devices.flat, op)
   groups = group_table(mesh, axes, groups)
   if groups.shape[1] == 1:  # nothing to match or move: no custom call, no runtime
     _TRIVIAL_SITES.add(site)

@@ -87,3 +87,15 @@ def initialize(timeout_s: float = 120.0) -> None:
 def is_initialized() -> bool:
   """Whether :func:`initialize` connected the runtime across processes."""
   return bool(_state)
+
+
+def check_reach(devices, api: str) -> None:
+  """Raises when a collective's devices span processes before :func:`initialize`
+  (the ranks of other processes would never be seen: a hang until timeout_s)."""
+  if _state or jax.process_count() == 1:
+    return
+  me = jax.process_index()
+  others = sorted({d.process_index for d in devices if d.process_index != me})
+  if others:
+    raise RuntimeError(f"jax_dfccl.{api}: its devices belong to processes {[me] + others}; call "
+                       "jax_dfccl.initialize() after jax.distributed.initialize() (in every process) first")

@@ -105,6 +105,13 @@ def _rows(ctx, peers, role, api, arg):
                      "(give one device, or one per device of the mesh in flat order)")
   if np.any(peers == devs):
     raise ValueError(f"jax_dfccl.{api}: {arg} names the shard's own device {int(devs[peers == devs][0])}")
+  if isinstance(mesh, jax.sharding.Mesh):
+    from jax_dfccl._src import distributed
+    by_id = {d.id: d for d in jax.devices()}
+    unknown = sorted({int(i) for i in peers if int(i) not in by_id})
+    if unknown:
+      raise ValueError(f"jax_dfccl.{api}: {arg} names device id(s) {unknown}, not devices of this job")
+    distributed.check_reach(list(mesh.devices.flat) + [by_id[i] for i in peers if i in by_id], api)
   rows = [[p, m + p] if role == "send" else [m + p, p] for p in range(m)]
   return np.concatenate([devs, peers]), np.asarray(rows, dtype=np.int32).reshape(-1)
 

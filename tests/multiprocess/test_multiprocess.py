@@ -137,6 +137,15 @@ def test_restart_sweeps_stale_segments():
   assert harness.shm_segments() == []
 
 
+def test_collectives_across_processes_need_initialize():
+  job = harness.run_workers("noinit", 2, 1, timeout_s=90)
+  _check_job(job, "noinit")
+  for r in job.results:
+    psum_err, send_err = r["noinit"]
+    assert "jax_dfccl.psum" in psum_err and "jax_dfccl.initialize()" in psum_err, r
+    assert "jax_dfccl.send" in send_err and "jax_dfccl.initialize()" in send_err, r
+
+
 def test_initialize_is_a_noop_in_one_process():
   import jax_dfccl
   jax_dfccl.initialize()

@@ -35,7 +35,8 @@ import jax_dfccl as dc  # noqa: E402
 
 TIMEOUT = float(os.environ.get("DFCCL_TEST_TIMEOUT_S", "60"))
 dc.configure(timeout_s=TIMEOUT)
-dc.initialize()
+if scenario != "noinit":
+  dc.initialize()
 
 result: dict = {"process": me}
 devices = jax.devices()
@@ -235,8 +236,23 @@ def clear_failed_tokens():
     pass
 
 
+def noinit():
+  """Without jax_dfccl.initialize(), a collective spanning processes is refused when lowered."""
+  f = smap(lambda v: dc.psum(v, "x"), mesh1, P("x"), P("x"))
+  g = smap(lambda v: dc.send(v, by_proc[1 - me], key="k"), local, P("l"), P("l"), check_vma=False)
+  x = make_input(np.ones((n, 2), np.float32), mesh1, P("x"))
+  errors = []
+  for fn, arg in ((f, x), (g, make_input(np.ones((ndev, 2), np.float32), local, P("l")))):
+    try:
+      fn(arg)
+      errors.append("")
+    except RuntimeError as e:
+      errors.append(str(e))
+  result["noinit"] = errors
+
+
 try:
-  {"suite": suite, "dead": dead, "stuck": stuck, "smoke": smoke}[scenario]()
+  {"suite": suite, "dead": dead, "stuck": stuck, "smoke": smoke, "noinit": noinit}[scenario]()
 except Exception:  # noqa: BLE001
   result["exception"] = traceback.format_exc()[-3000:]
 clear_failed_tokens()
