@@ -99,8 +99,12 @@ void RingGroup(const World& w, const shm::Entry& en) {
   for (int r = 0; r < en.n; ++r) procs.push_back(ProcOf(w, en.devices[r]));
   std::sort(procs.begin(), procs.end());
   procs.erase(std::unique(procs.begin(), procs.end()), procs.end());
-  for (int32_t p : procs)
-    if (p >= 0) w.table->Ring(p);
+  for (int32_t p : procs) {
+    if (p == w.me)
+      WakeAllDaemons();  // our own daemons: directly, not through the bell thread
+    else if (p >= 0)
+      w.table->Ring(p);
+  }
 }
 
 std::string RankName(const World& w, const shm::Entry& en, int r) {

@@ -16,8 +16,9 @@
 //          rank's own output, releases the entry; the task completes at once (its
 //          XLA input was never shared).  The staged copy is reclaimed by its
 //          owner once the entry moved on (every reader done) or failed.
-// The last post (and every failure) rings the futex "bell" of each process of
-// the group; one thread per process waits on its bell and wakes its daemons.
+// The last post (and every failure) wakes the poster's own daemons and rings
+// the futex "bell" of each other process of the group; one thread per process
+// waits on its bell and wakes its daemons.
 #pragma once
 
 #include <cstdint>
