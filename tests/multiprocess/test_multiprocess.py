@@ -4,7 +4,7 @@ Every job runs P processes x D CPU devices (loopback coordinator, free port,
 deadline).  SPMD results are compared with jax.lax in this (single) process on
 as many devices; MPMD programs, send/recv chains and their gradients, the
 pipeline example and the fault cases check themselves against numpy / the
-single-process model.  The session fixture (conftest.py) asserts that no
+single-process model.  The module fixture `no_leaks` asserts that no
 process and no /dev/shm segment is left behind.
 """
 import os
@@ -21,6 +21,18 @@ import cases
 import harness
 
 CONFIGS = [(2, 1), (2, 2), (4, 1), (4, 2)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaks():
+  """After this module: no shared-memory segment and no process of ours left.
+  (A fixture here, not in a conftest.py: tests/conftest.py is imported by name.)"""
+  before = harness.shm_segments()
+  yield
+  alive = [p.pid for p in harness.LAUNCHED if p.poll() is None]
+  left = [s for s in harness.shm_segments() if s not in before]
+  assert not alive, f"processes left behind: {alive}"
+  assert not left, f"shared-memory segments left behind: {left}"
 
 
 def _check_job(job, what):
