@@ -18,6 +18,8 @@ from jax_dfccl._src.pbroadcast import pbroadcast, pbroadcast_start
 from jax_dfccl._src.ragged_all_to_all import ragged_all_to_all, ragged_all_to_all_start
 from jax_dfccl._src.overlap import all_gather_matmul, matmul_reduce_scatter, matmul_psum
 from jax_dfccl._src.patch import patch_lax
+from jax_dfccl._src.distributed import initialize
+from jax_dfccl._src.p2p import send, recv, send_start, recv_start
 from jax_dfccl.trace import export_trace
 __version__ = "0.1.0"
 
@@ -28,4 +30,5 @@ __all__ = [
     "ragged_all_to_all_start", "done", "Handle",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_psum",
     "config", "configure", "configured", "stats", "reset", "pending", "export_trace", "patch_lax",
+    "initialize", "send", "recv", "send_start", "recv_start",
 ]

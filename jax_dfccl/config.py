@@ -159,6 +159,16 @@ class Config:
   #: count, the SMs and K (xla_ffi/overlap/handlers.cc, Schedule); False:
   #: whole tiles only.  Read at trace time.
   overlap_split_last_wave: bool = True
+  #: CPU across processes (:func:`jax_dfccl.initialize`): bytes of each
+  #: process's shared staging arena (a POSIX shared-memory segment mapped by
+  #: every process of the job; tmpfs pages are used only once touched).  Every
+  #: rank of a group spanning processes copies its input there at start; the
+  #: copy is held until every rank has read it.  A start that finds the arena
+  #: full fails with an error naming this entry.  Read by initialize().
+  shm_arena_bytes: int = 1 << 30
+  #: CPU across processes: collective instances that may be in flight at once
+  #: across the job (entries of the shared instance table).  Read by initialize().
+  shm_max_instances: int = 2048
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -166,6 +176,9 @@ class Config:
 
 config = Config()
 
+
+#: The entries read by jax_dfccl.initialize() (the runtime across processes), not by the runtimes.
+INIT_ENTRIES = frozenset({"shm_arena_bytes", "shm_max_instances"})
 
 #: The entries read when a program is traced (by the Python layer), not by the runtimes.
 TRACE_TIME_ENTRIES = frozenset(

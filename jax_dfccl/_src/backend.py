@@ -124,6 +124,11 @@ STATS_EXTRAS = {
         "tickets": "handles started whose done has not run yet",
         "tombstones": "failed instances that some rank never started (cleared when it starts the key "
                       "in a later execution, or by reset())",
+        "shm_process": "this process's index in the job (jax_dfccl.initialize(); -1: one process)",
+        "shm_processes": "processes of the job sharing the runtime",
+        "shm_live_entries": "entries of the shared instance table in use",
+        "shm_staged_bytes": "bytes of this process's staging arena in use",
+        "shm_arena_bytes": "size of this process's staging arena (config.shm_arena_bytes)",
     },
     "cuda": {
         "daemon_tasks_done": "tasks the daemon kernels finished (the copy-engine path excluded)",

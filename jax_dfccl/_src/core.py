@@ -368,9 +368,10 @@ def group_table(mesh, axes, groups=None) -> np.ndarray:
 
 def device_ids(mesh) -> np.ndarray:
   """Per flat mesh position, the device as the runtimes see it: the local hardware
-  id (the CUDA ordinal an FFI handler is called with; equal to ``id`` on CPU)."""
+  id (the CUDA ordinal an FFI handler is called with); on CPU the global ``id``
+  (unique across processes, which the runtime spanning processes needs)."""
   if isinstance(mesh, jax.sharding.Mesh):
-    hw = lambda d: d.local_hardware_id if getattr(d, "local_hardware_id", None) is not None else d.id  # noqa: E731
+    hw = lambda d: d.local_hardware_id if d.platform != "cpu" and getattr(d, "local_hardware_id", None) is not None else d.id  # noqa: E731
     return np.asarray([hw(d) for d in mesh.devices.flat], dtype=np.int64)
   return np.arange(mesh.size, dtype=np.int64)  # abstract mesh: partition ids
 
@@ -421,6 +422,9 @@ def _trivial(ctx, x, init, op, params):
 def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm, site,
                     target="dfccl_start", aliases=None):
   mesh = _spmd_mesh(ctx, op)
+  if isinstance(mesh, jax.sharding.Mesh):
+    from jax_dfccl._src import distributed
+    distributed.check_reach(mesh.devices.flat, op)
   params = dict(op=op, axes=axes, groups=groups, key=key, key_hash=key_hash, reduce=reduce, perm=perm)
   groups = group_table(mesh, axes, groups)
   from jax_dfccl.config import config

@@ -3,13 +3,17 @@
 #include <nanobind/nanobind.h>
 
 #include "bindings/tables.h"
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <map>
 #include <string>
 #include <vector>
 
 #include "cpu/handlers.h"
+#include "cpu/multiprocess.h"
+#include "cpu/shm.h"
 #include "cpu/runtime.h"
 
 namespace nb = nanobind;
@@ -74,6 +78,12 @@ nb::dict Stats() {
   d["key_counters"] = s.key_counters;
   d["tickets"] = s.tickets;
   d["tombstones"] = s.tombstones;
+  const ShmStats m = GetShmStats();  // the runtime across processes (multiprocess.h)
+  d["shm_process"] = m.process;
+  d["shm_processes"] = m.processes;
+  d["shm_live_entries"] = m.live_entries;
+  d["shm_staged_bytes"] = m.staged_bytes;
+  d["shm_arena_bytes"] = m.arena_bytes;
   return d;
 }
 
@@ -109,6 +119,17 @@ NB_MODULE(_dfccl_cpu, m) {
   m.def("trace_records", &TraceRecords, "(device, key, seq, event, t_ns) from the trace ring buffer");
   m.def("pending", [](int /*wait_ms*/) { return PendingReport(); }, nb::arg("wait_ms") = 1000,
         nb::call_guard<nb::gil_scoped_release>(), "Report of the collectives in flight");
+  // Bootstrap across processes (jax_dfccl/_src/distributed.py); see multiprocess.h.
+  m.def("shm_control_bytes", &ShmControlBytes, nb::arg("entries"));
+  m.def("shm_create", &ShmCreate, nb::arg("name"), nb::arg("bytes"), nb::arg("control"), nb::arg("nprocs"),
+        nb::arg("entries"), "Create and map a segment of this process (control segment or arena)");
+  m.def("shm_attach", &ShmAttach, nb::arg("control"), nb::arg("arenas"), nb::arg("process"),
+        nb::arg("device_procs"), nb::call_guard<nb::gil_scoped_release>(),
+        "Map the peers' segments and register this process");
+  m.def("shm_detach", &ShmDetach, "Mark this process as exited in the process table");
+  m.def("shm_unlink", [](const std::string& name) { dfccl::shm::UnlinkSegment(name); }, nb::arg("name"));
+  m.def("shm_sweep", [] { return dfccl::shm::SweepDeadSegments(); },
+        "Remove /dev/shm/dfccl.<pid>.* segments of dead creators; returns how many");
   m.def("reset", [] {
     nb::gil_scoped_release r;
     Reset();

@@ -7,6 +7,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "cpu/multiprocess.h"
 #include "cpu/runtime.h"
 
 namespace dfccl::cpu {
@@ -43,6 +44,16 @@ int64_t NumDaemons() {
   DaemonRegistry& r = Registry();
   std::lock_guard<std::mutex> l(r.mu);
   return static_cast<int64_t>(r.daemons.size());
+}
+
+void WakeAllDaemons() {
+  std::vector<Daemon*> all;
+  {
+    DaemonRegistry& r = Registry();
+    std::lock_guard<std::mutex> l(r.mu);
+    for (auto& [d, daemon] : r.daemons) all.push_back(daemon);
+  }
+  for (Daemon* d : all) d->Wake();
 }
 
 Daemon::Daemon(int64_t device) : device_(device) {
@@ -145,15 +156,16 @@ bool Daemon::Visit(Task& t, bool others_pending) {
   const double timeout_s = cfg.timeout_s.load();
   const int64_t timeout_ns = static_cast<int64_t>(std::min(timeout_s * 1e9, 9e18));
   const int64_t t0 = NowNs();
-  if (t.last_posted < 0) t.last_posted = inst.posted.load(std::memory_order_relaxed);
+  if (t.last_posted < 0) t.last_posted = t.shm ? ShmPosted(t) : inst.posted.load(std::memory_order_relaxed);
   for (;;) {
     // acquire pairs with the release store of the last poster: all slots visible.
-    const int posted = inst.posted.load(std::memory_order_acquire);
+    const int posted = t.shm ? ShmPosted(t) : inst.posted.load(std::memory_order_acquire);
     if (posted == n) {
       t.TryCompute();  // unless done() claimed it first
       return true;
     }
     if (t.done.load(std::memory_order_acquire)) return true;  // failed (mismatch/timeout/reset)
+    if (t.shm && ShmPoll(t)) return true;  // failed in another process, or a missing rank's process died
     const int64_t now = NowNs();
     if (now - t.start_ns > timeout_ns) {
       FailOnTimeout(t, timeout_s);

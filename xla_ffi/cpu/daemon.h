@@ -55,5 +55,7 @@ class Daemon {
 // keep the process alive nor touch destroyed objects during interpreter exit.
 Daemon& DaemonFor(int64_t device);
 int64_t NumDaemons();
+// Wakes every daemon (an instance spanning processes may have progressed).
+void WakeAllDaemons();
 
 }  // namespace dfccl::cpu

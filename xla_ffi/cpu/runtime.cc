@@ -12,6 +12,7 @@
 
 #include "cpu/daemon.h"
 #include "cpu/collectives.h"
+#include "cpu/multiprocess.h"
 #include <deque>
 #include <future>
 #include <functional>
@@ -226,6 +227,10 @@ void Task::Complete(ErrorCode kind, std::string message) {
 
 void Task::NotifyReady() { daemon->Wake(); }
 
+bool Task::Ready() const {
+  return shm ? ShmReady(*this) : inst->posted.load(std::memory_order_acquire) == inst->n;
+}
+
 bool Task::TryCompute() {
   if (claimed.load(std::memory_order_relaxed) || claimed.exchange(true, std::memory_order_acq_rel)) return false;
   ComputeAndRelease(*this);
@@ -233,7 +238,14 @@ bool Task::TryCompute() {
 }
 
 // ---- start ---------------------------------------------------------------------
+void RegisterTicket(const std::shared_ptr<Task>& task) {
+  Globals& g = G();
+  std::lock_guard<std::mutex> l(g.tickets_mu);
+  g.tickets.emplace(task->ticket, task);
+}
+
 int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, int64_t run_id) {
+
   Globals& g = G();
   DFCCL_CHECK_CODE(g.config.configured.load(std::memory_order_acquire), ErrorCode::kFailedPrecondition,
                    "dfccl: the CPU runtime was not configured (jax_dfccl._src.backend.load() passes every "
@@ -263,6 +275,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
   task->ticket = g.next_ticket.fetch_add(1, std::memory_order_relaxed);
   g.counters.started.fetch_add(1, std::memory_order_relaxed);
   g.counters.live_tasks.fetch_add(1, std::memory_order_relaxed);
+  if (CrossProcess(spec)) return StartCrossProcess(task);
 
   // Post under the communicator mutex; act (complete / wake) after releasing it.
   std::vector<std::shared_ptr<Task>> fail_tasks;
@@ -375,6 +388,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
 
 // ---- daemon-side transitions -----------------------------------------------------
 void ComputeAndRelease(Task& t) {
+  if (t.shm) return ShmComputeAndRelease(t);
   Instance& inst = *t.inst;
   // The instance is ready (posted == n was loaded with acquire): slots are
   // immutable and every peer input stays valid until all readers are done,
@@ -414,6 +428,7 @@ void ComputeAndRelease(Task& t) {
 }
 
 void FailOnTimeout(Task& t, double timeout_s) {
+  if (t.shm) return ShmFailOnTimeout(t, timeout_s);
   Instance& inst = *t.inst;
   std::vector<std::shared_ptr<Task>> tasks;
   std::string msg;
@@ -455,6 +470,12 @@ void AbortDevice(int64_t device, const std::string& failed_key) {
       if (t->spec.self_device == device && !t->done.load(std::memory_order_acquire)) victims.push_back(t);
   }
   for (auto& v : victims) {
+    if (v->shm) {
+      ShmAbort(*v, failed_key);
+      std::unique_lock<std::mutex> l(v->mu);
+      v->cv.wait(l, [&] { return v->done.load(std::memory_order_relaxed); });
+      continue;
+    }
     Instance& inst = *v->inst;
     std::vector<std::shared_ptr<Task>> tasks;
     std::string msg;
@@ -496,9 +517,7 @@ void WaitCollectiveAsync(int64_t ticket, std::string_view key,
   // The last reader (or a failure) completes the task; the daemon computes this
   // rank's output and enforces the timeout, unless the instance is ready now
   // and the daemon has not claimed it: then this thread computes it.
-  Instance& inst = *t->inst;
-  if (!t->done.load(std::memory_order_acquire) && !t->claimed.load(std::memory_order_acquire) &&
-      inst.posted.load(std::memory_order_acquire) == inst.n)
+  if (!t->done.load(std::memory_order_acquire) && !t->claimed.load(std::memory_order_acquire) && t->Ready())
     t->TryCompute();
   auto finish = [t, callback = std::move(callback)] {
     DoneStatus st{t->err_kind, t->error};
@@ -584,11 +603,12 @@ std::string PendingReport() {
   std::sort(lines.begin(), lines.end());
   std::string report;
   for (const std::string& line : lines) report += line + "\n";
-  return report;
+  return report + ShmPendingReport();
 }
 
 void Reset() {
   Globals& g = G();
+  ShmReset();  // fails this process's open shared instances (peers get the error)
   std::vector<std::shared_ptr<Communicator>> comms;
   {
     std::lock_guard<std::mutex> l(g.comms_mu);

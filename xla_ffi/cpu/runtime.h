@@ -44,6 +44,7 @@ namespace dfccl::cpu {
 
 class Daemon;
 struct Task;
+struct ShmRef;  // multiprocess.h
 
 int64_t NowNs();  // steady_clock
 
@@ -149,6 +150,9 @@ struct Task {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<Instance> inst;
   Daemon* daemon = nullptr;
+  // Set for a group spanning processes (multiprocess.h): the shared instance;
+  // `inst` is then a local shell (n, key, seq) and never becomes ready.
+  std::shared_ptr<ShmRef> shm;
 
   // Scheduling state, touched only by the owning daemon thread.
   bool preempted = false, sticky = false;
@@ -176,6 +180,8 @@ struct Task {
   void NotifyReady();
   // Computes (and releases) if nobody claimed it yet; returns whether it did.
   bool TryCompute();
+  // Every rank posted (acquire): the task can be computed.
+  bool Ready() const;
 };
 
 // ---- entry points --------------------------------------------------------------
@@ -183,6 +189,8 @@ struct Task {
 // (equal on every device of one run; see Tombstone).  Throws dfccl::Error on
 // malformed input.
 int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, int64_t run_id = 0);
+// Makes a started task reachable by its ticket (for done()).
+void RegisterTicket(const std::shared_ptr<Task>& task);
 
 // dfccl_done: blocks until the ticket's task completed.
 // (the runtime's errors are dfccl::Error when thrown, dfccl::Status as values: dfccl/check.h)

@@ -1,0 +1,101 @@
+"""The CPU runtime across the processes of one host: bootstrap.
+
+After ``jax.distributed.initialize(...)``, :func:`initialize` makes the CPU
+runtime of every process share one control segment (the instance table of
+``xla_ffi/cpu/shm.h``) and each process's staging arena, all POSIX
+shared-memory segments.  The ``jax.distributed`` key-value store carries only
+their names; data never goes through the coordinator.
+
+Segments never outlive the job: each process unlinks the segments it created
+as soon as every process has mapped them (a barrier), so ``/dev/shm`` holds
+nothing while the job runs, whatever happens to its processes afterwards
+(``kill -9`` included).  Segments left by a process killed between creating
+and unlinking (their names carry the creator's pid) are removed by the next
+:func:`initialize` on the host.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import threading
+
+import jax
+
+from jax_dfccl._src import backend
+from jax_dfccl.config import config
+
+_lock = threading.Lock()
+_state: dict = {}
+_NS = "jax_dfccl/shm"
+
+
+def _client():
+  from jax._src import distributed
+  client = distributed.global_state.client
+  if client is None:
+    raise RuntimeError("jax_dfccl.initialize: call jax.distributed.initialize(...) first")
+  return client
+
+
+def initialize(timeout_s: float = 120.0) -> None:
+  """Lets jax_dfccl collectives span the processes of a ``jax.distributed`` job
+  on one host (CPU devices).  Call it once in every process, after
+  ``jax.distributed.initialize`` and before the first collective; a no-op in a
+  single process and when already done.  ``timeout_s`` bounds the wait for
+  the other processes."""
+  with _lock:
+    if _state or jax.process_count() == 1:
+      return
+    devices = jax.devices()
+    if any(d.platform != "cpu" for d in devices):
+      raise NotImplementedError("jax_dfccl.initialize: collectives across processes run on CPU devices "
+                                f"only so far (found {devices[0].platform} devices)")
+    rt = backend.load()["cpu"]
+    client = _client()
+    nprocs, me = jax.process_count(), jax.process_index()
+    ms = int(timeout_s * 1000)
+    rt.shm_sweep()  # leftovers of a killed job on this host
+    if me == 0:
+      token = secrets.token_hex(6)
+      client.key_value_set(f"{_NS}/token", token)
+    else:
+      token = client.blocking_key_value_get(f"{_NS}/token", ms)
+    pid = os.getpid()
+    created = []
+    try:
+      arena = f"/dfccl.{pid}.{token}.p{me}"
+      rt.shm_create(arena, int(config.shm_arena_bytes), False, nprocs, 0)
+      created.append(arena)
+      if me == 0:
+        control = f"/dfccl.{pid}.{token}.ctrl"
+        rt.shm_create(control, 0, True, nprocs, int(config.shm_max_instances))
+        created.append(control)
+        client.key_value_set(f"{_NS}/{token}/control", control)
+      client.key_value_set(f"{_NS}/{token}/arena/{me}", arena)
+      control = client.blocking_key_value_get(f"{_NS}/{token}/control", ms)
+      arenas = [client.blocking_key_value_get(f"{_NS}/{token}/arena/{p}", ms) for p in range(nprocs)]
+      rt.shm_attach(control, arenas, me, [(d.id, d.process_index) for d in devices])
+      client.wait_at_barrier(f"{_NS}/{token}/mapped", ms)
+    finally:
+      for name in created:  # mapped by everyone (or failed): the names can go
+        rt.shm_unlink(name)
+    atexit.register(rt.shm_detach)
+    _state.update(token=token, process=me, processes=nprocs)
+
+
+def is_initialized() -> bool:
+  """Whether :func:`initialize` connected the runtime across processes."""
+  return bool(_state)
+
+
+def check_reach(devices, api: str) -> None:
+  """Raises when a collective's devices span processes before :func:`initialize`
+  (the ranks of other processes would never be seen: a hang until timeout_s)."""
+  if _state or jax.process_count() == 1:
+    return
+  me = jax.process_index()
+  others = sorted({d.process_index for d in devices if d.process_index != me})
+  if others:
+    raise RuntimeError(f"jax_dfccl.{api}: its devices belong to processes {[me] + others}; call "
+                       "jax_dfccl.initialize() after jax.distributed.initialize() (in every process) first")

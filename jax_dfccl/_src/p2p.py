@@ -1,0 +1,229 @@
+"""Point-to-point ``send`` / ``recv`` between a shard of one program and a
+device of another (MPMD: programs that differ per process, e.g. the stages of
+a pipeline).
+
+A send and its recv are the two halves of a ``ppermute`` over the group
+``(sender device, receiver device)`` with permutation ``[(0, 1)]``: they meet
+by ``(group, key, sequence)``, whatever order each program starts them in.
+The sender's result is what ``jax.lax.ppermute`` gives a rank that receives
+nothing (zeros like ``x``); the receiver's argument gives the result's shape
+and dtype and the values are ignored.  Both are linear, and transpose like
+that ppermute: the gradient of a ``recv`` is a send of the cotangent back to
+the source, the gradient of a ``send`` a receive of it from the destination
+(under the key ``key + "/T"``), so ``jax.vjp`` of a pipeline stage that
+receives its input and sends its output runs the backward communication.
+
+Peers are global device ids (or ``jax.Device``\\s): one for every shard, or a
+sequence with one per device of the mesh (flat order, as
+``mesh.devices.flat``).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+from jax._src.interpreters import ad
+from jax._src.interpreters import batching
+from jax._src.interpreters import mlir
+
+from jax_dfccl._src import core as c
+from jax_dfccl._src import plan as pl
+
+p2p_p = core.Primitive("dfccl_p2p")
+p2p_start_p = core.Primitive("dfccl_p2p_start")
+p2p_start_p.multiple_results = True
+
+
+def _abstract(aval, **params):
+  return aval, {c.dfccl_effect}
+
+
+def _start_abstract(aval, **params):
+  return [aval, aval, c._ticket_aval(aval)], {c.dfccl_effect}
+
+
+p2p_p.def_effectful_abstract_eval(_abstract)
+p2p_start_p.def_effectful_abstract_eval(_start_abstract)
+p2p_p.def_impl(c._no_impl)
+p2p_start_p.def_impl(c._no_impl)
+
+
+def _derive(params, tag):
+  p = dict(params)
+  p["key"] = f"{params['key']}/{tag}"
+  p["key_hash"] = c._hash64(f"{params['key_hash']}/{tag}")
+  return p
+
+
+def _jvp(primals, tangents, **params):
+  (x,), (t,) = primals, tangents
+  y = p2p_p.bind(x, **params)
+  if type(t) is ad.Zero:
+    return y, ad.Zero(core.get_aval(y).to_tangent_aval())
+  return y, p2p_p.bind(t, **_derive(params, "jvp"))
+
+
+def _transpose(ct, x, **params):
+  # The peer's transpose communicates whatever our cotangent is: never skip.
+  ct = ad.instantiate_zeros(ct)
+  inv = _derive(params, "T")
+  inv["perm"] = tuple((d, s) for s, d in params["perm"])
+  return [p2p_p.bind(ct, **inv)]
+
+
+ad.primitive_jvps[p2p_p] = _jvp
+ad.primitive_transposes[p2p_p] = _transpose
+ad.primitive_jvps[p2p_start_p] = c._no_ad
+
+
+def _batch(axis_data, vals_in, dims_in, **params):
+  (x,), (d,) = vals_in, dims_in
+  return p2p_p.bind(x, **params), d
+
+
+def _start_batch(axis_data, vals_in, dims_in, **params):
+  (x,), (d,) = vals_in, dims_in
+  return p2p_start_p.bind(x, **params), [d, d, None]
+
+
+batching.fancy_primitive_batchers[p2p_p] = _batch
+batching.fancy_primitive_batchers[p2p_start_p] = _start_batch
+
+
+def _rows(ctx, peers, role, api, arg):
+  """device_ids and group rows: partition p's group is (sender, receiver)."""
+  mesh = c._spmd_mesh(ctx, api)
+  devs = c.device_ids(mesh)
+  m = len(devs)
+  peers = np.asarray(peers * m if len(peers) == 1 else peers, dtype=np.int64)
+  if len(peers) != m:
+    raise ValueError(f"jax_dfccl.{api}: {arg} names {len(peers)} devices; the mesh has {m} "
+                     "(give one device, or one per device of the mesh in flat order)")
+  if np.any(peers == devs):
+    raise ValueError(f"jax_dfccl.{api}: {arg} names the shard's own device {int(devs[peers == devs][0])}")
+  if isinstance(mesh, jax.sharding.Mesh):
+    from jax_dfccl._src import distributed
+    by_id = {d.id: d for d in jax.devices()}
+    unknown = sorted({int(i) for i in peers if int(i) not in by_id})
+    if unknown:
+      raise ValueError(f"jax_dfccl.{api}: {arg} names device id(s) {unknown}, not devices of this job")
+    distributed.check_reach(list(mesh.devices.flat) + [by_id[i] for i in peers if i in by_id], api)
+  rows = [[p, m + p] if role == "send" else [m + p, p] for p in range(m)]
+  return np.concatenate([devs, peers]), np.asarray(rows, dtype=np.int32).reshape(-1)
+
+
+def _start(ctx, x, *, peers, role, perm, key, key_hash, site, api, arg, op):
+  ids, rows = _rows(ctx, peers, role, api, arg)
+  from jax_dfccl._src import backend
+  backend.load()
+  rule = jax.ffi.ffi_lowering("dfccl_start", operand_output_aliases={0: 1}, has_side_effect=True)
+  sub = ctx.replace(avals_in=[ctx.avals_in[0], c._PID_AVAL])
+  return rule(sub, x, c._partition_id(ctx), kind=np.int32(c.KIND["ppermute"]), reduce_op=np.int32(0),
+              key=key, key_hash=np.int64(key_hash), site=np.int64(site), group_size=np.int32(2),
+              groups=rows, device_ids=ids, perm=np.asarray(perm, dtype=np.int32).reshape(-1))
+
+
+def _lowering(ctx, x, **params):
+  site = next(c._SITES)
+  (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
+  out, xa, t = _start(ctx.replace(avals_out=[out_aval, x_aval, c._TICKET]), x, site=site, **params)
+  return c._done_lowering(ctx.replace(avals_in=[out_aval, x_aval, c._TICKET], avals_out=[out_aval]),
+                          out, xa, t, key=params["key"], site=site)
+
+
+def _start_lowering(ctx, x, *, site, **params):
+  if site not in c._DONE_SITES:
+    raise ValueError(f"jax_dfccl: the handle of {params['api']}_start {params['key']!r} is never passed "
+                     "to jax_dfccl.done in this program; every *_start needs exactly one done")
+  return _start(ctx, x, site=site, **params)
+
+
+mlir.register_lowering(p2p_p, _lowering, cacheable=False)
+mlir.register_lowering(p2p_start_p, _start_lowering, cacheable=False)
+
+
+def _peers(dev, api, arg) -> tuple:
+  def one(d):
+    if isinstance(d, jax.Device):
+      return int(d.id)
+    if isinstance(d, (int, np.integer)) and not isinstance(d, bool):
+      return int(d)
+    raise TypeError(f"jax_dfccl.{api}: {arg} must be a jax.Device, a device id or a sequence of them, got {d!r}")
+  if isinstance(dev, Sequence) or isinstance(dev, np.ndarray):
+    out = tuple(one(d) for d in (dev.flat if isinstance(dev, np.ndarray) else dev))
+    if not out:
+      raise ValueError(f"jax_dfccl.{api}: {arg} is empty")
+    return out
+  return (one(dev),)
+
+
+def _varying(x):
+  """Each shard receives its own value: type the result as varying over every
+  mesh axis (like a ppermute's), not as the placeholder's."""
+  axes = tuple(jax.sharding.get_abstract_mesh().axis_names)
+  return c.make_varying(x, axes) if axes else x
+
+
+def _plan(api, x, peer, arg, key):
+  if not isinstance(key, str) or not key:
+    raise TypeError(f"jax_dfccl.{api}: key must be a non-empty string naming the transfer "
+                    f"(the sender and the receiver run different programs), got {key!r}")
+  leaves, treedef = jax.tree.flatten(x)
+  peers = _peers(peer, api, arg)
+  role = "send" if api == "send" else "recv"
+  out = []
+  for i, leaf in enumerate(leaves):
+    pl.check_dtype(leaf, api, movement=True)
+    leaf = _varying(jnp.asarray(leaf))
+    k = key + (f"[{i}]" if len(leaves) > 1 else "")
+    params = dict(op="ppermute", peers=peers, role=role, perm=((0, 1),), key=k, key_hash=c._hash64("p2p:" + k), api=api, arg=arg)
+    out.append(pl.make_leaf(leaf, params))
+  return out, treedef
+
+
+def _run(api, x, peer, arg, key):
+  leaves, treedef = _plan(api, x, peer, arg, key)
+  return jax.tree.unflatten(treedef, [lf.post(p2p_p.bind(lf.x, **lf.params)) for lf in leaves])
+
+
+def _run_start(api, x, peer, arg, key):
+  leaves, treedef = _plan(api, x, peer, arg, key)
+  arrays, sites = [], []
+  for lf in leaves:
+    site = next(c._SITES)
+    arrays.extend(p2p_start_p.bind(lf.x, site=site, **lf.params))
+    sites.append(site)
+  return pl.Handle(arrays, pl._HandleState(api, [lf.post for lf in leaves], treedef,
+                                           [lf.params["key"] for lf in leaves], sites))
+
+
+def send(x, dst, *, key: str):
+  """Sends ``x`` (an array or pytree; this shard's value) to device ``dst``,
+  where a :func:`recv` with the same ``key`` receives it.  Returns zeros like
+  ``x`` (what ``jax.lax.ppermute`` gives a rank that receives nothing).  Blocks
+  until the receiver has started its recv; use :func:`send_start` to overlap.
+  Its transpose receives the cotangent from ``dst`` (key ``key + "/T"``)."""
+  return _run("send", x, dst, "dst", key)
+
+
+def recv(x, src, *, key: str):
+  """Receives what device ``src`` sends with :func:`send` under ``key``.  ``x``
+  (an array or pytree, e.g. ``jnp.zeros(shape, dtype)``) gives the shapes and
+  dtypes of the result; its values are ignored.  Its transpose sends the
+  cotangent back to ``src``, so differentiating a stage with respect to ``x``
+  returns the gradient of what was received to its sender."""
+  return _run("recv", x, src, "src", key)
+
+
+def send_start(x, dst, *, key: str) -> pl.Handle:
+  """Starts :func:`send`; ``jax_dfccl.done(handle)`` returns its result."""
+  return _run_start("send", x, dst, "dst", key)
+
+
+def recv_start(x, src, *, key: str) -> pl.Handle:
+  """Starts :func:`recv`; ``jax_dfccl.done(handle)`` returns the received value."""
+  return _run_start("recv", x, src, "src", key)

@@ -1,0 +1,164 @@
+"""jax_dfccl across processes on one host (CPU devices, shared memory).
+
+Every job runs P processes x D CPU devices (loopback coordinator, free port,
+deadline).  SPMD results are compared with jax.lax in this (single) process on
+as many devices; MPMD programs, send/recv chains and their gradients, the
+pipeline example and the fault cases check themselves against numpy / the
+single-process model.  The module fixture `no_leaks` asserts that no
+process and no /dev/shm segment is left behind.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import cases
+import harness
+
+CONFIGS = [(2, 1), (2, 2), (4, 1), (4, 2)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaks():
+  """After this module: no shared-memory segment and no process of ours left.
+  (A fixture here, not in a conftest.py: tests/conftest.py is imported by name.)"""
+  before = harness.shm_segments()
+  yield
+  alive = [p.pid for p in harness.LAUNCHED if p.poll() is None]
+  left = [s for s in harness.shm_segments() if s not in before]
+  assert not alive, f"processes left behind: {alive}"
+  assert not left, f"shared-memory segments left behind: {left}"
+
+
+def _check_job(job, what):
+  assert all(c == 0 for c in job.codes), f"{what}: exit codes {job.codes}\n{harness.describe(job)}"
+  for i, r in enumerate(job.results):
+    assert r is not None, f"{what}: process {i} printed no result\n{harness.describe(job)}"
+    assert "exception" not in r, f"{what}: process {i}:\n{r['exception']}"
+
+
+def _lax_reference(n, ndev):
+  """The same cases with jax.lax in this process (n of its 8 CPU devices)."""
+  devs = jax.devices("cpu")[:n]
+  mesh1 = Mesh(np.array(devs), ("x",))
+  mesh2 = Mesh(np.array(devs).reshape(n // ndev, ndev), ("p", "d")) if ndev > 1 else None
+  put = lambda x, mesh, spec: jax.device_put(x, NamedSharding(mesh, spec))  # noqa: E731
+  return cases.run(jax.lax, mesh1, mesh2, n, jax.shard_map, put)
+
+
+@pytest.mark.parametrize("processes,devices", CONFIGS)
+def test_suite(processes, devices):
+  """SPMD parity with jax.lax, MPMD programs with process-specific start orders,
+  fori_loop re-entry, send/recv chains (and their transposes), mismatch errors."""
+  job = harness.run_workers("suite", processes, devices, timeout_s=150)
+  _check_job(job, "suite")
+  n = processes * devices
+  # SPMD: every mesh position's output equals single-process jax.lax's.
+  ref = _lax_reference(n, devices)
+  got = {}
+  for p in range(processes):
+    with np.load(os.path.join(job.out_dir, f"p{p}.npz")) as z:
+      got.update({k: z[k] for k in z.files})
+  for name, outs in ref.items():
+    for i, want in enumerate(outs):
+      have = got[f"{name}/{i}"]
+      assert have.shape == want.shape, (name, i)
+      assert all(r["dtypes"][name] == str(want.dtype) for r in job.results), (name, want.dtype)
+      tol = dict(rtol=2e-2) if want.dtype == jax.numpy.bfloat16 else dict(rtol=1e-6, atol=1e-5)
+      np.testing.assert_allclose(np.asarray(have, np.float64), np.asarray(want, np.float64), **tol,
+                                 err_msg=f"{name} position {i}")
+  for r in job.results:
+    assert r["mpmd_orders"]["ok"], r["mpmd_orders"]
+    assert r["p2p_chain"]["ok"], r
+    assert r["mismatch"]["ok"], r["mismatch"]
+    assert r["stats"]["shm_processes"] == processes
+  # The start orders really differed between processes.
+  assert len({tuple(r["mpmd_orders"]["start_order"]) for r in job.results}) > 1
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_pipeline_example(processes):
+  """examples/pipeline_mpmd.py: 1F1B over `processes` stages, losses of 20 steps
+  equal the single-process model's (rtol 1e-5)."""
+  ex = os.path.join(harness.ROOT, "examples", "pipeline_mpmd.py")
+  p = subprocess.run([sys.executable, ex, "--processes", str(processes), "--steps", "20", "--json"],
+                     capture_output=True, text=True, timeout=240, env=harness.env())
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  import json
+  res = json.loads(p.stdout.strip().splitlines()[-1])
+  np.testing.assert_allclose(res["pipeline_losses"], res["reference_losses"], rtol=1e-5)
+  assert res["reference_losses"][-1] < res["reference_losses"][0]
+
+
+@pytest.mark.parametrize("processes,devices", [(3, 1), (2, 2)])
+def test_dead_peer(processes, devices):
+  """The last process is killed (SIGKILL) while the others wait in 'B': each
+  survivor raises an error naming 'B' and the dead rank long before the timeout
+  (pid liveness, not the timeout), and exits cleanly."""
+  timeout_s = 10.0
+  job = harness.run_workers("dead", processes, devices, timeout_s=90, DFCCL_TEST_TIMEOUT_S=timeout_s)
+  assert job.codes[-1] == -9, harness.describe(job)
+  assert all(c == 0 for c in job.codes[:-1]), harness.describe(job)
+  dead_ranks = [f"{r} (device" for r in range((processes - 1) * devices, processes * devices)]
+  for r in job.results[:-1]:
+    d = r["dead"]
+    assert "'B'" in d["error"] and "died" in d["error"], d
+    assert any(x in d["error"] for x in dead_ranks), d
+    # The victim sleeps 0.5 s before it dies; detection takes milliseconds.
+    assert d["seconds"] < 0.5 + 1.0 < timeout_s, d
+
+
+def test_stuck_peer():
+  """A process alive but late: the others fail after timeout_s (+1 s) naming it;
+  pending() names it from every process; its own late start gets the error."""
+  timeout_s = 2.0
+  job = harness.run_workers("stuck", 3, 1, timeout_s=90, DFCCL_TEST_TIMEOUT_S=timeout_s)
+  _check_job(job, "stuck")
+  for i, r in enumerate(job.results):
+    s = r["stuck"]
+    assert "'S'" in s["error"], s
+    assert "2 (device" in s["error"] and ("never started" in s["error"]), s
+    assert "'S' seq 0" in s["pending"] and "not by [2 (device" in s["pending"], s
+    if i < 2:
+      assert timeout_s - 0.2 < s["seconds"] < timeout_s + 1.0, s
+    else:
+      assert s["seconds"] < 1.0, s  # late arrival at a failed instance: the same error at once
+
+
+def test_restart_sweeps_stale_segments():
+  """A segment left by a dead creator (killed between creating and unlinking)
+  is removed by the next job's initialize(), which then runs."""
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  stale = f"/dev/shm/dfccl.{dead.pid}.deadbeef.p0"
+  with open(stale, "wb") as f:
+    f.write(b"\0" * 4096)
+  try:
+    job = harness.run_workers("smoke", 2, 1, timeout_s=90)
+    _check_job(job, "smoke")
+    assert all(r["smoke"]["ok"] for r in job.results)
+    assert not os.path.exists(stale)
+  finally:
+    if os.path.exists(stale):
+      os.unlink(stale)
+  assert harness.shm_segments() == []
+
+
+def test_collectives_across_processes_need_initialize():
+  job = harness.run_workers("noinit", 2, 1, timeout_s=90)
+  _check_job(job, "noinit")
+  for r in job.results:
+    psum_err, send_err = r["noinit"]
+    assert "jax_dfccl.psum" in psum_err and "jax_dfccl.initialize()" in psum_err, r
+    assert "jax_dfccl.send" in send_err and "jax_dfccl.initialize()" in send_err, r
+
+
+def test_initialize_is_a_noop_in_one_process():
+  import jax_dfccl
+  jax_dfccl.initialize()
+  assert not jax_dfccl._src.distributed.is_initialized()

@@ -1,0 +1,272 @@
+"""One process of a multi-process test job (launched by harness.py).
+
+    python worker.py SCENARIO PROCESS_ID PROCESSES PORT DEVICES OUT_DIR
+
+Prints one line ``RESULT {json}`` (the checks it made) and writes the case
+outputs to OUT_DIR/p<id>.npz.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+scenario, me, nprocs, port, ndev, out_dir = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+                                             int(sys.argv[5]), sys.argv[6])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", ndev)
+# A job whose process died must let the others finish (and exit 0).  Only
+# there: with it, the coordinator's process may shut down before the others.
+jax.config.update("jax_enable_recoverability", scenario == "dead")
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nprocs, process_id=me)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jax_dfccl as dc  # noqa: E402
+
+TIMEOUT = float(os.environ.get("DFCCL_TEST_TIMEOUT_S", "60"))
+dc.configure(timeout_s=TIMEOUT)
+if scenario != "noinit":
+  dc.initialize()
+
+result: dict = {"process": me}
+devices = jax.devices()
+n = len(devices)
+by_proc = [sorted((d for d in devices if d.process_index == p), key=lambda d: d.id) for p in range(nprocs)]
+mesh1 = Mesh(np.array(devices), ("x",))
+mesh2 = Mesh(np.array(devices).reshape(nprocs, ndev), ("p", "d")) if ndev > 1 else None
+local = Mesh(np.array(by_proc[me]), ("l",))
+
+
+def make_input(x, mesh, spec):
+  return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx])
+
+
+def smap(f, mesh, spec_in, spec_out, check_vma=True):
+  return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=spec_in, out_specs=spec_out, check_vma=check_vma))
+
+
+def local_out(y):
+  return [np.asarray(s.data) for s in sorted(y.addressable_shards, key=lambda s: s.device.id)]
+
+
+# ---- scenarios ----------------------------------------------------------------------
+def spmd():
+  import cases
+  res = cases.run(dc, mesh1, mesh2, n, jax.shard_map, make_input)
+  f32 = lambda v: v.astype(np.float32) if v.dtype == jnp.bfloat16 else v  # noqa: E731  (npz has no bfloat16)
+  np.savez(os.path.join(out_dir, f"p{me}.npz"),
+           **{f"{k}/{i}": f32(v) for k, outs in res.items() for i, v in enumerate(outs) if v is not None})
+  result["dtypes"] = {k: str(next(v for v in outs if v is not None).dtype) for k, outs in res.items()}
+
+
+def mpmd_orders():
+  """Each process runs its own program: the same four keyed collectives, started
+  in a process-specific order and finished in another."""
+  keys = ["a", "b", "c", "d"]
+  rot = me % 4
+  start_order = keys[rot:] + keys[:rot]
+  if me % 2:
+    start_order = start_order[::-1]
+  x = np.arange(n * 2 * 3, dtype=np.float32).reshape(n * 2, 3)
+
+  def body(v):
+    hs = {}
+    for k in start_order:
+      w = v * (keys.index(k) + 1)
+      hs[k] = dc.all_gather_start(w, "x", tiled=True, key=k) if k == "c" else dc.psum_start(w, "x", key=k)
+    return tuple(dc.done(hs[k]) for k in reversed(start_order)), tuple(reversed(start_order))
+
+  outs = {}
+  f = jax.jit(jax.shard_map(lambda v: body(v)[0], mesh=mesh1, in_specs=P("x"), out_specs=P("x")))
+  order = list(reversed(start_order))
+  ys = f(make_input(x, mesh1, P("x")))
+  ok = True
+  blocks = x.reshape(n, 2, 3)
+  for k, y in zip(order, ys):
+    mult = keys.index(k) + 1
+    want = (blocks.sum(0) * mult) if k != "c" else x * mult
+    for s in y.addressable_shards:
+      ok &= bool(np.allclose(np.asarray(s.data), want, rtol=1e-6))
+    outs[k] = ok
+  result["mpmd_orders"] = {"start_order": start_order, "ok": ok}
+
+
+def p2p_chain():
+  """Process p receives from p-1 (device j from device j), adds p, sends to
+  p+1; then the gradient of the last process's loss flows back through the
+  transposes (recv -> send back, send -> recv)."""
+  prev = by_proc[me - 1] if me > 0 else None
+  nxt = by_proc[me + 1] if me < nprocs - 1 else None
+  x = (np.arange(ndev * 3, dtype=np.float32).reshape(ndev, 3) + 1) / 7
+  xin = make_input(x, local, P("l"))
+  zero = jnp.zeros((1, 3), jnp.float32)
+  total = float(sum(range(nprocs)))
+
+  def ct_after(out):
+    # The cotangent of a send is zeros, which XLA could compute (and so start the
+    # gradient's receive and wait for it) before the forward send: a cycle with
+    # the next process's program.  Tie it after the send's result.
+    return jax.lax.optimization_barrier((jnp.zeros_like(out), out))[0]
+
+  if me == 0:
+    def fwd(v):
+      out = dc.send(v * 2, nxt, key="chain")
+      return out
+    def step(v):
+      out, vjp = jax.vjp(fwd, v)
+      return out, vjp(ct_after(out))[0]
+  elif me < nprocs - 1:
+    def fwd(z):
+      return dc.send(dc.recv(z, prev, key="chain") + me, nxt, key="chain")
+    def step(v):
+      out, vjp = jax.vjp(fwd, zero)
+      return out, vjp(ct_after(out))[0]
+  else:
+    def fwd(z):
+      a = dc.recv(z, prev, key="chain") + me
+      return jnp.sum(a ** 2), a
+    def step(v):
+      (l, a), vjp = jax.vjp(fwd, zero)
+      return a, vjp((jnp.ones_like(l), jnp.zeros_like(a)))[0]
+
+  f = smap(step, local, P("l"), (P("l"), P("l")), check_vma=False)
+  a, g = f(xin)
+  got_a, got_g = np.concatenate(local_out(a)), np.concatenate(local_out(g))
+  if me == 0:  # d/dx sum((2x + total)^2) = 4 (2x + total)
+    ok = bool(np.allclose(got_g, 4 * (2 * x + total), rtol=1e-6)) and not np.any(got_a)
+  elif me == nprocs - 1:
+    ok = bool(np.allclose(got_a, 2 * x + total, rtol=1e-6)) and not np.any(got_g)
+  else:
+    ok = not np.any(got_g)  # a middle stage's placeholder gets zeros
+  # Start forms, the other direction: p sends to p-1, recv posted before anything else.
+  src = by_proc[me + 1] if me < nprocs - 1 else None
+  dst = by_proc[me - 1] if me > 0 else None
+
+  def back(v):
+    h = dc.recv_start(v, src, key="back") if src else None
+    s = dc.send_start(v * (me + 1), dst, key="back") if dst else None
+    r = dc.done(h) if h else v
+    if s is not None:
+      dc.done(s)
+    return r
+  r = np.concatenate(local_out(smap(back, local, P("l"), P("l"), check_vma=False)(xin)))
+  ok2 = bool(np.allclose(r, x * (me + 2) if src else x))
+  result["p2p_chain"] = {"ok": ok and ok2}
+
+
+def mismatch():
+  """One key, process-specific shapes: every process gets an error naming the key and two ranks."""
+  x = np.ones((n * 2, 4), np.float32)
+  cols = 2 if me == nprocs - 1 else 4
+  f = smap(lambda v: dc.psum(v[:, :cols], "x", key="mm"), mesh1, P("x"), P("x"))
+  try:
+    f(make_input(x, mesh1, P("x"))).block_until_ready()
+    result["mismatch"] = {"ok": False, "error": None}
+  except Exception as e:  # noqa: BLE001
+    msg = str(e)
+    result["mismatch"] = {"ok": "'mm'" in msg and "mismatch" in msg and "rank" in msg, "error": msg[:300]}
+
+
+def suite():
+  spmd()
+  mpmd_orders()
+  p2p_chain()
+  mismatch()
+
+
+def dead():
+  """The last process dies (SIGKILL) while the others wait in a collective it never starts."""
+  f = smap(lambda v: dc.psum(v, "x", key="warm"), mesh1, P("x"), P("x"))
+  g = smap(lambda v: dc.psum(v, "x", key="B"), mesh1, P("x"), P("x"))
+  x = make_input(np.ones((n, 2), np.float32), mesh1, P("x"))
+  for _ in range(2):
+    x = f(x)
+  x.block_until_ready()
+  if me == nprocs - 1:
+    print("DYING", flush=True)
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+  t0 = time.monotonic()
+  try:
+    g(x).block_until_ready()
+    result["dead"] = {"ok": False}
+  except Exception as e:  # noqa: BLE001
+    result["dead"] = {"error": str(e).splitlines()[0][:400], "seconds": time.monotonic() - t0}
+
+
+def stuck():
+  """The last process is alive but starts 'S' only after the others timed out."""
+  g = smap(lambda v: dc.psum(v, "x", key="S"), mesh1, P("x"), P("x"))
+  x = make_input(np.ones((n, 2), np.float32), mesh1, P("x"))
+  reports = []
+  threading.Timer(1.0, lambda: reports.append(dc.pending())).start()
+  if me == nprocs - 1:
+    time.sleep(TIMEOUT + 1.5)
+  t0 = time.monotonic()
+  try:
+    g(x).block_until_ready()
+    result["stuck"] = {"ok": False}
+  except Exception as e:  # noqa: BLE001
+    result["stuck"] = {"error": str(e).splitlines()[0][:400], "seconds": time.monotonic() - t0}
+  result["stuck"]["pending"] = reports[0] if reports else ""
+
+
+def smoke():
+  f = smap(lambda v: dc.psum(v, "x"), mesh1, P("x"), P("x"))
+  y = f(make_input(np.ones((n, 2), np.float32), mesh1, P("x")))
+  result["smoke"] = {"ok": all(np.all(o == n) for o in local_out(y))}
+
+
+def clear_failed_tokens():
+  # A program that failed leaves its error in JAX's runtime tokens, which
+  # jax's exit handler would raise before it shuts jax.distributed down.
+  try:
+    jax.effects_barrier()
+  except Exception:  # noqa: BLE001
+    pass
+
+
+def noinit():
+  """Without jax_dfccl.initialize(), a collective spanning processes is refused when lowered."""
+  f = smap(lambda v: dc.psum(v, "x"), mesh1, P("x"), P("x"))
+  g = smap(lambda v: dc.send(v, by_proc[1 - me], key="k"), local, P("l"), P("l"), check_vma=False)
+  x = make_input(np.ones((n, 2), np.float32), mesh1, P("x"))
+  errors = []
+  for fn, arg in ((f, x), (g, make_input(np.ones((ndev, 2), np.float32), local, P("l")))):
+    try:
+      fn(arg)
+      errors.append("")
+    except RuntimeError as e:
+      errors.append(str(e))
+  result["noinit"] = errors
+
+
+try:
+  {"suite": suite, "dead": dead, "stuck": stuck, "smoke": smoke, "noinit": noinit}[scenario]()
+except Exception:  # noqa: BLE001
+  result["exception"] = traceback.format_exc()[-3000:]
+clear_failed_tokens()
+result["stats"] = {k: v for k, v in dc.stats()["cpu"].items() if k.startswith("shm_")}
+print("RESULT " + json.dumps(result), flush=True)
+if scenario == "dead":
+  # With recoverability the coordinator's process does not wait for the others
+  # at shutdown; exiting first would fail their disconnect (and abort them).
+  from jax._src import distributed
+  client = distributed.global_state.client
+  if me == 0:  # the survivors say goodbye just before they disconnect
+    for p in range(1, nprocs - 1):
+      client.blocking_key_value_get(f"bye/{p}", 20_000)
+    time.sleep(1.0)
+  else:
+    client.key_value_set(f"bye/{me}", "1")
+    jax.distributed.shutdown()
