@@ -170,6 +170,15 @@ class Config:
   #: across the job (entries of the shared instance table).  Read by initialize().
   shm_max_instances: int = 2048
 
+  #: Fault injection, for tests (off by default): the device whose global
+  #: id this is (-1: none) starts every collective ``fault_start_delay_us``
+  #: late (its XLA thread waits: a slow or, past ``timeout_s``, a stuck rank)
+  #: and computes each one ``fault_compute_delay_us`` late (a slow daemon).
+  #: CPU backend.
+  fault_device: int = -1
+  fault_start_delay_us: float = 0.0
+  fault_compute_delay_us: float = 0.0
+
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
 

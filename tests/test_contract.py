@@ -17,7 +17,8 @@ from jax_dfccl.config import Config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The entries the CPU runtime reads (xla_ffi/cpu/config.h DFCCL_CPU_CONFIG).
-CPU_ENTRIES = {"timeout_s", "spin_budget_us", "sticky_budget_us", "trace", "trace_capacity"}
+CPU_ENTRIES = {"timeout_s", "spin_budget_us", "sticky_budget_us", "trace", "trace_capacity", "fault_device",
+               "fault_start_delay_us", "fault_compute_delay_us"}
 
 
 def _cpu():
@@ -35,7 +36,7 @@ def test_cpu_runtime_holds_the_python_defaults():
 
 def test_cpu_runtime_reports_exactly_what_python_set():
   new = {"timeout_s": 123.25, "spin_budget_us": 3.5, "sticky_budget_us": 77.0, "trace": True,
-         "trace_capacity": 1234}
+         "trace_capacity": 1234, "fault_device": 3, "fault_start_delay_us": 1.5, "fault_compute_delay_us": 2.0}
   with dc.configured(**new):
     got = _cpu().config()
     assert got == {k: getattr(dc.config, k) for k in CPU_ENTRIES} == new
@@ -152,7 +153,8 @@ def test_every_gpu_entry_reaches_the_gpu_runtime():
   cpu = {n for _, n in _table("xla_ffi/cpu/config.h", "DFCCL_CPU_CONFIG")}
   assert cpu == CPU_ENTRIES
   from jax_dfccl.config import INIT_ENTRIES, TRACE_TIME_ENTRIES
-  assert {f.name for f in dataclasses.fields(Config)} - gpu == {"trace_capacity"} | TRACE_TIME_ENTRIES | INIT_ENTRIES
+  cpu_only = {"trace_capacity", "fault_device", "fault_start_delay_us", "fault_compute_delay_us"}
+  assert {f.name for f in dataclasses.fields(Config)} - gpu == cpu_only | TRACE_TIME_ENTRIES | INIT_ENTRIES
 
 
 _UNCONFIGURED = """

@@ -215,6 +215,37 @@ def test_ragged_mismatch_then_next_program(mesh8):
   _healthy(mesh8, "ragged_all_to_all size mismatch")
 
 
+def test_fault_injection_slow_rank_and_slow_daemon(mesh8):
+  """config.fault_*: device 5 starts every collective 300 ms late and computes 20 ms late:
+  pending() shows it missing meanwhile, results stay exact."""
+  dc.configure(timeout_s=20.0)
+  x = put(jnp.arange(8 * 64.0), mesh8, P("x"))
+  f = _smap(mesh8, lambda v: dc.psum(v, "x", key="fault/slow") + dc.all_gather(v, "x", tiled=True)[:64])
+  want = np.asarray(_smap(mesh8, lambda v: jax.lax.psum(v, "x") + jax.lax.all_gather(v, "x", tiled=True)[:64])(x))
+  f(x).block_until_ready()  # compiled
+  with dc.configured(fault_device=5, fault_start_delay_us=300e3, fault_compute_delay_us=20e3):
+    t0 = time.time()
+    out = f(x)
+    time.sleep(0.15)
+    report = dc.pending()
+    np.testing.assert_array_equal(np.asarray(out), want)
+    assert time.time() - t0 >= 0.3
+  assert "fault/slow" in report and "not by [5 (device 5)]" in report, report
+  _healthy(mesh8, "fault injection: slow rank, slow daemon")
+
+
+def test_fault_injection_stuck_rank(mesh8):
+  """A rank stuck past the timeout is named by every peer's error; the next program is exact."""
+  x = put(jnp.arange(8.0), mesh8, P("x"))
+  f = _smap(mesh8, lambda v: dc.psum(v, "x", key="fault/stuck"))
+  f(x).block_until_ready()
+  with dc.configured(timeout_s=0.5, fault_device=6, fault_start_delay_us=1.5e6):
+    with pytest.raises(Exception, match=r"fault/stuck.*\[6 \(device 6\)\] never started"):
+      jax.block_until_ready(f(x))
+    _drain()
+  _healthy(mesh8, "fault injection: stuck rank")
+
+
 def test_zz_recovery_cases():
   print(f"\nrecovery cases passed: {len(CASES)}: {CASES}")
-  assert len(CASES) == 10, CASES
+  assert len(CASES) == 12, CASES

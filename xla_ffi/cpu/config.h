@@ -21,7 +21,10 @@ namespace dfccl::cpu {
   X(double, spin_budget_us)    \
   X(double, sticky_budget_us)  \
   X(bool, trace)               \
-  X(int64_t, trace_capacity)
+  X(int64_t, trace_capacity)   \
+  X(int64_t, fault_device)     \
+  X(double, fault_start_delay_us) \
+  X(double, fault_compute_delay_us)
 
 struct Config {
 #define DFCCL_CPU_CONFIG_FIELD(T, name) std::atomic<T> name{};
@@ -47,6 +50,8 @@ inline constexpr uint32_t kAllEntries = (1u << (sizeof(kConfigNames) / sizeof(kC
 inline bool ValidEntry(std::string_view name, double v) {
   if (name == "trace") return true;
   if (name == "trace_capacity") return v >= 1 && v == static_cast<double>(static_cast<int64_t>(v));
+  if (name == "fault_device") return v >= -1 && v == static_cast<double>(static_cast<int64_t>(v));
+  if (name == "fault_start_delay_us" || name == "fault_compute_delay_us") return v >= 0;
   return v > 0;  // timeout_s, spin_budget_us, sticky_budget_us
 }
 }  // namespace detail

@@ -87,6 +87,11 @@ void Unmiss(Communicator& comm, uint64_t key, std::map<int64_t, Tombstone>::iter
   if (per_key.empty()) comm.tombstones.erase(key);
 }
 
+// Fault injection: sleeps `us` microseconds (0: nothing).
+void FaultDelay(double us) {
+  if (us > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3)));
+}
+
 }  // namespace
 
 int64_t NowNs() {
@@ -250,6 +255,9 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
   DFCCL_CHECK_CODE(g.config.configured.load(std::memory_order_acquire), ErrorCode::kFailedPrecondition,
                    "dfccl: the CPU runtime was not configured (jax_dfccl._src.backend.load() passes every "
                    "entry of jax_dfccl.config to it)");
+  // Fault injection (tests; config.fault_*): this device's starts come late.
+  if (g.config.fault_device.load(std::memory_order_relaxed) == spec.self_device)
+    FaultDelay(g.config.fault_start_delay_us.load(std::memory_order_relaxed));
   const int n = spec.nranks;
   DFCCL_CHECK(n >= 1 && spec.rank >= 0 && spec.rank < n && static_cast<int>(spec.group_devices.size()) == n,
               "dfccl: collective '" << spec.key << "': bad group (rank " << spec.rank << " of " << n << ")");
@@ -388,6 +396,9 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
 
 // ---- daemon-side transitions -----------------------------------------------------
 void ComputeAndRelease(Task& t) {
+  // Fault injection (tests; config.fault_*): this device computes slowly.
+  if (GetConfig().fault_device.load(std::memory_order_relaxed) == t.spec.self_device)
+    FaultDelay(GetConfig().fault_compute_delay_us.load(std::memory_order_relaxed));
   if (t.shm) return ShmComputeAndRelease(t);
   Instance& inst = *t.inst;
   // The instance is ready (posted == n was loaded with acquire): slots are
