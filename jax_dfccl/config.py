@@ -186,6 +186,10 @@ class Config:
 config = Config()
 
 
+#: The entries only the CPU runtime reads (the GPU runtime's table has the rest but these,
+#: INIT_ENTRIES and TRACE_TIME_ENTRIES).
+CPU_ONLY_ENTRIES = frozenset({"trace_capacity", "fault_device", "fault_start_delay_us", "fault_compute_delay_us"})
+
 #: The entries read by jax_dfccl.initialize() (the runtime across processes), not by the runtimes.
 INIT_ENTRIES = frozenset({"shm_arena_bytes", "shm_max_instances"})
 

@@ -152,9 +152,8 @@ def test_every_gpu_entry_reaches_the_gpu_runtime():
   gpu = {n for _, n in _table("xla_ffi/runtime/config.h", "DFCCL_GPU_CONFIG")}
   cpu = {n for _, n in _table("xla_ffi/cpu/config.h", "DFCCL_CPU_CONFIG")}
   assert cpu == CPU_ENTRIES
-  from jax_dfccl.config import INIT_ENTRIES, TRACE_TIME_ENTRIES
-  cpu_only = {"trace_capacity", "fault_device", "fault_start_delay_us", "fault_compute_delay_us"}
-  assert {f.name for f in dataclasses.fields(Config)} - gpu == cpu_only | TRACE_TIME_ENTRIES | INIT_ENTRIES
+  from jax_dfccl.config import CPU_ONLY_ENTRIES, INIT_ENTRIES, TRACE_TIME_ENTRIES
+  assert {f.name for f in dataclasses.fields(Config)} - gpu == CPU_ONLY_ENTRIES | TRACE_TIME_ENTRIES | INIT_ENTRIES
 
 
 _UNCONFIGURED = """

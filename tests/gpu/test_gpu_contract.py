@@ -41,7 +41,8 @@ def test_cuda_runtime_holds_every_gpu_entry_as_python_set():
   assert set(got) <= set(fields), set(got) - set(fields)
   # Every GPU entry of the schema reaches the runtime (the ones it does not read are CPU-only or
   # read at trace time).
-  assert set(fields) - set(got) == {"trace_capacity"} | {k for k in fields if k.startswith("overlap_")}
+  from jax_dfccl.config import CPU_ONLY_ENTRIES, INIT_ENTRIES, TRACE_TIME_ENTRIES
+  assert set(fields) - set(got) == CPU_ONLY_ENTRIES | INIT_ENTRIES | TRACE_TIME_ENTRIES
   for k, v in got.items():
     assert v == getattr(dc.config, k) and type(v) is type(getattr(dc.config, k)), (k, v)
 

@@ -24,8 +24,7 @@ if len(gpus()) >= 1:
 
 
 def _started() -> int:
-  s = d.stats()["cuda"]
-  return int(s["started"] if "started" in s else s["collectives_started"])
+  return int(d.stats()["cuda"]["started"])
 
 
 def _smap(f, n_in=1):
