@@ -16,6 +16,7 @@ from jax_dfccl._src.all_to_all import all_to_all, all_to_all_start
 from jax_dfccl._src.ppermute import ppermute, ppermute_start
 from jax_dfccl._src.overlap import all_gather_matmul, matmul_reduce_scatter, matmul_psum
 from jax_dfccl._src.patch import patch_lax
+from jax_dfccl._src.core import DefaultKeyInBranchWarning
 from jax_dfccl.trace import export_trace
 __version__ = "0.1.0"
 
@@ -25,4 +26,5 @@ __all__ = [
     "all_to_all_start", "ppermute_start", "done", "Handle",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_psum",
     "config", "configure", "configured", "stats", "reset", "pending", "export_trace", "patch_lax",
+    "DefaultKeyInBranchWarning",
 ]
