@@ -75,6 +75,21 @@ def _test_file(path: pathlib.Path, rev: str) -> str:
   raise SystemExit(f"jax_suite: {path} is neither a JAX checkout, nor its git dir, nor a test file")
 
 
+def _results(xml: pathlib.Path) -> dict[str, str]:
+  results = {}
+  for case in ET.parse(xml).getroot().iter("testcase"):
+    name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+    tags = {child.tag for child in case}
+    results[name] = ("failed" if tags & {"failure", "error"} else
+                     "skipped" if "skipped" in tags else "passed")
+  return results
+
+
+def _summary(label, results, log):
+  print(f"{label}: " + ", ".join(
+      f"{sum(v == s for v in results.values())} {s}" for s in ("passed", "failed", "skipped")), file=log)
+
+
 def _run(work: pathlib.Path, swapped: bool, select: str | None, log) -> dict[str, str]:
   """Runs the copied test file; returns {test id: passed|failed|skipped}."""
   xml = work / ("swapped.xml" if swapped else "baseline.xml")
@@ -88,14 +103,8 @@ def _run(work: pathlib.Path, swapped: bool, select: str | None, log) -> dict[str
                                                      os.environ.get("PYTHONPATH", "")]))
   with open(work / ("swapped.log" if swapped else "baseline.log"), "w") as f:
     subprocess.run(cmd, cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT)
-  results = {}
-  for case in ET.parse(xml).getroot().iter("testcase"):
-    name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
-    tags = {child.tag for child in case}
-    results[name] = ("failed" if tags & {"failure", "error"} else
-                     "skipped" if "skipped" in tags else "passed")
-  print(f"{'swapped' if swapped else 'baseline'}: " + ", ".join(
-      f"{sum(v == s for v in results.values())} {s}" for s in ("passed", "failed", "skipped")), file=log)
+  results = _results(xml)
+  _summary("swapped" if swapped else "baseline", results, log)
   return results
 
 
@@ -114,16 +123,25 @@ def main(argv=None) -> int:
   ap.add_argument("--only", choices=("baseline", "swapped"))
   ap.add_argument("-k", dest="select", help="pytest -k expression")
   ap.add_argument("--out", type=pathlib.Path, help="keep the logs and junit files here")
+  ap.add_argument("--baseline-xml", type=pathlib.Path,
+                  help="the junit file of an earlier baseline run (of the same file) instead of a new one")
   args = ap.parse_args(argv)
   work = args.out or pathlib.Path(tempfile.mkdtemp(prefix="jax_suite_"))
   work.mkdir(parents=True, exist_ok=True)
   (work / "shard_map_test.py").write_text(_test_file(args.path, args.rev))
   (work / "pytest.ini").write_text("[pytest]\n")  # not the checkout's (filterwarnings=error, ...)
-  base = {} if args.only == "swapped" else _run(work, False, args.select, sys.stdout)
+  if args.baseline_xml:
+    base = _results(args.baseline_xml)
+    _summary("baseline (earlier run)", base, sys.stdout)
+  else:
+    base = {} if args.only == "swapped" else _run(work, False, args.select, sys.stdout)
   swap = {} if args.only == "baseline" else _run(work, True, args.select, sys.stdout)
   status = 0
   if base and swap:
     only = sorted(t for t, r in swap.items() if r == "failed" and base.get(t) == "passed")
+    fixed = sorted(t for t, r in swap.items() if r == "passed" and base.get(t) == "failed")
+    if fixed:
+      print(f"pass only swapped: {len(fixed)}: " + ", ".join(fixed))
     unexpected = [t for t in only if expected_reason(t) is None]
     print(f"swapped-only failures: {len(only)} ({len(only) - len(unexpected)} expected, "
           f"{len(unexpected)} unexpected)")

@@ -378,17 +378,44 @@ batching.fancy_primitive_batchers[done_p] = _done_batch
 # ---- lowering ----
 
 
+def _partially_manual(ctx) -> bool:
+  """Inside ``jax.shard_map(..., axis_names=...)`` that leaves some mesh axes
+  (of size > 1) to XLA's partitioner."""
+  ac = ctx.module_context.axis_context
+  if not isinstance(ac, SPMDAxisContext) or not ac.manual_axes:
+    return False
+  mesh = ac.mesh
+  return frozenset(ac.manual_axes) < frozenset(a for a in mesh.axis_names if mesh.shape[a] > 1)
+
+
 def _spmd_mesh(ctx, api):
   ac = ctx.module_context.axis_context
   if not isinstance(ac, SPMDAxisContext):
     raise ValueError(f"jax_dfccl.{api}: must be lowered inside jax.shard_map")
-  mesh = ac.mesh
-  manual = frozenset(ac.manual_axes)
-  if manual and manual != frozenset(a for a in mesh.axis_names if mesh.shape[a] > 1) \
-      and manual != frozenset(mesh.axis_names):
-    raise NotImplementedError("jax_dfccl: collectives in a partially-manual shard_map "
-                              "(axis_names=...) are not supported; make every mesh axis manual")
-  return mesh
+  if _partially_manual(ctx):
+    raise NotImplementedError(
+        f"jax_dfccl.{api}: the start/done forms inside a partially-manual shard_map "
+        "(axis_names=...) are not supported; use the blocking form there, or make every "
+        "mesh axis manual")
+  return ac.mesh
+
+
+def _lower_fully_manual(ctx, x, params):
+  """A blocking collective in a partially-manual region, as jax.lax.axis_index does
+  it: inside a nested shard_map over the remaining (automatic) axes.  Its input is
+  replicated over them there (XLA gathers it if it was sharded), so each group of
+  the manual axes — the devices that share their automatic coordinates — runs the
+  collective on the whole value, and the result is the same for every automatic
+  coordinate, as the nested shard_map's out_specs=P() declares.  Inside it every
+  axis is manual, so hlo.partition_id is the device's position in the full mesh,
+  as group_table (built over the full mesh) expects."""
+  from jax._src.shard_map import shard_map
+  from jax.sharding import PartitionSpec
+
+  def f(v):
+    return shard_map(lambda u: collective_p.bind(u, **params), check_vma=False,
+                     in_specs=PartitionSpec(), out_specs=PartitionSpec())(v)
+  return mlir.lower_fun(f, multiple_results=False)(ctx, x)
 
 
 def group_table(mesh, axes, groups=None) -> np.ndarray:
@@ -488,6 +515,8 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site):
 
 
 def _collective_lowering(ctx, x, **params):
+  if _partially_manual(ctx):
+    return _lower_fully_manual(ctx, x, params)
   site = next(_SITES)
   (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
   t_aval = _TICKET
@@ -498,6 +527,8 @@ def _collective_lowering(ctx, x, **params):
 
 
 def _collective_lowering_cuda(ctx, x, **params):
+  if _partially_manual(ctx):
+    return _lower_fully_manual(ctx, x, params)
   # One custom call: the ready write and the done wait go on the stream together.
   return _start_lowering(ctx, x, site=next(_SITES), target="dfccl_collective", aliases={}, **params)
 
