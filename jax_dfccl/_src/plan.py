@@ -169,6 +169,11 @@ class Handle:
   def tree_unflatten(cls, state, arrays):
     return cls(arrays, state)
 
+  def done(self):
+    """``jax_dfccl.done(self)``; also the method of jax.lax's async futures
+    (``jax.lax.psum_scatter_start(...).done()``), so patch_lax can swap those."""
+    return done(self)
+
   def __repr__(self):
     return f"Handle({', '.join(self._state.keys)}{', done' if self._state.consumed else ''})"
 
