@@ -1,15 +1,12 @@
 """Small shims over JAX internals that differ between the supported releases
-(jax 0.11.2 and 0.12.x).  The installed version is read once, here."""
+(jax 0.11.2 and 0.12.0.1, the range pinned in pyproject.toml).  This is the one
+place that knows about the installed release: what it has is detected here, once,
+by feature (e.g. ``core.check_unreduced_args``, reduced/unreduced manual-axis
+types), and the rest of the package calls these functions."""
 from __future__ import annotations
 
-import jax
 from jax._src import config as jax_config
 from jax._src import core
-
-#: (major, minor, patch) of the installed jax.
-JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3])
-#: The oldest and the newest release this package was tested with.
-TESTED = ((0, 11, 2), (0, 12, 0))
 
 
 def check_vma_enabled() -> bool:
