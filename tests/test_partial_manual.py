@@ -76,3 +76,20 @@ def test_start_done_in_partially_manual_region_is_refused(mesh24):
   x = jax.device_put(jnp.zeros((8, 8)), NamedSharding(mesh24, P("x", "y")))
   with pytest.raises(NotImplementedError, match="partially-manual"):
     jax.jit(f).trace(x).lower()
+
+
+def test_vmap_of_shard_map_over_explicit_mesh_as_lax():
+  # vmap over a dim sharded on explicit axis "x" leaves "x" automatic inside the shard_map
+  # over "y": the nested region keeps that sharding.
+  from jax.sharding import AxisType
+  mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2,
+                       devices=jax.devices("cpu")[:8])
+  with jax.set_mesh(mesh):
+    arr = jax.device_put(jnp.arange(32.0).reshape(2, 16), P("x", "y"))
+    outs = []
+    for lib in (jax.lax, dc):
+      f = jax.shard_map(lambda v, lib=lib: lib.psum(v, "y"), in_specs=P("y"), out_specs=P(None))
+      outs.append(jax.jit(jax.vmap(f))(arr))
+  assert outs[1].sharding == outs[0].sharding
+  np.testing.assert_array_equal(np.asarray(outs[1]), np.asarray(outs[0]))
+  np.testing.assert_array_equal(np.asarray(outs[0]), np.arange(32.0).reshape(2, 4, 4).sum(1))

@@ -412,9 +412,13 @@ def _lower_fully_manual(ctx, x, params):
   from jax._src.shard_map import shard_map
   from jax.sharding import PartitionSpec
 
+  def spec(aval):  # Explicit automatic axes keep their sharding (e.g. a vmapped dim over one)
+    sp = getattr(getattr(aval, "sharding", None), "spec", None)
+    return PartitionSpec(*sp) if sp is not None and any(e is not None for e in sp) else PartitionSpec()
+
   def f(v):
     return shard_map(lambda u: collective_p.bind(u, **params), check_vma=False,
-                     in_specs=PartitionSpec(), out_specs=PartitionSpec())(v)
+                     in_specs=spec(ctx.avals_in[0]), out_specs=spec(ctx.avals_out[0]))(v)
   return mlir.lower_fun(f, multiple_results=False)(ctx, x)
 
 
