@@ -221,3 +221,14 @@ def test_branch_index_varying_over_other_axis_does_not_warn(mesh24):
     warnings.simplefilter("error", dc.DefaultKeyInBranchWarning)
     got = jax.jit(f)(x)  # every rank of a "y" group takes the same branch
   np.testing.assert_allclose(got, np.asarray(x).reshape(2, 4, 2).sum(1) * np.array([[1.0], [2.0]]))
+
+
+def test_ppermute_axes_in_other_order_than_mesh():
+  # jax.lax refuses axis_name=('y', 'x') on an ('x', 'y') mesh at run time (an XLA limitation);
+  # ours runs it, ranks numbered as axis_index(('y', 'x')) numbers them.
+  mesh = _explicit_mesh((2, 2), ("x", "y"))
+  with jax.set_mesh(mesh):
+    inp = jax.device_put(jnp.arange(4), P(("y", "x")))
+    f = jax.jit(jax.shard_map(lambda v: dc.ppermute(v, ("y", "x"), [(0, 1), (1, 2), (2, 3), (3, 0)]),
+                              in_specs=P(("y", "x")), out_specs=P(("y", "x"))))
+    np.testing.assert_array_equal(np.asarray(f(inp)), [3, 0, 1, 2])
