@@ -394,9 +394,9 @@ def _spmd_mesh(ctx, api):
     raise ValueError(f"jax_dfccl.{api}: must be lowered inside jax.shard_map")
   if _partially_manual(ctx):
     raise NotImplementedError(
-        f"jax_dfccl.{api}: the start/done forms inside a partially-manual shard_map "
-        "(axis_names=...) are not supported; use the blocking form there, or make every "
-        "mesh axis manual")
+        f"jax_dfccl.{api}: inside a partially-manual shard_map (axis_names=...) only the "
+        "blocking collectives are supported, not the start/done forms (nor the overlap ops "
+        "built on them); use the blocking form there, or make every mesh axis manual")
   return ac.mesh
 
 
