@@ -93,3 +93,16 @@ def test_vmap_of_shard_map_over_explicit_mesh_as_lax():
   assert outs[1].sharding == outs[0].sharding
   np.testing.assert_array_equal(np.asarray(outs[1]), np.asarray(outs[0]))
   np.testing.assert_array_equal(np.asarray(outs[0]), np.arange(32.0).reshape(2, 4, 4).sum(1))
+
+
+def test_partially_manual_with_a_size_one_manual_axis():
+  # manual {"x", "z"} with "z" of size 1: still partially manual ("y" is automatic).
+  from conftest import cpu_mesh
+  mesh = cpu_mesh((2, 4, 1), ("x", "y", "z"))
+  x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("x", "y")))
+  outs = []
+  for lib in (jax.lax, dc):
+    f = jax.shard_map(lambda v, lib=lib: lib.psum(v * (jax.lax.axis_index("x") + 1), "x"), mesh=mesh,
+                      in_specs=P("x"), out_specs=P("x"), axis_names={"x", "z"})
+    outs.append(np.asarray(jax.jit(f)(x)))
+  np.testing.assert_array_equal(outs[1], outs[0])

@@ -385,7 +385,7 @@ def _partially_manual(ctx) -> bool:
   if not isinstance(ac, SPMDAxisContext) or not ac.manual_axes:
     return False
   mesh = ac.mesh
-  return frozenset(ac.manual_axes) < frozenset(a for a in mesh.axis_names if mesh.shape[a] > 1)
+  return bool({a for a in mesh.axis_names if mesh.shape[a] > 1} - set(ac.manual_axes))
 
 
 def _spmd_mesh(ctx, api):
