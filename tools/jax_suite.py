@@ -1,6 +1,6 @@
 """JAX's own shard_map tests with jax_dfccl's collectives swapped in.
 
-    python tools/jax_suite.py PATH [--only baseline|swapped] [--out DIR] [-k EXPR]
+    python tools/jax_suite.py PATH [--only baseline|swapped] [--out DIR] [-k EXPR] [--baseline-xml FILE]
 
 PATH is a JAX source checkout (its ``tests/shard_map_test.py`` is used), the
 test file itself, or a bare git directory of the jax repository (the file is
