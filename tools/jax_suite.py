@@ -156,9 +156,10 @@ def main(argv=None) -> int:
       reason = expected_reason(t)
       print(f"  {'expected  ' if reason else 'UNEXPECTED'} {t}" + (f"  -- {reason}" if reason else ""))
     status = 1 if unexpected else 0
-  print(f"logs: {work}")
   if args.out is None and status == 0:
     shutil.rmtree(work, ignore_errors=True)
+  else:
+    print(f"logs: {work}")
   return status
 
 
