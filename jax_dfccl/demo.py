@@ -91,7 +91,8 @@ def main():
   print("  ".join("-" * w[i] for i in range(4)))
   for r in rows:
     print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
-  print()
+  print("\nresult: the outputs against the reference row's, bit for bit ('exact'), or HANG/WRONG; jax.lax in\n"
+        "rank-specific order runs in a child process with a timeout, so it has no time (it may hang).\n")
   return 0 if exact else 1
 
 

@@ -38,3 +38,9 @@ def _reset_dfccl_config():
   changed = {k: v for k, v in saved.items() if getattr(jax_dfccl.config, k) != v}
   if changed:
     jax_dfccl.configure(**changed)
+
+
+def pytest_addoption(parser):
+  parser.addoption("--jax-checkout", default=None,
+                   help="a jax source checkout (or its tests/shard_map_test.py, or its git dir): "
+                        "tests/test_jax_suite.py runs JAX's shard_map tests with our collectives swapped in")

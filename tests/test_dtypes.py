@@ -66,7 +66,28 @@ def test_small_integer_reductions_wrap_like_lax(mesh8, dtype, op):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", ["psum", "pmax", "pmin", "pmean", "psum_scatter"])
+def test_bool_and_uint32_reductions_as_lax(mesh8, dtype, op):
+  # jax.lax sums bools as int32 (a count); uint32 sums wrap; uint32 max/min are unsigned.
+  x = put(jnp.asarray(_data(dtype, (N * 8, 5), seed=4)), mesh8, P("x"))
+  f = {"psum": lambda lib: lambda v: lib.psum(v, "x"),
+       "pmax": lambda lib: lambda v: lib.pmax(v, "x"),
+       "pmin": lambda lib: lambda v: lib.pmin(v, "x"),
+       "pmean": lambda lib: lambda v: lib.pmean(v, "x"),
+       "psum_scatter": lambda lib: lambda v: lib.psum_scatter(v, "x", tiled=True)}[op]
+  if op == "psum_scatter" and dtype == np.bool_:  # refused by jax.lax: by us too
+    for lib in (jax.lax, dc):
+      with pytest.raises(TypeError, match="bool"):
+        _run(f(lib), mesh8, x)
+    return
+  want = _run(f(jax.lax), mesh8, x)
+  got = _run(f(dc), mesh8, x)
+  assert got.dtype == want.dtype
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_unsupported_reduction_dtype_is_a_trace_time_error(mesh8):
-  x = put(jnp.zeros((N, 2), jnp.uint32), mesh8, P("x"))
-  with pytest.raises(TypeError, match="unsupported dtype uint32"):
+  x = put(jnp.zeros((N, 2), ml_dtypes.float8_e4m3fn), mesh8, P("x"))
+  with pytest.raises(TypeError, match="unsupported dtype float8_e4m3fn"):
     _run(lambda v: dc.psum(v, "x"), mesh8, x)

@@ -84,3 +84,29 @@ def test_axis_index_groups_passed_on(mesh8):
     got = g(x)
   for a, b in zip(got, want):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(jax.lax, "psum_scatter_start"), reason="jax.lax has no psum_scatter_start")
+def test_async_psum_scatter_start_swapped(mesh8):
+  def f(v):
+    fut = jax.lax.psum_scatter_start(v, "x", scatter_dimension=0, tiled=True)
+    return fut.done() * 2
+  x = put(jnp.arange(N * N * 2.0).reshape(N * N, 2), mesh8, P("x"))
+  prog = lambda: jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))  # noqa: E731
+  want = prog()(x)
+  with dc.patch_lax():
+    g = prog()
+    assert "dfccl_start" in g.trace(x).lower().as_text()
+    got = g(x)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(want), 2 * np.asarray(x).reshape(N, N, 2).sum(0))
+
+
+def test_all_gather_to_through_patch(mesh8):
+  f = lambda v: jax.lax.all_gather(v, "x", tiled=True, to="invarying")  # noqa: E731
+  x = put(jnp.arange(N * 2.0), mesh8, P("x"))
+  prog = lambda: jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P()))  # noqa: E731
+  want = prog()(x)
+  with dc.patch_lax():
+    got = prog()(x)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

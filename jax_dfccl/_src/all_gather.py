@@ -1,6 +1,7 @@
 """all_gather: drop-in for jax.lax.all_gather.  Canonical form: (n, *S) stack."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from jax_dfccl._src import compat
@@ -10,13 +11,27 @@ from jax_dfccl._src import plan as pl
 
 def _abstract(aval, n, params):
   from jax._src.lax.parallel import collective_vma_rule
-  vma = collective_vma_rule("all_gather", params["axes"], aval)
-  return compat.with_shape_vma(aval, (n, *aval.shape), vma)
+  axes, mode = params["axes"], params.get("mode", "varying")
+  compat.check_unreduced_args(aval, axes, "all_gather")
+  vma = collective_vma_rule("all_gather", axes, aval)
+  if mode == "varying":
+    return compat.with_shape_vma(aval, (n, *aval.shape), vma)
+  # to='invarying': the same on every rank of the group; to='reduced': also typed
+  # as reduced over the axes (its cotangent is an unreduced sum).
+  out = compat.update_mat(aval, (n, *aval.shape), varying=vma - set(axes))
+  return compat.update_mat(out, reduced=compat.reduced(aval) | set(axes)) if mode == "reduced" else out
 
 
 def _transpose(ct, params):
-  # The canonical all_gather's transpose is the canonical reduce-scatter.
-  return c.bind_blocking(ct, {**params, "op": "psum_scatter", "reduce": "sum"})
+  mode = params.get("mode", "varying")
+  if mode == "invarying":  # each rank keeps its own block of the invariant cotangent: no communication
+    return ct[jax.lax.axis_index(params["axes"])]
+  # The canonical all_gather's transpose is the canonical reduce-scatter (of an
+  # unreduced cotangent for to='reduced').
+  rs = {k: v for k, v in params.items() if k != "mode"}
+  if mode == "reduced":
+    rs["mode"] = "unreduced"
+  return c.bind_blocking(ct, {**rs, "op": "psum_scatter", "reduce": "sum"})
 
 
 def _batch(x, d):
@@ -26,7 +41,17 @@ def _batch(x, d):
 OP = c.register_op(c.OpDef("all_gather", "all_gather", _abstract, _transpose, _batch))
 
 
-def _plan(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None, key=None):
+_TO = ("varying", "reduced", "invarying")
+
+
+def _plan(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="varying", key=None):
+  if to not in _TO:
+    raise ValueError("jax_dfccl.all_gather: Got unexpected `to` value for `jax.lax.all_gather`. "
+                     f"Allowed `to` values are: {set(_TO)}")
+  if to != "varying" and not compat.check_vma_enabled():
+    to = "varying"  # as jax.lax: without check_vma the types do not say
+  if to != "varying" and axis_index_groups is not None:
+    raise NotImplementedError(f"jax_dfccl.all_gather: to={to!r} with axis_index_groups (as jax.lax)")
   common, n, items, treedef = pl.leaves_of(x, "all_gather", axis_name, key, "all_gather", axis_index_groups,
                                           movement=True)
   leaves = []
@@ -45,8 +70,10 @@ def _plan(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None, key=None
         y = y.reshape(shape[:ax] + (n * shape[ax],) + shape[ax + 1:])
       return y
 
-    leaves.append(pl.make_leaf(leaf, dict(op="all_gather", **common, key=k, key_hash=h, reduce="sum", perm=()),
-                              post))
+    params = dict(op="all_gather", **common, key=k, key_hash=h, reduce="sum", perm=())
+    if to != "varying":
+      params["mode"] = to
+    leaves.append(pl.make_leaf(leaf, params, post))
   return pl.bucket(leaves, treedef)
 
 
@@ -54,4 +81,7 @@ all_gather, all_gather_start = pl.api("all_gather", _plan)
 all_gather.__doc__ = """Gathers ``x`` from every rank of ``axis_name``; drop-in for ``jax.lax.all_gather``.
 
 ``tiled=False`` stacks along a new dimension ``axis``; ``tiled=True`` concatenates
-along the existing dimension ``axis``."""
+along the existing dimension ``axis``.  ``to`` is the output's manual-axis type,
+as in ``jax.lax.all_gather``: ``'varying'`` (default), ``'invarying'`` (the same
+on every rank; its gradient is each rank's block, with no communication) or
+``'reduced'`` (its gradient is a reduce-scatter of the unreduced cotangent)."""

@@ -13,6 +13,7 @@ def _abstract(aval, n, params):
   from jax._src.lax.parallel import collective_vma_rule
   if not aval.shape or aval.shape[0] != n:
     raise ValueError(f"jax_dfccl: all_to_all canonical input must lead with {n}, got {aval.shape}")
+  compat.check_unreduced_args(aval, params["axes"], "all_to_all")
   vma = collective_vma_rule("all_to_all", params["axes"], aval)
   return compat.with_shape_vma(aval, aval.shape, vma)
 
@@ -35,7 +36,7 @@ def _tiled_post(n, shape, ca):
   return post
 
 
-def _plan(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_groups=None, key=None):
+def _plan(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tiled=False, key=None):
   common, n, items, treedef = pl.leaves_of(x, "all_to_all", axis_name, key, "all_to_all", axis_index_groups,
                                           movement=True)
   leaves = []

@@ -25,6 +25,7 @@ import hashlib
 import itertools
 import os
 import sys
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -149,6 +150,7 @@ def make_key(opname: str, user_key, aval, axes, extra: str = "") -> tuple[str, i
       raise TypeError(f"jax_dfccl: key must be a non-empty string, got {user_key!r}")
     return user_key + extra, _hash64("user:" + user_key + extra)
   site = call_site()
+  _warn_if_in_rank_dependent_branch(opname, site, axes)
   ident = f"{opname}|{site}|{tuple(aval.shape)}|{aval.dtype}|{tuple(axes)}{extra}"
   # The k-th collective traced from one call site gets occurrence k: ops issued
   # from one line (a Python loop, a helper called twice) stay distinct, since
@@ -156,6 +158,36 @@ def make_key(opname: str, user_key, aval, axes, extra: str = "") -> tuple[str, i
   k = next(_OCCURRENCES.setdefault(ident, itertools.count()))
   readable = f"{opname}@{site}{extra}" + (f"#{k}" if k else "")
   return readable, _hash64(f"{ident}#{k}")
+
+
+class DefaultKeyInBranchWarning(UserWarning):
+  """A collective with a default key inside a branch that ranks may choose differently."""
+
+
+_BRANCH_FRAMES = {"_switch_internal": "index", "cond": "pred"}  # jax/_src/lax/control_flow/conditionals.py
+
+
+def _warn_if_in_rank_dependent_branch(opname, site, axes):
+  """Default keys name the call site, so the same collective issued from different
+  branches of a ``lax.switch``/``lax.cond`` has a different key on ranks that took
+  different branches: they would wait for each other until ``config.timeout_s``.
+  Say so at trace time when the branch index may differ between the ranks of the
+  group (it varies over one of ``axes``, or check_vma is off and no one can tell)."""
+  f = sys._getframe(2)
+  while f is not None:
+    var = _BRANCH_FRAMES.get(f.f_code.co_name)
+    if var and f.f_code.co_filename.endswith("conditionals.py") and var in f.f_locals:
+      idx = f.f_locals[var]
+      if isinstance(idx, core.Tracer) and (
+          not compat.check_vma_enabled() or compat.varying(jax.typeof(idx)) & set(axes)):
+        warnings.warn(
+            f"jax_dfccl.{opname} at {site} is inside a lax.switch/lax.cond whose branch index may "
+            f"differ between the ranks of axes {tuple(axes)}, without key=: default keys differ per "
+            "branch, so ranks in different branches would never match and fail only after "
+            "config.timeout_s. Give the collectives of the branches the same key= (e.g. key='step/grad').",
+            DefaultKeyInBranchWarning, stacklevel=2)
+      return
+    f = f.f_back
 
 
 def derive(params: dict, tag: str) -> dict:
@@ -183,9 +215,9 @@ def group_size(axes: tuple, api: str) -> int:
   env = core.get_axis_env()
   n = 1
   for a in axes:
-    if not env.axis_exists(a):
-      raise NameError(f"jax_dfccl.{api}: unbound axis name {a!r}; call it inside "
-                      f"jax.shard_map over a mesh that has axis {a!r}")
+    if not env.axis_exists(a):  # jax.lax's wording (code and tests match it)
+      raise NameError(f"jax_dfccl.{api}: Found an unbound axis name: {a}. To fix this, please "
+                      f"call {api} under `jax.shard_map` over a mesh that has axis {a!r}.")
     n *= env.axis_size(a)
   return n
 
@@ -195,7 +227,10 @@ def make_varying(x, axes):
   varying (so psum of an invariant value multiplies it by the group size)."""
   if not compat.check_vma_enabled():
     return x
-  missing = tuple(a for a in axes if a not in compat.varying(jax.typeof(x)))
+  aval = jax.typeof(x)
+  if compat.unreduced(aval) & set(axes) or compat.reduced(aval) & set(axes):
+    return x  # unreduced/reduced inputs keep their type (the op's abstract eval decides)
+  missing = tuple(a for a in axes if a not in compat.varying(aval))
   return compat.pvary(x, missing) if missing else x
 
 
@@ -277,6 +312,51 @@ def _collective_transpose(ct, x, *init, **params):
 ad.primitive_jvps[collective_p] = _collective_jvp
 ad.primitive_transposes[collective_p] = _collective_transpose
 
+# ---- remat ----
+# JAX saves the outputs of every effectful equation under jax.checkpoint; our
+# effect is there to keep a collective whose result one branch discards (order-free
+# programs), not to make it unrecomputable.  So, as jax.lax's collectives: recomputed
+# unless the policy saves it.  A policy is asked about jax.lax's primitive of the
+# same op as well, so policies that name jax.lax collectives keep their meaning.
+
+_LAX_PRIM = {"psum": "psum_invariant_p", "all_gather": "all_gather_p", "psum_scatter": "reduce_scatter_p",
+             "all_to_all": "all_to_all_p", "ppermute": "ppermute_p"}
+
+
+def _policy(saveable, eqn):
+  from jax._src.interpreters import partial_eval as pe
+  from jax._src.lax import parallel
+  avals = [v.aval for v in eqn.invars]
+  cases = [pe.ensure_enum(saveable(eqn.primitive, *avals, **eqn.params))]
+  lax_prim = getattr(parallel, _LAX_PRIM.get(eqn.params["op"], ""), None)
+  if lax_prim is not None:
+    if eqn.params["op"] == "psum" and eqn.params["reduce"] != "sum":
+      lax_prim = parallel.pmax_p if eqn.params["reduce"] == "max" else parallel.pmin_p
+    try:
+      cases.append(pe.ensure_enum(saveable(lax_prim, *avals, axes=eqn.params["axes"],
+                                           axis_name=eqn.params["axes"])))
+    except (KeyError, TypeError, AttributeError):  # a policy reading params of jax.lax's own
+      pass
+  return "recompute" if all(isinstance(cs, pe.RecomputeType) for cs in cases) else "save"
+
+
+def _collective_pe_custom(saveable, unks_in, inst_in, eqn):
+  from jax._src.core import Var
+  res = [v for v, inst in zip(eqn.invars, inst_in) if type(v) is Var and not inst]
+  if any(unks_in):
+    return None, eqn, [True], [True], res
+  if _policy(saveable, eqn) == "save":
+    return eqn, None, [False], [False], []
+  return eqn, eqn, [False], [True], res  # run forward, and again where the backward needs it
+
+
+def _register_remat():
+  from jax._src.interpreters import partial_eval as pe
+  pe.partial_eval_jaxpr_custom_rules[collective_p] = _collective_pe_custom
+
+
+_register_remat()
+
 
 def _no_ad(*args, **kw):
   raise NotImplementedError("jax_dfccl: start/done handles are not differentiable; "
@@ -335,17 +415,49 @@ batching.fancy_primitive_batchers[done_p] = _done_batch
 # ---- lowering ----
 
 
+def _partially_manual(ctx) -> bool:
+  """Inside ``jax.shard_map(..., axis_names=...)`` that leaves some mesh axes
+  (of size > 1) to XLA's partitioner."""
+  ac = ctx.module_context.axis_context
+  if not isinstance(ac, SPMDAxisContext) or not ac.manual_axes:
+    return False
+  mesh = ac.mesh
+  return bool({a for a in mesh.axis_names if mesh.shape[a] > 1} - set(ac.manual_axes))
+
+
 def _spmd_mesh(ctx, api):
   ac = ctx.module_context.axis_context
   if not isinstance(ac, SPMDAxisContext):
     raise ValueError(f"jax_dfccl.{api}: must be lowered inside jax.shard_map")
-  mesh = ac.mesh
-  manual = frozenset(ac.manual_axes)
-  if manual and manual != frozenset(a for a in mesh.axis_names if mesh.shape[a] > 1) \
-      and manual != frozenset(mesh.axis_names):
-    raise NotImplementedError("jax_dfccl: collectives in a partially-manual shard_map "
-                              "(axis_names=...) are not supported; make every mesh axis manual")
-  return mesh
+  if _partially_manual(ctx):
+    raise NotImplementedError(
+        f"jax_dfccl.{api}: inside a partially-manual shard_map (axis_names=...) only the "
+        "blocking collectives are supported, not the start/done forms (nor the overlap ops "
+        "built on them); use the blocking form there, or make every mesh axis manual")
+  return ac.mesh
+
+
+def _lower_fully_manual(ctx, x, params, *init):
+  """A blocking collective in a partially-manual region, as jax.lax.axis_index does
+  it: inside a nested shard_map over the remaining (automatic) axes.  Its input is
+  replicated over them there (XLA gathers it if it was sharded), so each group of
+  the manual axes — the devices that share their automatic coordinates — runs the
+  collective on the whole value, and the result is the same for every automatic
+  coordinate, as the nested shard_map's out_specs=P() declares.  Inside it every
+  axis is manual, so hlo.partition_id is the device's position in the full mesh,
+  as group_table (built over the full mesh) expects."""
+  from jax._src.shard_map import shard_map
+  from jax.sharding import PartitionSpec
+
+  def spec(aval):  # Explicit automatic axes keep their sharding (e.g. a vmapped dim over one)
+    sp = getattr(getattr(aval, "sharding", None), "spec", None)
+    return PartitionSpec(*sp) if sp is not None and any(e is not None for e in sp) else PartitionSpec()
+
+  def f(v, *w):
+    return shard_map(lambda u, *i: collective_p.bind(u, *i, **params), check_vma=False,
+                     in_specs=(spec(ctx.avals_in[0]), *map(spec, ctx.avals_in[1:])),
+                     out_specs=spec(ctx.avals_out[0]))(v, *w)
+  return mlir.lower_fun(f, multiple_results=False)(ctx, x, *init)
 
 
 def group_table(mesh, axes, groups=None) -> np.ndarray:
@@ -420,7 +532,8 @@ def _trivial(ctx, x, init, op, params):
 
 
 def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm, site,
-                    target="dfccl_start", aliases=None):
+                    target="dfccl_start", aliases=None, mode="varying"):
+  del mode  # the manual-axis types of input and output (abstract eval and AD only)
   mesh = _spmd_mesh(ctx, op)
   if isinstance(mesh, jax.sharding.Mesh):
     from jax_dfccl._src import distributed
@@ -457,6 +570,8 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site):
 
 
 def _collective_lowering(ctx, x, *init, **params):
+  if _partially_manual(ctx):
+    return _lower_fully_manual(ctx, x, params, *init)
   site = next(_SITES)
   x_aval, (out_aval,) = ctx.avals_in[0], ctx.avals_out
   t_aval = _TICKET
@@ -467,6 +582,8 @@ def _collective_lowering(ctx, x, *init, **params):
 
 
 def _collective_lowering_cuda(ctx, x, *init, **params):
+  if _partially_manual(ctx):
+    return _lower_fully_manual(ctx, x, params, *init)
   # One custom call: the ready write and the done wait go on the stream together.
   return _start_lowering(ctx, x, *init, site=next(_SITES), target="dfccl_collective", aliases={}, **params)
 

@@ -28,9 +28,10 @@ Two calling conventions, chosen by context (no separate namespace to learn):
 
 Numerics: bfloat16 / float16 / float32 inputs (x and w of one dtype); every GEMM
 accumulates in float32 (``preferred_element_type``); results are in the input
-dtype. Partial sums that travel between ranks (reduce-scatter, psum) travel in
-the input dtype, as with ``psum_scatter(x @ w)``; the rank's own block is added
-to the received partial in float32.
+dtype. The ring GEMM+RS (every path but the fused GPU kernel) sends its partial
+sums in float32, so the n-1 additions of a block accumulate in float32 (rounded
+once, at the end: about half jax.lax's error for bf16 on 8 ranks); matmul_psum's
+partials travel in the input dtype, as with ``psum(x @ w)``.
 
 Schedule (CommFuse's tail-free P2P order), built from start/done collectives so
 that the transfer of one block overlaps the GEMM of the next:
@@ -255,7 +256,7 @@ def _matmul_rs_shard(x, w, axis):
       h, (part,) = _pin(comm, h, part)
       part = part + comm.done(h).astype(jnp.float32)
     if s < n - 1:
-      h = comm.ppermute_start(part.astype(x.dtype), axis, to_right)
+      h = comm.ppermute_start(part, axis, to_right)  # in float32: n-1 additions hop by hop
   return part.astype(x.dtype)
 
 

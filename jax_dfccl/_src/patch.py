@@ -2,7 +2,9 @@
 
 Inside ``with jax_dfccl.patch_lax():`` the collectives of the ``jax.lax`` module
 (``psum``, ``pmean``, ``pmax``, ``pmin``, ``all_gather``, ``psum_scatter``,
-``all_to_all``, ``ppermute``, ``pshuffle``, ``pbroadcast``, ``ragged_all_to_all``) are jax_dfccl's, so a model or library that calls
+``all_to_all``, ``ppermute``, ``pshuffle``, ``pbroadcast``, ``ragged_all_to_all``, and the async ``psum_scatter_start``
+of jax 0.12 (and any other ``*_start`` the installed ``jax.lax`` exports: their
+handles have jax's ``.done()``) are jax_dfccl's, so a model or library that calls
 ``jax.lax.psum`` (or ``lax.psum`` after ``from jax import lax``) gets order-free
 collectives without edits.  It applies to what is *traced* inside the block
 (a function jitted and traced before keeps its compiled collectives), and,
@@ -47,19 +49,6 @@ def _reduction(name, ours):
   return f
 
 
-def _all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False):
-  return _ag.all_gather(x, axis_name, axis=axis, tiled=tiled, axis_index_groups=axis_index_groups)
-
-
-def _psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False):
-  return _rs.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled,
-                          axis_index_groups=axis_index_groups)
-
-
-def _all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tiled=False):
-  return _a2a.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled, axis_index_groups=axis_index_groups)
-
-
 def _pshuffle(x, axis_name, perm):  # output at index i comes from index perm[i]
   if set(perm) != set(range(len(perm))):
     raise ValueError(f"`perm` does not represent a permutation: {perm}")
@@ -81,14 +70,20 @@ _REPLACEMENTS = {
     "pmax": _reduction("pmax", _ps.pmax),
     "pmin": _reduction("pmin", _ps.pmin),
     "pmean": _reduction("pmean", _ps.pmean),
-    "all_gather": _all_gather,
-    "psum_scatter": _psum_scatter,
-    "all_to_all": _all_to_all,
-    "ppermute": _pp.ppermute,  # same signature (no axis_index_groups in jax.lax either)
+    # jax.lax's signatures (plus key=): bound as they are.
+    "all_gather": _ag.all_gather,
+    "psum_scatter": _rs.psum_scatter,
+    "all_to_all": _a2a.all_to_all,
+    "ppermute": _pp.ppermute,
     "pshuffle": _pshuffle,
     "pbroadcast": _pbroadcast,
     "ragged_all_to_all": _ra.ragged_all_to_all,  # same signature
 }
+# jax 0.12's async forms (futures with .done()), where the installed jax.lax has them.
+_ASYNC = {"psum_scatter_start": _rs.psum_scatter_start, "psum_start": _ps.psum_start,
+          "all_gather_start": _ag.all_gather_start, "all_to_all_start": _a2a.all_to_all_start,
+          "ppermute_start": _pp.ppermute_start}
+_REPLACEMENTS.update({k: v for k, v in _ASYNC.items() if hasattr(jax.lax, k)})
 
 
 @contextlib.contextmanager

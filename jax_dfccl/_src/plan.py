@@ -11,6 +11,7 @@ from a plan (:func:`api`, :func:`done`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Sequence
 
 import jax
@@ -170,6 +171,11 @@ class Handle:
   def tree_unflatten(cls, state, arrays):
     return cls(arrays, state)
 
+  def done(self):
+    """``jax_dfccl.done(self)``; also the method of jax.lax's async futures
+    (``jax.lax.psum_scatter_start(...).done()``), so patch_lax can swap those."""
+    return done(self)
+
   def __repr__(self):
     return f"Handle({', '.join(self._state.keys)}{', done' if self._state.consumed else ''})"
 
@@ -200,19 +206,35 @@ def done(handle: Handle):
   return _assemble(st.treedef, outs)
 
 
+def _bind(sig: inspect.Signature, public: str, args, kwargs):
+  """The call's arguments checked against the public signature; a wrong or
+  missing argument is a TypeError naming the public function."""
+  try:
+    sig.bind(*args, **kwargs)
+  except TypeError as e:
+    raise TypeError(f"jax_dfccl.{public}(): {e}") from None
+
+
 def api(name: str, plan: Callable):
-  """Builds the blocking and the start form of a public collective from its plan."""
+  """Builds the blocking and the start form of a public collective from its plan;
+  both have the plan's signature (jax.lax's parameters plus ``key=``), which
+  ``inspect.signature`` and IDEs show."""
+  sig = inspect.signature(plan)
 
   def blocking(*args, **kwargs):
+    _bind(sig, name, args, kwargs)
     leaves, treedef = plan(*args, **kwargs)
     return run_blocking(leaves, treedef)
 
   def start(*args, **kwargs):
+    _bind(sig, name + "_start", args, kwargs)
     leaves, treedef = plan(*args, **kwargs)
     return run_start(name, leaves, treedef)
 
   blocking.__name__, start.__name__ = name, name + "_start"
   blocking.__qualname__, start.__qualname__ = name, name + "_start"
+  blocking.__signature__ = start.__signature__ = sig
+  blocking.__module__ = start.__module__ = "jax_dfccl"
   start.__doc__ = (f"Starts :func:`jax_dfccl.{name}` and returns a handle; "
                    f"``jax_dfccl.done(handle)`` returns its result.")
   return blocking, start

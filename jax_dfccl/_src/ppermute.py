@@ -8,6 +8,7 @@ from jax_dfccl._src import plan as pl
 
 def _abstract(aval, n, params):
   from jax._src.lax.parallel import collective_vma_rule
+  compat.check_unreduced_args(aval, params["axes"], "ppermute")
   vma = collective_vma_rule("ppermute", params["axes"], aval)
   return compat.with_shape_vma(aval, aval.shape, vma)
 
@@ -24,6 +25,9 @@ OP = c.register_op(c.OpDef("ppermute", "ppermute", _abstract, _transpose, _batch
 
 
 def _plan(x, axis_name, perm, *, key=None):
+  if not isinstance(perm, (list, tuple)):  # an iterator would be used up by the first leaf
+    raise TypeError("jax_dfccl.ppermute: `perm` passed to `jax.lax.ppermute` must be a list or a "
+                    f"tuple (jax_dfccl.ppermute takes the same). Got perm of type {type(perm)}")
   common, n, items, treedef = pl.leaves_of(x, "ppermute", axis_name, key, "ppermute", movement=True)
   pairs = tuple((int(s), int(d)) for s, d in perm)
   srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]

@@ -1,7 +1,9 @@
 """psum / pmax / pmin: all-reduce over one or more mesh axes (drop-in for jax.lax)."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
@@ -9,15 +11,21 @@ from jax_dfccl._src import plan as pl
 
 
 def _abstract(aval, n, params):
+  axes = set(params["axes"])
+  if params.get("mode") == "unreduced":  # unreduced -> invariant (jax.lax's unreduced_psum)
+    return compat.update_mat(aval, unreduced=compat.unreduced(aval) - axes)
+  compat.check_unreduced_args(aval, params["axes"], "p" + params["reduce"])
   # Over the whole axis the result is the same on every rank (invariant); with
   # axis_index_groups it differs between groups and stays varying.
-  vma = compat.varying(aval) if params["groups"] else compat.varying(aval) - set(params["axes"])
+  vma = compat.varying(aval) if params["groups"] else compat.varying(aval) - axes
   return compat.with_shape_vma(aval, aval.shape, vma)
 
 
 def _transpose(ct, params):
   if params["reduce"] != "sum":
     raise NotImplementedError("jax_dfccl: pmax/pmin are not linear")
+  if params.get("mode") == "unreduced":
+    return compat.preduced(ct, params["axes"])  # invariant -> reduced: no communication
   if compat.check_vma_enabled():
     # Invariant -> varying: psum's transpose is a pvary (no communication).
     return compat.pvary(ct, params["axes"])
@@ -45,19 +53,47 @@ def _jvp(x, t, params):
 OP = c.register_op(c.OpDef("psum", "all_reduce", _abstract, _transpose, _batch, _jvp))
 
 
+_SIGN = np.uint32(0x80000000)
+
+
+def as_int32(x, reduce):
+  """bool and uint32 inputs as jax.lax reduces them, in int32: a psum of bools
+  counts them (int32 result, as jax.lax); uint32 sums wrap alike in int32 bits;
+  uint32 max/min keep their order in int32 once the sign bit is flipped."""
+  dt = np.dtype(x.dtype)
+  if dt == np.bool_:
+    return (x.astype(jnp.int32), None) if reduce == "sum" else (x.astype(jnp.int32), lambda y: y.astype(dt))
+  if dt == np.uint32:
+    flip = (lambda v: v) if reduce == "sum" else (lambda v: v ^ _SIGN)
+    return (jax.lax.bitcast_convert_type(flip(x), jnp.int32),
+            lambda y: flip(jax.lax.bitcast_convert_type(y, jnp.uint32)))
+  return x, None
+
+
 def _plan(reduce, api_name, mean=False):
   def plan(x, axis_name, *, axis_index_groups=None, key=None):
     if axis_index_groups is not None and reduce == "sum" and compat.check_vma_enabled():
       raise NotImplementedError(f"jax_dfccl.{api_name}: axis_index_groups under check_vma=True is not "
                                 "supported (as in jax.lax); use shard_map(..., check_vma=False)")
-    common, n, items, treedef = pl.leaves_of(x, f"p{reduce}", axis_name, key, api_name, axis_index_groups)
+    xs, tdef = jax.tree.flatten(x)
+    conv = [as_int32(jnp.asarray(v), reduce) for v in xs]
+    common, n, items, treedef = pl.leaves_of(jax.tree.unflatten(tdef, [v for v, _ in conv]), f"p{reduce}",
+                                            axis_name, key, api_name, axis_index_groups)
     if reduce != "sum":
       for leaf, _, _ in items:
         if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
           raise TypeError(f"jax_dfccl.{api_name}: complex inputs are not supported")
-    post = (lambda y: y / n) if mean else None  # as jax.lax.pmean: the sum over the group size
-    leaves = [pl.make_leaf(leaf, dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=()), post)
-              for leaf, k, h in items]
+    leaves = []
+    for (leaf, k, h), (_, back) in zip(items, conv):
+      mode = compat.state_of(jax.typeof(leaf), common["axes"], f"jax_dfccl.{api_name}")
+      if mode == "unreduced" and axis_index_groups is not None:
+        raise NotImplementedError(f"jax_dfccl.{api_name}: axis_index_groups with an unreduced input")
+      # as jax.lax.pmean: the sum over the group size
+      post = (lambda y, b=back: (b(y) if b else y) / n) if mean else back
+      params = dict(op="psum", **common, key=k, key_hash=h, reduce=reduce, perm=())
+      if mode == "unreduced":
+        params["mode"] = mode
+      leaves.append(pl.make_leaf(leaf, params, post))
     return pl.bucket(leaves, treedef)
   return plan
 

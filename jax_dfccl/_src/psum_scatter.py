@@ -2,23 +2,33 @@
 Canonical form: input (n, *S) -> output S (block `rank` of the sum)."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import plan as pl
+from jax_dfccl._src.psum import as_int32
 
 
 def _abstract(aval, n, params):
   from jax._src.lax.parallel import collective_vma_rule
   if not aval.shape or aval.shape[0] != n:
     raise ValueError(f"jax_dfccl: reduce-scatter canonical input must lead with {n}, got {aval.shape}")
+  axes = set(params["axes"])
+  if params.get("mode") == "unreduced":  # unreduced -> varying (jax.lax's unreduced_psum_scatter)
+    return compat.update_mat(aval, aval.shape[1:], varying=compat.varying(aval) | axes,
+                             unreduced=compat.unreduced(aval) - axes)
+  compat.check_unreduced_args(aval, params["axes"], "reduce_scatter")
   vma = collective_vma_rule("reduce_scatter", params["axes"], aval)
   return compat.with_shape_vma(aval, aval.shape[1:], vma)
 
 
 def _transpose(ct, params):
-  return c.bind_blocking(ct, {**params, "op": "all_gather"})
+  ag = {k: v for k, v in params.items() if k != "mode"}
+  if params.get("mode") == "unreduced":
+    ag["mode"] = "reduced"  # as jax.lax: the transpose of an unreduced reduce-scatter
+  return c.bind_blocking(ct, {**ag, "op": "all_gather"})
 
 
 def _batch(x, d):
@@ -28,11 +38,17 @@ def _batch(x, d):
 OP = c.register_op(c.OpDef("psum_scatter", "reduce_scatter", _abstract, _transpose, _batch))
 
 
-def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=None, key=None):
-  common, n, items, treedef = pl.leaves_of(x, "psum_scatter", axis_name, key, "psum_scatter",
-                                          axis_index_groups)
+def _plan(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False, key=None):
+  xs, tdef = jax.tree.flatten(x)
+  # uint32 sums as jax.lax's (wrapping); bools stay refused, as by jax.lax.psum_scatter.
+  conv = [as_int32(v, "sum") if v.dtype == jnp.uint32 else (v, None) for v in map(jnp.asarray, xs)]
+  common, n, items, treedef = pl.leaves_of(jax.tree.unflatten(tdef, [v for v, _ in conv]), "psum_scatter",
+                                          axis_name, key, "psum_scatter", axis_index_groups)
   leaves = []
-  for leaf, k, h in items:
+  for (leaf, k, h), (_, back) in zip(items, conv):
+    mode = compat.state_of(jax.typeof(leaf), common["axes"], "jax_dfccl.psum_scatter")
+    if mode == "unreduced" and axis_index_groups is not None:
+      raise NotImplementedError("jax_dfccl.psum_scatter: axis_index_groups with an unreduced input")
     nd, shape = leaf.ndim, leaf.shape
     sd = scatter_dimension + nd if scatter_dimension < 0 else scatter_dimension
     if not 0 <= sd < nd:
@@ -49,7 +65,10 @@ def _plan(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=N
         raise ValueError(f"jax_dfccl.psum_scatter: dimension {sd} has size {shape[sd]}, but "
                          f"tiled=False needs the group size {n} of axis {axis_name!r}")
       xc = jnp.moveaxis(leaf, sd, 0)
-    leaves.append(pl.make_leaf(xc, dict(op="psum_scatter", **common, key=k, key_hash=h, reduce="sum", perm=())))
+    params = dict(op="psum_scatter", **common, key=k, key_hash=h, reduce="sum", perm=())
+    if mode == "unreduced":
+      params["mode"] = mode
+    leaves.append(pl.make_leaf(xc, params, back))
   return pl.bucket(leaves, treedef)
 
 
