@@ -70,13 +70,22 @@ def as_int32(x, reduce):
   return x, None
 
 
+def as_reducible(x, reduce):
+  """as_int32, and complex sums as sums of (real, imag) pairs (jax.lax sums complex values;
+  their max/min stay refused below)."""
+  if reduce == "sum" and jnp.issubdtype(x.dtype, jnp.complexfloating):
+    return (jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1),
+            lambda y: jax.lax.complex(y[..., 0], y[..., 1]))
+  return as_int32(x, reduce)
+
+
 def _plan(reduce, api_name, mean=False):
   def plan(x, axis_name, *, axis_index_groups=None, key=None):
     if axis_index_groups is not None and reduce == "sum" and compat.check_vma_enabled():
       raise NotImplementedError(f"jax_dfccl.{api_name}: axis_index_groups under check_vma=True is not "
                                 "supported (as in jax.lax); use shard_map(..., check_vma=False)")
     xs, tdef = jax.tree.flatten(x)
-    conv = [as_int32(jnp.asarray(v), reduce) for v in xs]
+    conv = [as_reducible(jnp.asarray(v), reduce) for v in xs]
     common, n, items, treedef = pl.leaves_of(jax.tree.unflatten(tdef, [v for v, _ in conv]), f"p{reduce}",
                                             axis_name, key, api_name, axis_index_groups)
     if reduce != "sum":

@@ -49,6 +49,7 @@ static float Val(int rank, int key, int it, int i) { return float(rank * 7 + key
 int main() {
   // Every entry, as jax_dfccl.config's defaults (the runtime has none of its own).
   GetConfig().Apply({{"timeout_s", 60}, {"spin_budget_us", 20}, {"sticky_budget_us", 500}, {"trace", 0},
+                     {"fault_device", -1}, {"fault_start_delay_us", 0}, {"fault_compute_delay_us", 0},
                      {"trace_capacity", 65536}});
   int failures = 0;
   std::vector<std::thread> threads;
