@@ -296,10 +296,9 @@ def test_throughput(mesh):
   assert rt.stats()["instances_live"] == 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sanitizer", ["thread", "address"])
-def test_runtime_stress_sanitized(tmp_path, sanitizer):
-  """tests/cpp/runtime_stress.cc: random orders, inputs freed right after done(), under TSan/ASan."""
+def _build_and_run_sanitized(tmp_path, sanitizer, sources):
+  """Builds `sources` (paths under the repository) with -fsanitize=`sanitizer` and runs the
+  program: it must print OK and the sanitizer nothing."""
   import os
   import shutil
   import subprocess
@@ -310,36 +309,27 @@ def test_runtime_stress_sanitized(tmp_path, sanitizer):
   exe = tmp_path / "stress"
   build = subprocess.run(
       [cxx, "-std=c++20", "-O1", "-g", f"-fsanitize={sanitizer}", f"-I{root}/xla_ffi/include",
-       f"-I{root}/xla_ffi", f"{root}/tests/cpp/runtime_stress.cc", f"{root}/xla_ffi/cpu/runtime.cc",
-       f"{root}/xla_ffi/cpu/daemon.cc", f"{root}/xla_ffi/cpu/multiprocess.cc", f"{root}/xla_ffi/cpu/shm.cc",
-       "-o", str(exe), "-lpthread"], capture_output=True, text=True)
+       f"-I{root}/xla_ffi", *(f"{root}/{s}" for s in sources), "-o", str(exe), "-lpthread"],
+      capture_output=True, text=True)
   if build.returncode != 0 and "sanitize" in build.stderr:
     pytest.skip(f"-fsanitize={sanitizer} unavailable: {build.stderr[-300:]}")
   assert build.returncode == 0, build.stderr[-3000:]
   run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
   assert run.returncode == 0 and "OK" in run.stdout and "Sanitizer" not in run.stderr, \
       run.stdout[-2000:] + run.stderr[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sanitizer", ["thread", "address"])
+def test_runtime_stress_sanitized(tmp_path, sanitizer):
+  """tests/cpp/runtime_stress.cc: random orders, inputs freed right after done(), under TSan/ASan."""
+  _build_and_run_sanitized(tmp_path, sanitizer, [
+      "tests/cpp/runtime_stress.cc", "xla_ffi/cpu/runtime.cc", "xla_ffi/cpu/daemon.cc",
+      "xla_ffi/cpu/multiprocess.cc", "xla_ffi/cpu/shm.cc"])
 
 
 @pytest.mark.parametrize("sanitizer", ["thread", "address"])
 def test_shm_protocol_stress_sanitized(tmp_path, sanitizer):
   """tests/cpp/shm_stress.cc: the shared-memory matching protocol (xla_ffi/cpu/shm.h)
   with threads as ranks of three processes, random orders, a mismatch per round."""
-  import os
-  import shutil
-  import subprocess
-  cxx = shutil.which("g++") or shutil.which("c++")
-  if cxx is None:
-    pytest.skip("no C++ compiler")
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  exe = tmp_path / "shm_stress"
-  build = subprocess.run(
-      [cxx, "-std=c++20", "-O1", "-g", f"-fsanitize={sanitizer}", f"-I{root}/xla_ffi/include",
-       f"-I{root}/xla_ffi", f"{root}/tests/cpp/shm_stress.cc", f"{root}/xla_ffi/cpu/shm.cc",
-       "-o", str(exe), "-lpthread"], capture_output=True, text=True)
-  if build.returncode != 0 and "sanitize" in build.stderr:
-    pytest.skip(f"-fsanitize={sanitizer} unavailable: {build.stderr[-300:]}")
-  assert build.returncode == 0, build.stderr[-3000:]
-  run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-  assert run.returncode == 0 and "OK" in run.stdout and "Sanitizer" not in run.stderr, \
-      run.stdout[-2000:] + run.stderr[-4000:]
+  _build_and_run_sanitized(tmp_path, sanitizer, ["tests/cpp/shm_stress.cc", "xla_ffi/cpu/shm.cc"])

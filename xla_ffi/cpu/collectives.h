@@ -152,4 +152,16 @@ inline void ExecuteCollective(const CollectiveSpec& s, const std::vector<const v
   DFCCL_FAIL("dfccl: bad op kind " << static_cast<int>(s.kind));
 }
 
+// The same, its error as a value (daemon threads complete tasks with it).
+inline Status ExecuteCollectiveStatus(const CollectiveSpec& s, const std::vector<const void*>& ins, void* out) {
+  try {
+    ExecuteCollective(s, ins, out);
+    return {};
+  } catch (const Error& e) {
+    return Status::Of(e);
+  } catch (const std::exception& e) {
+    return {ErrorCode::kInternal, e.what()};
+  }
+}
+
 }  // namespace dfccl::cpu

@@ -407,14 +407,9 @@ void ComputeAndRelease(Task& t) {
   TraceEvent(t.spec.self_device, t.spec.key, t.seq, "run");  // start [preempt resume]* run finish
   std::vector<const void*> ins(inst.n);
   for (int r = 0; r < inst.n; ++r) ins[r] = inst.slots[r].in;
-  ErrorCode kind = ErrorCode::kOk;
-  std::string msg;
-  try {
-    ExecuteCollective(t.spec, ins, t.out);
-  } catch (const std::exception& e) {
-    kind = ErrorCode::kInternal;
-    msg = e.what();
-  }
+  const Status computed = ExecuteCollectiveStatus(t.spec, ins, t.out);
+  const ErrorCode kind = computed.code;
+  const std::string& msg = computed.message;
   if (kind != ErrorCode::kOk) {
     // A ready instance never carries a failure error, so `error` is free to
     // hold the first compute error; recorded before our readers_done increment.
