@@ -178,8 +178,10 @@ def test_unconfigured_runtime_runs_nothing():
   import os
   import subprocess
   import sys
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(ROOT))
-  p = subprocess.run([sys.executable, "-c", _UNCONFIGURED.format(cpp=str(ROOT / "tests" / "cpp"))],
+  # The child imports the jax_dfccl this process imported (-P: not a source tree in the cwd).
+  pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dc.__file__)))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=pkg_parent)
+  p = subprocess.run([sys.executable, "-P", "-c", _UNCONFIGURED.format(cpp=str(ROOT / "tests" / "cpp"))],
                      capture_output=True, text=True, timeout=120, env=env)
   out = p.stdout + p.stderr
   assert "CONFIG {" in p.stdout and "RAN" not in p.stdout, out

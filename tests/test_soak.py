@@ -129,8 +129,8 @@ def _big(mesh8):
 def _soak(mesh8, instances, seed, nprogs=6, iters=10):
   """`nprogs` random programs (8 collectives x `iters` iterations each), compiled in the
   first pass, then run in pairs (two in flight) on fresh inputs until `instances`.  Memory
-  is the peak RSS over one pass through the programs (the live buffers differ per pair):
-  the second pass (after warm-up) against the last one."""
+  is the peak RSS over two passes through the programs (the live buffers differ per pair,
+  so one pass's peak varies by a few percent): passes 2-3 (after warm-up) against the last two."""
   rng = np.random.default_rng(seed)
   progs = []
   for p in range(nprogs):
@@ -139,7 +139,7 @@ def _soak(mesh8, instances, seed, nprogs=6, iters=10):
   per_pass = nprogs // 2
   done, rss, warm = 0, [], None
   round_ = 0
-  while done < instances or round_ % per_pass or round_ < 3 * per_pass:
+  while done < instances or round_ % per_pass or round_ < 6 * per_pass:
     pair = [progs[(2 * round_) % nprogs], progs[(2 * round_ + 1) % nprogs]]
     ins = [_inputs(mesh8, spec, rng) for _, _, spec in pair]
     outs = [ours(*xs) for (ours, _, _), xs in zip(pair, ins)]  # both dispatched before either is read
@@ -149,17 +149,17 @@ def _soak(mesh8, instances, seed, nprogs=6, iters=10):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"{op} {np.dtype(dtype)}")
       done += 8 * iters
     del ins, outs, got, want
-    if round_ == per_pass - 1:
+    if round_ in (per_pass - 1, 3 * per_pass - 1):  # the large messages, in the warm-up and in the measured passes
       done += _big(mesh8)
     rss.append(_rss_kib())
-    if round_ == 2 * per_pass - 1:  # end of the second pass
+    if round_ == 3 * per_pass - 1:  # end of the third pass
       warm = (max(rss[per_pass:]), _fds(), _os_threads())
     round_ += 1
   done += _big(mesh8)
   rss[-1] = max(rss[-1], _rss_kib())
   assert dc.stats()["cpu"]["instances_live"] == 0
-  end = (max(rss[-per_pass:]), _fds(), _os_threads())
-  print(f"\nsoak: {done} instances; peak RSS per pass after warm-up -> at the end: {warm[0]} -> {end[0]} KiB "
+  end = (max(rss[-2 * per_pass:]), _fds(), _os_threads())
+  print(f"\nsoak: {done} instances; peak RSS over two passes after warm-up -> the last two: {warm[0]} -> {end[0]} KiB "
         f"({100 * (end[0] - warm[0]) / warm[0]:+.1f}%), fds {warm[1]} -> {end[1]}, OS threads {warm[2]} -> {end[2]}")
   assert end[1] <= warm[1] and end[2] <= warm[2], (warm, end)
   return warm[0], end[0]

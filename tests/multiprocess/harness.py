@@ -28,7 +28,11 @@ def shm_segments() -> list[str]:
 
 
 def env(**extra) -> dict:
-  e = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  # The workers import the jax_dfccl this process imported (the installed package, or a
+  # development tree with its extension modules), never a source tree without them.
+  import jax_dfccl
+  pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(jax_dfccl.__file__)))
+  e = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=pkg_parent + os.pathsep + os.environ.get("PYTHONPATH", ""))
   # The test process forces 8 host devices through XLA_FLAGS; workers choose their own.
   e["XLA_FLAGS"] = " ".join(f for f in e.get("XLA_FLAGS", "").split()
                             if not f.startswith("--xla_force_host_platform_device_count"))
