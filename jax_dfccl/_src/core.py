@@ -72,9 +72,15 @@ for _s in (effects.lowerable_effects, effects.control_flow_allowed_effects,
 def _tables() -> dict:
   from jax_dfccl._src import backend
   t = backend.op_table()
-  return dict(KIND={k: v[0] for k, v in t["ops"].items()}, REDUCE=dict(t["reduces"]),
+  return dict(KIND={k: v[0] for k, v in t["ops"].items()}, REDUCES={k: v[1] for k, v in t["ops"].items()},
+              REDUCE=dict(t["reduces"]),
               SUPPORTED_DTYPES=tuple(np.dtype(jnp.bfloat16) if n == "bfloat16" else np.dtype(n)
                                      for n in t["dtypes"]))
+
+
+def reduces(op: str) -> bool:
+  """Whether op module `op`'s collective combines values (the op table's `reduces`)."""
+  return _tables()["REDUCES"][OPS[op].kind]
 
 
 def __getattr__(name):
@@ -91,8 +97,6 @@ class OpDef:
   transpose(ct, params) -> cotangent of the input (built from blocking binds)
   batch(x, bdim) -> (x with the batch dim where the op allows it, output bdim)
   jvp(x, t, params) -> (y, t_out), or None for linear ops
-  trivial(x, *init, params=...) -> the output over a group of one rank (jnp code;
-      None: the input's elements in the output's shape, see _trivial)
 
   ``kind`` names the op's row of the C++ op table.  An op whose result starts
   from the caller's values (ragged_all_to_all) binds them as a second operand,
@@ -105,7 +109,6 @@ class OpDef:
   transpose: Callable
   batch: Callable
   jvp: Callable | None = None
-  trivial: Callable | None = None
 
 
 OPS: dict[str, OpDef] = {}
@@ -515,18 +518,14 @@ def _async_start_lowering(ctx, x, *init, site, **params):
 _TRIVIAL_SITES: set[int] = set()
 
 
-def _trivial(ctx, x, init, op, params):
+def _trivial(ctx, x, op, perm):
   """A collective over a group of one rank, as plain HLO (what XLA makes of
   jax.lax's): every op's canonical output holds the input's elements in its
   own shape (reduce / gather / scatter / exchange of one rank), except a
-  ppermute in which the rank sends itself nothing (zeros) and ops with their
-  own rule (OpDef.trivial)."""
+  ppermute in which the rank sends itself nothing: zeros.  (ragged_all_to_all
+  over one rank never gets here: its plan places the rank's slices itself.)"""
   out_aval = ctx.avals_out[0]
-  rule = OPS[op].trivial
-  if rule is not None:
-    fn = mlir.lower_fun(lambda *a: [rule(*a, params=params)], multiple_results=True)
-    return fn(ctx.replace(avals_in=ctx.avals_in[:1 + len(init)], avals_out=[out_aval]), x, *init)[0]
-  if op == "ppermute" and not params["perm"]:
+  if op == "ppermute" and not perm:
     return mlir.full_like_aval(ctx, 0, out_aval)
   return mlir.reshape(ctx, x, out_aval)
 
@@ -538,12 +537,11 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   if isinstance(mesh, jax.sharding.Mesh):
     from jax_dfccl._src import distributed
     distributed.check_reach(mesh.devices.flat, op)
-  params = dict(op=op, axes=axes, groups=groups, key=key, key_hash=key_hash, reduce=reduce, perm=perm)
   groups = group_table(mesh, axes, groups)
   from jax_dfccl.config import config
   if groups.shape[1] == 1 and not config.runtime_for_groups_of_one:  # nothing to match or move: no runtime
     _TRIVIAL_SITES.add(site)
-    out = _trivial(ctx, x, init, op, params)
+    out = _trivial(ctx, x, op, perm)
     if target == "dfccl_collective":
       return [out]
     return [out, x, mlir.ir_constant(np.array(0, np.int64))]

@@ -81,7 +81,7 @@ def make_leaf(x, params: dict, post: Callable | None = None, *, lead: int = 0) -
   dt = np.dtype(x.dtype)
   if dt in c.SUPPORTED_DTYPES:
     return Leaf(x, params, post)
-  if params["op"] in ("psum", "psum_scatter"):
+  if c.reduces(params["op"]):
     return Leaf(x.astype(jnp.int32), params, lambda y: post(y.astype(dt)))
   words, back = _to_words(x, lead)
   return Leaf(words, params, lambda y: post(back(y)))

@@ -97,7 +97,10 @@ def _plan(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes
   idx = [jnp.asarray(v) for v in (input_offsets, send_sizes, output_offsets, recv_sizes)]
   k = _check(x, output, idx, n)
   words_out, back = pl._to_words(output, 0)
-  if n == 1:  # nothing to exchange: the local placement, through a collective that lowers to plain HLO
+  from jax_dfccl.config import config
+  if n == 1 and not config.runtime_for_groups_of_one:
+    # Nothing to exchange: the local placement, through a collective that lowers to plain HLO
+    # (with runtime_for_groups_of_one the ragged op itself goes to the runtime, below).
     res, _ = pl._to_words(_local(x, output, *idx[:3]), 0)
     params = dict(op="ppermute", **common, key=k_name, key_hash=k_hash, reduce="sum", perm=((0, 0),))
     return [pl.Leaf(res, params, back)], treedef

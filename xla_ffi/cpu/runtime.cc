@@ -77,14 +77,14 @@ void Bury(Communicator& comm, const Instance& inst) {
   EraseIfCurrent(comm, inst);
 }
 
-// Rank `rank` no longer waits for tombstone `seq` of `key`; forgets it once nobody does.
-void Unmiss(Communicator& comm, uint64_t key, std::map<int64_t, Tombstone>::iterator it, int rank) {
+// Rank `rank` no longer misses tombstone `it` of a key; forgets it once no rank does.
+// Returns the next tombstone of the key.
+using Tombstones = std::map<int64_t, Tombstone>;
+Tombstones::iterator Unmiss(Tombstones& per_key, Tombstones::iterator it, int rank) {
   it->second.missing[rank] = false;
   for (bool m : it->second.missing)
-    if (m) return;
-  auto& per_key = comm.tombstones[key];
-  per_key.erase(it);
-  if (per_key.empty()) comm.tombstones.erase(key);
+    if (m) return std::next(it);
+  return per_key.erase(it);
 }
 
 // Fault injection: sleeps `us` microseconds (0: nothing).
@@ -301,18 +301,20 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
       // A new execution on this rank: skip the instances that failed without it in an earlier one.
       runs[spec.rank] = run_id;
       if (tk != comm->tombstones.end()) {
-        for (auto it = tk->second.begin(); it != tk->second.end();) {
-          auto next = std::next(it);
+        Tombstones& per_key = tk->second;
+        for (auto it = per_key.begin(); it != per_key.end();) {
           if (it->first >= cnt[spec.rank] && it->second.missing[spec.rank]) {
             cnt[spec.rank] = it->first + 1;
-            const bool last = tk->second.size() == 1;
-            Unmiss(*comm, spec.key_hash, it, spec.rank);
-            if (last && comm->tombstones.find(spec.key_hash) == comm->tombstones.end()) break;
+            it = Unmiss(per_key, it, spec.rank);
+          } else {
+            ++it;
           }
-          it = next;
+        }
+        if (per_key.empty()) {
+          comm->tombstones.erase(tk);
+          tk = comm->tombstones.end();
         }
       }
-      tk = comm->tombstones.find(spec.key_hash);
     }
     task->seq = cnt[spec.rank]++;
     TraceEvent(spec.self_device, spec.key, task->seq, "start");  // before any peer can run it
@@ -328,7 +330,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
     std::shared_ptr<Instance> inst = slot_inst;
     task->inst = inst;
     ++inst->arrived;
-    std::map<int64_t, Tombstone>::iterator tomb;
+    Tombstones::iterator tomb;
     const bool buried = tk != comm->tombstones.end() && (tomb = tk->second.find(task->seq)) != tk->second.end() &&
                         tomb->second.missing[spec.rank];
     if (buried) {
@@ -336,7 +338,8 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
       fail_tasks = {task};
       fail_kind = tomb->second.kind;
       fail_msg = tomb->second.error;
-      Unmiss(*comm, spec.key_hash, tomb, spec.rank);
+      Unmiss(tk->second, tomb, spec.rank);
+      if (tk->second.empty()) comm->tombstones.erase(tk);
       if (inst->arrived == 1) EraseIfCurrent(*comm, *inst);  // created just now for this lookup
     } else if (comm->dead) {
       fail_tasks = {task};
