@@ -171,3 +171,31 @@ def test_usage_errors(tmp_path):
   for args in (["-n", "0", "--", "true"], ["-n", "2"], ["--bogus", "--", "true"]):
     r = _run(["--no-mps", *args], os.environ["PATH"], tmp_path / "o")
     assert r.returncode == 2 and "mps_testbed:" in r.stderr, (args, r.stderr)
+
+
+PINGPONG = str(ROOT / "benchmarks" / "pingpong_mps.py")
+
+
+@pytest.mark.parametrize("exchange", ["file", "kv"])
+def test_pingpong_dry_run(tmp_path, exchange):
+  """benchmarks/pingpong_mps.py's host protocol (handle exchange, barriers, the JSON) without a GPU."""
+  out = tmp_path / "pp.json"
+  r = _run(["--no-mps", "-n", "2", "--timeout", "120", "--", sys.executable, PINGPONG, "--dry-run",
+            "--exchange", exchange, "--json", str(out)], os.environ["PATH"], tmp_path / "o", timeout=180)
+  assert r.returncode == 0, r.stdout + r.stderr
+  import json
+  doc = json.loads(out.read_text())
+  assert doc["mps"] is False and doc["exchange"] == exchange and doc["launcher"] == "tools/mps_testbed.sh"
+  assert doc["rank0"] == {"rank": 0, "dry_run": True} and doc["rank1"] == {"rank": 1, "dry_run": True}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_pingpong_kernels_compile(tmp_path):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("pingpong_mps", PINGPONG)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  (tmp_path / "k.cu").write_text(mod.KERNELS)
+  r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
