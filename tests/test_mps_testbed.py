@@ -129,9 +129,9 @@ def test_failed_rank_kills_the_others(tmp_path, mock_path):
 
 
 def test_timeout(tmp_path, mock_path):
-  r = _run(["-n", "2", "--timeout", "2", "--", "sleep", "120"], mock_path, tmp_path / "o")
+  r = _run(["-n", "2", "--timeout", "1", "--", "sleep", "120"], mock_path, tmp_path / "o")
   assert r.returncode == 124, r.stdout + r.stderr
-  assert "timeout after 2s" in r.stdout
+  assert "timeout after 1s" in r.stdout
   _assert_daemon_gone(tmp_path / "o")
 
 
