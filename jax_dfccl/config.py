@@ -51,7 +51,10 @@ class Config:
   #: the daemon's direct path, 150 vs 130 GB/s).  On 2xH200, all_gather: 176
   #: vs 145 GB/s (jax.lax) at 16 MiB, 349 vs 234 at 1 GiB.  -1: never.  The
   #: mover's pipelining unit and combine-kernel blocks are
-  #: ``copy_engine_chunk_bytes`` and ``copy_engine_blocks``.
+  #: ``copy_engine_chunk_bytes`` and ``copy_engine_blocks``.  The choice is
+  #: made when a program is lowered (the copy-engine path has its own FFI
+  #: targets, which do host work per call and stay out of XLA's command
+  #: buffers), so a change applies to programs traced afterwards.
   copy_engine_min_bytes: int = 4 << 20
   copy_engine_reduce_min_bytes: int = 64 << 20
   copy_engine_chunk_bytes: int = 8 << 20
@@ -141,10 +144,6 @@ class Config:
   #: needed.
   large_max_blocks: int = 64
   large_threshold: int = 4 << 20
-  #: GPU: the done wait on XLA's stream is a stream memory wait, or for
-  #: messages of at least this many bytes (and while tracing) a one-thread
-  #: polling kernel, which wakes up sooner after a long wait; -1: never the kernel.
-  wait_kernel_bytes: int = 1 << 20
 
   #: Collectives over a group of one rank (a mesh axis of size 1) go through
   #: the runtime like any other (a custom call, the daemon) instead of lowering

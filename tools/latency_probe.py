@@ -185,9 +185,6 @@ def main():
   f = chain(NOPS)
   from jax_dfccl._src import backend
   rt = backend.load()["cuda"]
-  rt.configure({"wait_kernel_bytes": 0})
-  print(f"psum {nbytes} B: {per_op_us(f, x):.1f} us/op (trace off, done wait by kernel)", flush=True)
-  rt.configure({"wait_kernel_bytes": 1 << 20})
   print(f"psum {nbytes} B: {per_op_us(f, x):.1f} us/op (trace off)", flush=True)
   # Host dispatch rate: time to enqueue the program without waiting for it.
   jax.block_until_ready(f(x))

@@ -153,6 +153,7 @@ STATS_EXTRAS = {
         "host_done_us": "mean host time in the done handlers",
         "host_streamop_us": "mean host time in their stream memory operations",
         "host_gap_us": "mean time between consecutive handler calls of one XLA thread",
+        "host_calls": "start and done handler calls (inside a replayed command buffer none are made)",
     },
 }
 

@@ -516,6 +516,25 @@ def _async_start_lowering(ctx, x, *init, site, **params):
 
 # Sites whose group has one member: lowered without the runtime (see _trivial).
 _TRIVIAL_SITES: set[int] = set()
+# CUDA sites on the copy-engine path: the *_host targets (host matching, no
+# command buffers); every other CUDA site runs on the daemon path, whose
+# handlers XLA may capture into command buffers.
+_HOST_SITES: set[int] = set()
+
+
+def _copy_engine_path(ctx, op, nranks) -> bool:
+  """Whether this CUDA collective takes the copy-engine path: the runtime's rule
+  (``uses_copy_engine``, from ``copy_engine_min_bytes`` and friends, which are
+  therefore read when the program is lowered)."""
+  if "cuda" not in getattr(ctx.module_context, "platforms", ()):
+    return False
+  from jax_dfccl._src import backend
+  cuda = backend.runtimes().get("cuda")
+  if cuda is None or not hasattr(cuda, "uses_copy_engine"):
+    return False
+  nbytes = lambda a: int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize  # noqa: E731
+  return bool(cuda.uses_copy_engine(int(_tables()['KIND'][OPS[op].kind]), int(nranks),
+                                    nbytes(ctx.avals_in[0]), nbytes(ctx.avals_out[0])))
 
 
 def _trivial(ctx, x, op, perm):
@@ -551,6 +570,9 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   aliases = dict({0: 1} if aliases is None else aliases)
   if init:  # operand 2 (after x and the partition id) is the output's initial value
     aliases[2] = 0
+  if _copy_engine_path(ctx, op, groups.shape[1]):
+    _HOST_SITES.add(site)
+    target += "_host"
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)
   sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL, *ctx.avals_in[1:]])
   return rule(sub, x, _partition_id(ctx), *init,
@@ -563,7 +585,8 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
 def _done_lowering(ctx, out, x_alias, ticket, *, key, site):
   if site in _TRIVIAL_SITES:  # its start had a group of one
     return [out]
-  rule = jax.ffi.ffi_lowering("dfccl_done", operand_output_aliases={0: 0}, has_side_effect=True)
+  target = "dfccl_done_host" if site in _HOST_SITES else "dfccl_done"
+  rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 0}, has_side_effect=True)
   return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
 
 

@@ -49,7 +49,7 @@ def test_cuda_runtime_holds_every_gpu_entry_as_python_set():
 
 def test_cuda_runtime_reports_exactly_what_python_set():
   new = {"timeout_s": 61.5, "spin_budget_us": 3.25, "sticky_budget_us": 250.0, "idle_quit_us": 700.0,
-         "stall_quit_us": 30000.0, "max_blocks": 9, "large_max_blocks": 33, "wait_kernel_bytes": -1,
+         "stall_quit_us": 30000.0, "max_blocks": 9, "large_max_blocks": 33,
          "ll": False, "direct": False, "small_chunk": 8192, "relaunch_max_us": 1500.0,
          "copy_engine_min_bytes": -1}
   with dc.configured(**new):

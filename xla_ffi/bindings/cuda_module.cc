@@ -23,8 +23,16 @@ NB_MODULE(_dfccl_cuda, m) {
     d["dfccl_start"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
     d["dfccl_done"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneCuda));
     d["dfccl_collective"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveCuda));
+    d["dfccl_start_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartHostCuda));
+    d["dfccl_done_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneHostCuda));
+    d["dfccl_collective_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveHostCuda));
     return d;
   });
+  m.def("uses_copy_engine", [](int kind, int nranks, int64_t in_bytes, int64_t out_bytes) {
+    return Runtime::Get().UsesCopyEngine(static_cast<dfccl::OpKind>(kind), nranks, in_bytes, out_bytes);
+  }, nb::arg("kind"), nb::arg("nranks"), nb::arg("in_bytes"), nb::arg("out_bytes"),
+  "Whether a collective of these per-rank sizes takes the copy-engine path (the *_host targets), "
+  "by the runtime's configuration");
 
   // dfccl::Error out of a module function: ValueError for an invalid value, else RuntimeError.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {

@@ -12,6 +12,11 @@ namespace dfccl::gpu {
 // Launches one daemon (params.workers worker blocks + 1 control block) on `stream`.
 cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 
+// The kernels of a collective on XLA's stream (submit_kernel.cu): the submit
+// kernel (the ready signal; the blocking form also waits) and the done wait.
+cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream);
+cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream);
+
 // Enqueues on `stream` a one-thread kernel that returns once (int32_t)(*addr - value) >= 0;
 // with `rec`, it stores `proto` stamped kEvStreamWait at its start into rec[0]
 // and stamped kEvStreamWoke at its end into rec[1].
@@ -26,6 +31,7 @@ cudaError_t LaunchReduceInto(cudaStream_t stream, DType dtype, ReduceOp reduce, 
 // Load the side kernels on the current device now (lazy loading would load them
 // at first launch, synchronizing the context while other kernels spin).
 cudaError_t PreloadStreamWait();
+cudaError_t PreloadSubmitKernels();
 cudaError_t PreloadReduceKernels();
 
 }  // namespace dfccl::gpu

@@ -1,10 +1,11 @@
 // The persistent daemon kernel: `workers` worker blocks run collective lanes,
-// one control block (warp 0) ingests submissions from host memory, retires
-// completed tickets, applies aborts and decides to quit.
+// one control block (warp 0) ingests the submit kernels' tasks, matches them to
+// their instances (device/match.cuh), retires completed tickets, applies aborts
+// and decides to quit.
 //
 // Scheduling: worker block b owns lanes l == b (mod workers) of every task.
 // Each pass scans the window [lo, submitted) in parallel, collects tasks that
-// are ready (or aborted) and not done, and gives each of its lanes one step
+// are not done, and gives each of its lanes one step
 // (RunLane) under a spin budget; a lane that cannot move is preempted and the
 // block goes on to the next task.  The last lane to finish completes the task.
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "device/collectives/ragged_all_to_all.cuh"
 #include "device/collectives/reduce_scatter.cuh"
 #include "device/daemon.h"
+#include "device/match.cuh"
 #include "dfccl/dtype.h"
 
 namespace dfccl::gpu {
@@ -68,11 +70,26 @@ struct Recorder {  // per-block trace ring and counters in device memory; this b
   DFCCL_DEV void Bump(uint64_t BlockStats::*field) { row->*field += 1; }
 };
 
+// The bucket-lock budget of the daemon's matching (a holder never waits inside).
+constexpr int64_t kLockBudgetNs = 2000000;
+// How often the control warp reads the host's words (aborts, resize).
+constexpr uint64_t kHostPollNs = 10000;
+
 __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t e, bool aborted, Recorder& rec) {
   const uint32_t g = Gen(d.ticket);
-  __threadfence_system();
-  StReleaseSys(&P.dev->done[e], g);
-  StVol(&P.host->status[e], aborted ? 1u : 0u);  // posted writes, in order: status before done
+  uint32_t status = kStatusOk;
+  if (aborted) {
+    status = LdVol(&P.dev->run[e].status);
+    if (status == kStatusOk) status = kStatusAborted;
+  }
+  __threadfence();
+  // The entry as recorded (by the submit kernel, or later by the control warp:
+  // then the worker's copy may predate it).
+  Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks, kLockBudgetNs);
+  StVol(&P.dev->status[e], status);
+  __threadfence_system();  // orders every earlier write of the task before done (a relaxed store suffices after it)
+  StVol(&P.dev->done[e], g);
+  StVol(&P.host->status[e], status);  // posted writes, in order: status before done
   StVol(&P.host->done[e], g);
   atomicAdd(&P.dev->progress, 1ull);
   rec.Trace(P, d, aborted ? kEvError : kEvFinish, 0);
@@ -111,8 +128,8 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         const uint32_t e = t % kTaskRing, g = Gen(t);
         if (LdVol(&dev->done[e]) != g) {
           const bool ab = LdVol(&dev->run[e].aborted) != 0;
-          const bool rdy = static_cast<int32_t>(LdVol(&dev->ready[e]) - g) >= 0;
-          if ((rdy || ab) && LdVol(&dev->desc[e].lanes) > b) {
+          const bool slotted = LdVol(&dev->desc[e].slot) >= 0;
+          if ((slotted || ab) && LdVol(&dev->desc[e].lanes) > b) {
             const int i = atomicAdd(&ncand, 1);
             if (i < kMaxCand) cand[i] = t;
           }
@@ -131,23 +148,11 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         reinterpret_cast<uint4*>(&sd)[tid] = LdVolVec(reinterpret_cast<const uint4*>(&dev->desc[e]) + tid);
       __syncthreads();
       if (sd.ticket != t) { __syncthreads(); continue; }  // entry reused since the scan
-      // A slot the host assigned after submission: read it from host memory (epoch
-      // first written there, slot last).  Epochs start at 1, so a copy whose epoch
-      // is still 0 is not assigned yet, whatever its slot says.
-      if (tid == 0 && (*(volatile int32_t*)&sd.slot < 0 || *(volatile uint32_t*)&sd.epoch == 0)) {  // thread 0 alone
-        const int32_t slot = LdVol(&P.host->desc[e].slot);
-        __threadfence_system();
-        const uint32_t epoch = LdVol(&P.host->desc[e].epoch);
-        if (slot >= 0 && epoch != 0) {
-          sd.epoch = epoch;
-          sd.slot = slot;
-          StVol(&dev->desc[e].epoch, epoch);
-          __threadfence();
-          StVol(&dev->desc[e].slot, slot);
-        } else {
-          sd.slot = -1;
-        }
-      }
+      // The control warp sets epoch, then slot, once the instance has one; the
+      // words above were read by different threads, so a slot without its epoch
+      // (still 0: epochs start at 1) counts as none yet (skipped until a later pass).
+      if (tid == 0 && *(volatile uint32_t*)&sd.epoch == 0) *(volatile int32_t*)&sd.slot = -1;
+      __syncthreads();
       for (int l = b; l < sd.lanes; l += P.workers) {
         if (tid == 0) {
           reinterpret_cast<uint4*>(&ss)[0] = LdVolVec(&dev->lane[e][l]);
@@ -194,6 +199,52 @@ __device__ void WorkerLoop(const DaemonParams& P) {
   }
 }
 
+// Lane 0 of the control warp: brings pending tasks to their instance (arrival,
+// slot, failure) — see device/match.cuh.  `aborts`: the host's abort words
+// changed since the last pass.
+__device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, bool aborts, uint64_t now) {
+  DeviceShared* dev = P.dev;
+  for (uint64_t t = lo; t < sub; ++t) {
+    const uint32_t e = t % kTaskRing, g = Gen(t);
+    if (LdVol(&dev->done[e]) == g) continue;
+    TaskRun* run = &dev->run[e];
+    if (LdVol(&run->aborted)) continue;
+    TaskDesc* dd = &dev->desc[e];
+    TaskDesc d;
+    for (int i = 0; i < kDescWords; ++i) reinterpret_cast<uint4*>(&d)[i] = LdVolVec(reinterpret_cast<const uint4*>(dd) + i);
+    const int phase = LdVol(&run->phase);
+    const bool host_abort = aborts && LdVol(&P.host->abort[e]) == g;
+    uint32_t why = 0;
+    int r = phase == 2 ? kMatchSlotted : kMatchArrived;
+    if (phase == 0) {
+      const uint32_t fail = host_abort ? PackStatus(kStatusFailedPeer, d.rank, d.rank) : d.invalid;
+      r = Arrive(d, dd, fail, &why, kLockBudgetNs / 4);
+      if (r == kMatchRetry && d.invalid) { why = d.invalid; r = kMatchFailed; }
+      if (r == kMatchRetry && host_abort) { why = PackStatus(kStatusNoEntry, d.rank, d.rank); r = kMatchFailed; }
+      if (r == kMatchFailed && host_abort) why = kStatusAborted;  // the host's message names it
+    } else if (host_abort) {
+      Fail(d, PackStatus(kStatusFailedPeer, d.rank, d.rank));
+      why = kStatusAborted;
+      r = kMatchFailed;
+    } else if (phase == 1) {
+      r = ClaimSlot(d, dd, &why, kLockBudgetNs / 4);
+    } else if (now - LdVol(&run->t_check) > 20000) {  // slotted: look at the failure state now and then
+      StVol(&run->t_check, now);
+      why = CheckFailed(d);
+      if (why) r = kMatchFailed;
+    }
+    if (r == kMatchFailed) {
+      StVol(&run->status, why);
+      __threadfence();
+      StVol(&run->aborted, 1);
+      continue;
+    }
+    const int np = r == kMatchSlotted ? 2 : r == kMatchArrived ? 1 : 0;
+    if (np != phase) StVol(&run->phase, np);
+    if (np == 2 && phase != 2) StVol(&run->t_check, now);
+  }
+}
+
 __device__ void ControlLoop(const DaemonParams& P) {
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
@@ -204,69 +255,63 @@ __device__ void ControlLoop(const DaemonParams& P) {
   uint64_t sub = LdVol(&dev->submitted), lo = LdVol(&dev->lo);
   uint64_t seen_abort = ~0ull;
   unsigned long long last_prog = LdVol(&dev->progress);
-  uint64_t t_prog = GlobalTimer(), t_busy = t_prog;
+  uint64_t t_prog = GlobalTimer(), t_busy = t_prog, t_host = 0;
   while (true) {
-    const uint64_t hs = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->submitted) : 0ull, 0);
-    if (hs > sub) {  // ingest: 8 x 16 bytes per descriptor, 4 descriptors per warp pass
-      const uint64_t count = hs - sub;
-      for (uint64_t i = lane; i < count * kDescWords; i += 32) {
-        const uint32_t e = (sub + i / kDescWords) % kTaskRing;
-        const uint4 v = LdVolVec(reinterpret_cast<const uint4*>(&host->desc[e]) + i % kDescWords);
-        reinterpret_cast<uint4*>(&dev->desc[e])[i % kDescWords] = v;
-      }
-      for (uint64_t t = sub; t < hs; ++t) {
-        const uint32_t e = t % kTaskRing;
-        for (int l = lane; l < kMaxLanes * 2; l += 32) reinterpret_cast<uint4*>(&dev->lane[e][0])[l] = make_uint4(0, 0, 0, 0);
-        if (lane == 0) dev->run[e] = TaskRun{0, 0, {0, 0}};
-      }
-      __threadfence();
-      __syncwarp();
+    // Ingest: published entries in ticket order (their descriptors are in place).
+    uint64_t hs = sub;
+    if (lane == 0)
+      while (hs < sub + kTaskRing && LdAcquireGpu(&dev->pub[hs % kTaskRing]) == Gen(hs)) ++hs;
+    hs = __shfl_sync(0xffffffffu, hs, 0);
+    if (hs > sub) {  // (the submit kernel reset the entries' run and lane state)
       if (lane == 0) {
         StReleaseGpu(&dev->submitted, hs);
         for (uint64_t t = sub; t < hs; ++t) rec.Trace(P, dev->desc[t % kTaskRing], kEvStart, 0);
       }
       sub = hs;
     }
-    const uint64_t ag = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->abort_gen) : 0ull, 0);
-    if (ag != seen_abort) {
-      seen_abort = ag;
-      for (uint64_t t = lo + lane; t < sub; t += 32) {
-        const uint32_t e = t % kTaskRing;
-        if (LdVol(&host->desc[e].abort)) StVol(&dev->run[e].aborted, 1);
-      }
-      __threadfence();
-      __syncwarp();
+    // Host memory (abort_gen, resize) costs a PCIe round trip per read: looked
+    // at every kHostPollNs only.  Abort words are read only in passes after the
+    // host bumped abort_gen; the change is consumed once every taken ticket is
+    // ingested (the host aborts only tickets whose record it saw, written after
+    // `taken` grew).
+    const uint64_t now = __shfl_sync(0xffffffffu, GlobalTimer(), 0);
+    const uint64_t taken0 = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&dev->next_ticket) : 0ull, 0);
+    bool aborts = false, resize = false;
+    if (now - t_host >= kHostPollNs) {
+      t_host = now;
+      const uint64_t ag = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->abort_gen) : 0ull, 0);
+      aborts = ag != seen_abort;
+      if (aborts && taken0 <= sub) seen_abort = ag;
+      resize = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->resize) : 0u, 0) == P.launch_id;
     }
+    if (lane == 0) MatchPending(P, lo, sub, aborts, now);
+    __syncwarp();
     if (lane == 0) {
       while (lo < sub && LdVol(&dev->done[lo % kTaskRing]) == Gen(lo)) ++lo;
       StVol(&dev->lo, lo);
     }
     lo = __shfl_sync(0xffffffffu, lo, 0);
     // Warp-uniform clock and progress (lane 0's), so every lane takes the same branch.
-    const uint64_t now = __shfl_sync(0xffffffffu, GlobalTimer(), 0);
     const unsigned long long prog = __shfl_sync(0xffffffffu, LdVol(&dev->progress), 0);
     if (prog != last_prog) { last_prog = prog; t_prog = now; }
-    if (lo < sub) t_busy = now;
-    const bool resize = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->resize) : 0u, 0) == P.launch_id;
+    // Tickets taken by submit kernels but not published yet count as pending.
+    const uint64_t taken = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&dev->next_ticket) : 0ull, 0);
+    if (lo < sub || taken > sub) t_busy = now;
     if (resize) {  // the host already queued the next daemon behind this one
       if (lane == 0) StVol(&dev->quit, P.launch_id);
       break;
     }
-    const bool quit = (lo == sub && now - t_busy > static_cast<uint64_t>(P.idle_ns)) ||
+    const bool quit = (lo == sub && taken == sub && now - t_busy > static_cast<uint64_t>(P.idle_ns)) ||
                       (lo < sub && now - t_prog > static_cast<uint64_t>(P.stall_ns));
     if (quit) {
-      // Dekker with the host: it stores `submitted` then loads `exiting`; we
-      // store `exiting` then load `submitted`.  One of us sees the other.
-      int stay = 0;
+      // The host proxy relaunches a daemon that left while work arrives: it sees
+      // the submit kernels' records (HostShared::sub) and `exiting`.
       if (lane == 0) {
         StVol(&host->exiting, P.launch_id);
         __threadfence_system();
-        if (LdVol(&host->submitted) > sub) { stay = 1; StVol(&host->exiting, 0u); }
-        else StVol(&dev->quit, P.launch_id);
+        StVol(&dev->quit, P.launch_id);
       }
-      stay = __shfl_sync(0xffffffffu, stay, 0);
-      if (!stay) break;
-      t_prog = t_busy = now;
+      break;
     }
   }
 }

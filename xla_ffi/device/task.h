@@ -4,21 +4,48 @@
 //
 // Ordering protocol (who writes what, who reads it, and the fence between):
 //
-//  submission   host: fills HostShared::desc[e] (e = ticket % kTaskRing), then
-//               stores HostShared::submitted = ticket + 1 (x86 stores are ordered,
-//               a std::atomic_thread_fence(release) sits between).  The daemon's
-//               control warp reads `submitted` (volatile, system scope), copies
-//               the new descriptors into DeviceShared::desc, resets their run and
-//               lane state, __threadfence()s, then publishes DeviceShared::submitted.
-//  ready        XLA's stream writes DeviceShared::ready[e] = Gen(ticket) with
-//               cuStreamWriteValue32_v2 (default flags: a memory barrier precedes
-//               the write, so the input buffer is complete when the flag is seen).
-//  done         the daemon writes DeviceShared::done[e] = Gen(ticket) after a
-//               __threadfence_system(); XLA's stream waits with
-//               cuStreamWaitValue32_v2(GEQ Gen(ticket)).  One word per ring entry,
-//               generations only grow, so an out-of-order completion of another
-//               task can never release this wait early.  HostShared::done[e]
-//               mirrors it for the host proxy (slot recycling, watchdog).
+//  site         host, once per (call site, device): the task's static part (a
+//               TaskDesc without buffers, ticket and sequence) into
+//               DeviceShared::site[i], and a sequence counter per (communicator,
+//               key) in DeviceShared::seq_ctr.  From then on a start does no host
+//               work but one kernel launch, so XLA can capture it into command
+//               buffers (CUDA graphs).
+//  submit       the one-thread submit kernel on XLA's stream (device/submit_kernel.cu)
+//               is also the *ready* signal: it runs once the kernels before it on
+//               the stream are complete, so the input is.  seq = atomicAdd(seq_ctr),
+//               ticket = atomicAdd(next_ticket); it waits (bounded) until the ring
+//               entry's previous ticket is done, writes DeviceShared::desc[e], then
+//               __threadfence() and st.release.gpu DeviceShared::pub[e] = Gen(ticket);
+//               then the host record HostShared::sub[e] (site, seq, then gen last,
+//               after __threadfence_system) for the proxy; start forms store the
+//               ticket into the call's ticket buffer, which done reads.
+//               Before publishing, the submit kernel resets the entry's run and
+//               lane state and tries the match itself (below), so a task whose
+//               instance had a free slot is runnable when it is ingested.
+//  ingest       the control warp advances DeviceShared::submitted over published
+//               entries in ticket order.
+//  match        the submit kernel (first try) and the control warp's lane 0
+//               (retries, failures) bring each task to its
+//               instance's entry of the communicator's MatchTable (device memory of
+//               the communicator's rank 0, reached over NVLink): lock the bucket
+//               (atomicCAS_system), find or claim the entry of (key_hash, seq),
+//               compare signatures, set the rank's arrival bit, claim an instance
+//               slot of the pool from the table's bitmap (slot epochs live there
+//               too) if the entry has none, unlock (fence.sys, atomicExch_system).
+//               The task's desc gets epoch, then (after __threadfence) slot: worker
+//               blocks run a task only once its slot is set.  A slot freed later is
+//               claimed by the next pass of any rank's control warp (retry; no rank
+//               ever blocks on a slot).  Failure (mismatch, a host abort, a rank
+//               that failed it first) is a state of the entry; each rank's control
+//               warp sees it (polled every ~20 us while its task pends) and aborts
+//               its own task.
+//  done         the daemon writes DeviceShared::status[e], then done[e] = Gen(ticket)
+//               (st.release.sys after __threadfence_system), and the same two words
+//               in HostShared for the proxy.  The done kernel (or the blocking form's
+//               submit kernel) polls done[e] with ld.acquire.sys; one word per ring
+//               entry, generations only grow, so an out-of-order completion of
+//               another task never releases it early.  The last rank of an instance
+//               to complete frees its slot and entry (under the bucket lock).
 //  data         a sender stores a chunk into the receiver's staging, __syncthreads,
 //               fence.sys, then st.release.sys of the arrival flag; the receiver
 //               ld.acquire.sys the flag, __syncthreads, then reads staging with
@@ -26,11 +53,11 @@
 //               not coherent).  Credits flow back the same way.  Flag and credit
 //               values are (epoch << 32) | count and never reset, so values of an
 //               earlier instance that used the same slot are always smaller.
-//  direct       (TaskDesc::direct, pool 1, one process): no staging; lanes read
-//               peers' inputs and write peers' outputs in place between a ready
-//               and a finished handshake per lane (protocol in device/direct.cuh;
-//               the pool's credits carry "ready", its flags "finished", and
-//               CommDev::mail the buffer addresses).
+//  direct       (TaskDesc::direct, pool 1): no staging; lanes read peers' inputs and
+//               write peers' outputs in place between a ready and a finished
+//               handshake per lane (protocol in device/direct.cuh; the pool's
+//               credits carry "ready", its flags "finished", and CommDev::mail the
+//               buffer addresses).
 #pragma once
 
 #include <cstdint>
@@ -53,6 +80,36 @@ inline constexpr int kThreads = 512;        // threads per daemon block
 inline constexpr int kTracePerBlock = 2048; // trace ring entries per block
 inline constexpr int kNumPools = 2;         // 0: small messages (LL protocol), 1: the rest (simple protocol)
 inline constexpr int kCeRing = 1024;        // copy-engine collectives in flight per device (runtime/copy_engine.h)
+inline constexpr int kMaxSites = 4096;      // call sites per device (DeviceShared::site)
+inline constexpr int kMaxKeys = 4096;       // (communicator, key) sequence counters per device
+inline constexpr int kMatchBuckets = 256;   // MatchTable geometry: buckets x ways entries
+inline constexpr int kMatchWays = 16;
+inline constexpr int kMaxPoolSlots = 1024;  // instance slots per pool (config *_slots)
+
+// A task's outcome (DeviceShared/HostShared::status): the code in the low byte,
+// then the two ranks it names (a mismatch: the first rank and the disagreeing one).
+enum TaskStatus : uint32_t {
+  kStatusOk = 0,
+  kStatusAborted = 1,       // aborted by the host (watchdog: timeout); the host wrote the message
+  kStatusMismatch = 2,      // ranks started the instance with different signatures
+  kStatusFailedPeer = 3,    // another rank (another process) failed the instance first
+  kStatusTwice = 4,         // a rank started the same (key, sequence) twice
+  kStatusUnaligned = 5,     // LL pool buffers not 16-byte aligned
+  kStatusNoEntry = 6,       // the match table had no free entry in the instance's bucket until the abort
+};
+DFCCL_TASK_HD uint32_t PackStatus(uint32_t code, int a, int b) {
+  return code | (static_cast<uint32_t>(a & 0xff) << 8) | (static_cast<uint32_t>(b & 0xff) << 16);
+}
+
+// Identity of an instance in the match table (never 0: 0 marks a free entry).
+DFCCL_TASK_HD uint64_t MatchId(uint64_t key_hash, uint64_t seq) {
+  uint64_t z = key_hash ^ (seq + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+DFCCL_TASK_HD int MatchBucket(uint64_t id) { return static_cast<int>((id >> 40) % kMatchBuckets); }
 
 DFCCL_TASK_HD uint32_t Gen(uint64_t ticket, uint64_t ring = kTaskRing) { return static_cast<uint32_t>(ticket / ring + 1); }
 
@@ -78,6 +135,8 @@ struct PoolGeom {
   int64_t chunk_bytes = 0;
 };
 
+struct MatchTable;
+
 // A communicator as the daemon sees it (a copy in each member's device memory).
 // All pointers are UVA addresses on the device of rank r.
 struct CommDev {
@@ -87,9 +146,37 @@ struct CommDev {
   uint64_t* flags[kNumPools][kMaxRanks];    // [slot][src][lane]: chunks arrived at r from src
   uint64_t* credits[kNumPools][kMaxRanks];  // [slot][dst][lane]: chunks dst consumed from r
   uint64_t* mail[kMaxRanks];                // [slot][src][2]: src's (in, out) of the pool-1 instance (direct path)
+  MatchTable* table;                        // the communicator's match table (rank 0's device memory)
 };
 
-// Host-written description of one rank's part of one collective instance.
+// One instance (group, key, sequence) being matched.  Written under its bucket's
+// lock, except `done` (atomicAdd_system) and `failed` (atomicCAS_system from 0).
+struct alignas(64) MatchEntry {
+  uint64_t id;         // MatchId(key_hash, seq); 0: free
+  uint64_t key_hash;
+  uint64_t seq;
+  uint64_t sig;        // signature hash of the first rank to arrive
+  uint32_t arrived;    // ranks that arrived
+  uint32_t done;       // ranks whose task completed (the n-th frees slot and entry)
+  int32_t slot;        // instance slot of `pool`; -1 until claimed
+  uint32_t epoch;      // the slot's generation for this instance
+  uint32_t failed;     // PackStatus(code, rank, rank) of the failure; 0: none
+  int32_t first_rank;  // rank that created the entry
+  int32_t pool;
+  int32_t pad;
+};
+static_assert(sizeof(MatchEntry) == 64, "MatchEntry is one 64-byte line");
+
+// Per communicator, in the device memory of its rank 0 (peer access / CUDA IPC).
+struct MatchTable {
+  uint32_t lock[kMatchBuckets];                                    // 0 free, 1 held
+  MatchEntry entry[kMatchBuckets][kMatchWays];
+  unsigned long long free_bits[kNumPools][kMaxPoolSlots / 64];    // 1: slot free
+  uint32_t epoch[kNumPools][kMaxPoolSlots];                        // generation of each slot's latest use
+};
+
+// One rank's part of one collective instance: the static part is written by the
+// host per call site (DeviceShared::site), the rest by the submit kernel.
 struct alignas(16) TaskDesc {
   uint64_t ticket;
   uint64_t key_hash;
@@ -103,13 +190,16 @@ struct alignas(16) TaskDesc {
   int32_t rank, send_to, recv_from, pool;
   int32_t lanes, vec;    // lanes used; vec: 16-byte vector path allowed
   int32_t dtype;         // dfccl::DType
-  int32_t slot;          // instance slot in the pool; -1 until the host assigns one
+  int32_t slot;          // instance slot in the pool; -1 until the match assigns one
   uint32_t epoch;        // generation of the slot's use (flag/credit high word)
-  int32_t abort;         // set by the host watchdog
+  int32_t site;          // DeviceShared::site index (host records)
   int32_t direct;        // 1: direct path (peers' buffers in place; lanes split the unit of device/direct.cuh)
-  int32_t pad;
+  int32_t match;         // MatchTable entry (bucket * kMatchWays + way); -1 until the rank arrived
+  uint64_t sig_hash;     // hash of CollectiveSpec::Signature() (ranks must agree)
+  int32_t key_ctr;       // DeviceShared::seq_ctr index of (communicator, key)
+  uint32_t invalid;      // TaskStatus the submit kernel found (kStatusUnaligned), 0: none
 };
-static_assert(sizeof(TaskDesc) == 128, "TaskDesc is 8 x 16 bytes (copied as uint4 words)");
+static_assert(sizeof(TaskDesc) == 144, "TaskDesc is 9 x 16 bytes (copied as uint4 words)");
 inline constexpr int kDescWords = sizeof(TaskDesc) / 16;
 
 // Per-lane progress, kept in global memory so a preempted lane resumes where it stopped.
@@ -127,7 +217,10 @@ struct alignas(16) LaneState {
 struct alignas(16) TaskRun {
   int32_t lanes_done;
   int32_t aborted;
-  int32_t pad[2];
+  int32_t phase;      // matching: 0 not arrived, 1 arrived without a slot, 2 slot set (control warp only)
+  uint32_t status;    // TaskStatus of an abort decided on the device (0: the host's)
+  uint64_t t_check;   // %globaltimer of the last look at the entry's failure state
+  uint64_t pad;
 };
 
 // Written by the daemon, one row per block (no atomics).
@@ -144,16 +237,22 @@ struct TraceRec {
 };
 static_assert(sizeof(TraceRec) == 32, "TraceRec is 32 bytes");
 
-// Host-mapped (cudaHostAlloc, mapped): written by the host, read by the daemon, and back.
+// A submission as the host proxy sees it (written by the submit kernel, gen last).
+struct alignas(16) SubRec {
+  uint64_t seq;
+  int32_t site;
+  uint32_t gen;  // Gen(ticket) of entry e = ticket % kTaskRing
+};
+
+// Host-mapped (cudaHostAlloc, mapped): written by the device, read by the host, and back.
 struct HostShared {
-  volatile uint64_t submitted;   // tickets [0, submitted) are published
-  volatile uint64_t abort_gen;   // bumped after the host sets some desc[e].abort
   volatile uint32_t exiting;     // launch id of a daemon that decided to quit
   volatile uint32_t resize;      // launch id the host asks to quit (relaunched with another grid)
-  volatile uint64_t pad1;
+  volatile uint64_t abort_gen;   // bumped after the host sets some abort[e]
   volatile uint32_t done[kTaskRing];    // mirror of DeviceShared::done
-  volatile uint32_t status[kTaskRing];  // 0 ok, 1 aborted (valid once done[e] == Gen)
-  TaskDesc desc[kTaskRing];
+  volatile uint32_t status[kTaskRing];  // TaskStatus (valid once done[e] == Gen)
+  volatile uint32_t abort[kTaskRing];   // Gen(ticket): the host watchdog aborts that task
+  SubRec sub[kTaskRing];                // submissions, for the proxy (watchdog, relaunch, stats)
   // Copy-engine collectives (runtime/copy_engine.h), entry e = ticket % kCeRing:
   // XLA's stream writes ce_ready[e] = Gen(ticket) (stream memory write, after its
   // input is complete) and waits for ce_done[e] >= Gen(ticket); the copy streams
@@ -166,21 +265,47 @@ struct HostShared {
 
 // Device memory, one per device.
 struct DeviceShared {
-  uint64_t submitted;            // published by the control warp after ingest
+  uint64_t submitted;            // tickets below it are ingested (published by the control warp)
   uint64_t lo;                   // all tickets below lo are complete
   unsigned long long progress;   // bumped on every unit of work
+  unsigned long long next_ticket;  // taken by submit kernels (atomicAdd)
   uint32_t quit;                 // launch id whose daemon must exit
   uint32_t pad;
-  uint32_t ready[kTaskRing];     // written by XLA's stream (stream memory op)
+  uint32_t pub[kTaskRing];       // Gen(ticket) once the submit kernel wrote desc[e]
   uint32_t done[kTaskRing];      // waited on by XLA's stream
+  uint32_t status[kTaskRing];    // TaskStatus, written before done[e]
   TaskRun run[kTaskRing];
   TaskDesc desc[kTaskRing];
+  TaskDesc site[kMaxSites];      // static part of each call site's task (host-written once)
+  unsigned long long seq_ctr[kMaxKeys];  // starts of each (communicator, key) by this device
   LaneState lane[kTaskRing][kMaxLanes];
   // Counters and trace ring per block (the control block's row is `workers`);
   // device memory, copied out by the host on demand (no PCIe writes on the hot path).
   BlockStats stats[kMaxBlocks];
   TraceRec trace[kMaxBlocks][kTracePerBlock];
-  TraceRec stream_trace[kTaskRing][2];  // per ring entry: kEvStreamWait, kEvStreamWoke (written by the wait kernel)
+  TraceRec stream_trace[kTaskRing][2];  // per ring entry: kEvStreamWait, kEvStreamWoke (written by the done wait)
+};
+
+// Kernel parameters of a submit kernel (and of the blocking form's, which also waits).
+struct SubmitParams {
+  DeviceShared* dev;
+  HostShared* host;      // device address of the mapped block
+  const char* in;
+  char* out;
+  int64_t* ticket_out;   // start form: where done finds the ticket
+  int32_t site;
+  int32_t wait;          // blocking form: wait for the task's done word too
+  int32_t trap;          // a failed task traps the stream (inside a command buffer no handler reports it)
+  int32_t trace;
+  int64_t timeout_ns;    // bound of every wait (a dead daemon or a full ring)
+};
+
+// Kernel parameters of a done wait (daemon ring).
+struct DoneParams {
+  DeviceShared* dev;
+  const int64_t* ticket;
+  int32_t trap, trace;
+  int64_t timeout_ns;
 };
 
 // Kernel parameters of one daemon launch.

@@ -1,8 +1,11 @@
-// The CUDA FFI handlers: dfccl_start builds a task and submits it to the
-// device's daemon, enqueuing on XLA's stream a stream-ordered ready write;
-// dfccl_done enqueues a stream wait on the task's completion word;
-// dfccl_collective (the blocking form) does both in one call.  The host
-// never blocks here.  Not command-buffer compatible (they do host work).
+// The CUDA FFI handlers.  Daemon path (dfccl_start, dfccl_done,
+// dfccl_collective): after a call site's first call, each enqueues one kernel
+// whose parameters say everything (runtime/runtime.h), so they declare
+// kCmdBufferCompatible and XLA captures them into command buffers.  Copy-engine
+// path (dfccl_start_host, dfccl_done_host, dfccl_collective_host; chosen by
+// core.py at lowering for the sizes the runtime's UsesCopyEngine names): host
+// matching and stream memory operations on every call, so no such trait.  The
+// host never blocks here.
 #include "ffi/cuda_handlers.h"
 
 #include <cuda_runtime.h>
@@ -44,6 +47,7 @@ struct SpecKeyHash {
 struct Parsed {
   CollectiveSpec spec;
   std::string signature;
+  const Site* site = nullptr;  // daemon path: set up at the first call
 };
 
 // Times one handler call into HostTimes; the gap since this thread's previous
@@ -69,7 +73,7 @@ class HandlerTimer {
 thread_local Clock::time_point HandlerTimer::last_exit_{};
 
 // The parsed spec of this call site on this device (built at its first call).
-const Parsed& SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, int64_t out_elems, const StartAttrs& attrs) {
+Parsed& SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, int64_t out_elems, const StartAttrs& attrs) {
   thread_local std::unordered_map<SpecKey, Parsed, SpecKeyHash> cache;
   const SpecKey k{attrs.site, attrs.key_hash, static_cast<int64_t>(x.element_count()), ordinal,
                   static_cast<int32_t>(x.element_type())};
@@ -83,84 +87,135 @@ const Parsed& SpecOf(int32_t ordinal, const ffi::AnyBuffer& x, int64_t out_elems
   return cache.emplace(k, std::move(p)).first->second;
 }
 
-// Both start forms: the task submitted, the ready write (and, blocking, the done wait) enqueued.
 // `init` (ragged_all_to_all): the caller's output values, aliased to out; when
-// XLA did not alias them, copied into out in stream order before the ready write.
+// XLA did not alias them, copied into out in stream order before the start.
+void CopyInit(cudaStream_t stream, const std::optional<ffi::AnyBuffer>& init, ffi::AnyBuffer& out_buf) {
+  void* out = out_buf.untyped_data();
+  if (init.has_value() && init->untyped_data() != out && init->size_bytes() > 0) {
+    DFCCL_CHECK(init->size_bytes() == out_buf.size_bytes(), "dfccl: init does not match the result");
+    DFCCL_CHECK_CUDA(cudaMemcpyAsync(out, init->untyped_data(), init->size_bytes(), cudaMemcpyDeviceToDevice, stream),
+                     "dfccl: copy of init");
+  }
+}
+
+// Daemon path, both start forms: the submit kernel (blocking: it also waits).
 ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, const std::optional<ffi::AnyBuffer>& init,
-                 ffi::AnyBuffer& out_buf, const StartAttrs& attrs, bool blocking) {
+                 ffi::AnyBuffer& out_buf, int64_t* ticket, const StartAttrs& attrs, bool blocking) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.start_ns, times.starts);
   return FfiGuard([&] {
-    void* out = out_buf.untyped_data();
-    const Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
-    if (init.has_value() && init->untyped_data() != out && init->size_bytes() > 0) {
-      DFCCL_CHECK(init->size_bytes() == out_buf.size_bytes(), "dfccl: init does not match the result");
-      DFCCL_CHECK_CUDA(cudaMemcpyAsync(out, init->untyped_data(), init->size_bytes(), cudaMemcpyDeviceToDevice, stream),
-                       "dfccl: copy of init");
-    }
-    Runtime::Get().Start(ordinal, stream, p.spec, p.signature, x.untyped_data(), out, blocking);
+    Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
+    if (!p.site) p.site = Runtime::Get().Prepare(ordinal, p.spec, p.signature);
+    CopyInit(stream, init, out_buf);
+    Runtime::Get().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking);
   });
 }
 
-// The ticket buffer stays unwritten: done pairs with start through the
-// per-(device, site) FIFO, since a device buffer cannot be read at enqueue time.
-ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
-                     std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out,
-                     ffi::Result<ffi::AnyBuffer> /*x_alias*/, ffi::Result<ffi::AnyBuffer> /*ticket*/, StartAttrs attrs) {
-  return Begin(stream, ordinal, x, init, *out, attrs, /*blocking=*/false);
+// Copy-engine path, both start forms.
+ffi::Error BeginHost(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x,
+                     const std::optional<ffi::AnyBuffer>& init, ffi::AnyBuffer& out_buf, const StartAttrs& attrs,
+                     bool blocking) {
+  HostTimes& times = Runtime::Get().host_times();
+  HandlerTimer timer(times.start_ns, times.starts);
+  return FfiGuard([&] {
+    const Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
+    CopyInit(stream, init, out_buf);
+    Runtime::Get().StartHost(ordinal, stream, p.spec, p.signature, x.untyped_data(), out_buf.untyped_data(), blocking);
+  });
 }
 
-// The blocking form (start and done in one call).
+// The submit kernel stores the ticket into the ticket buffer; done's kernel reads it.
+ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
+                     std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> /*x_alias*/, ffi::Result<ffi::AnyBuffer> ticket, StartAttrs attrs) {
+  return Begin(stream, ordinal, x, init, *out, static_cast<int64_t*>(ticket->untyped_data()), attrs, false);
+}
+
 ffi::Error CollectiveImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
                           std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
-  return Begin(stream, ordinal, x, init, *out, attrs, /*blocking=*/true);
+  return Begin(stream, ordinal, x, init, *out, nullptr, attrs, true);
+}
+
+// Not aliased (XLA's choice): the result is copied after the wait.
+void CopyResult(cudaStream_t stream, const ffi::AnyBuffer& out_in, ffi::Result<ffi::AnyBuffer>& out) {
+  if (out->untyped_data() != out_in.untyped_data())
+    DFCCL_CHECK_CUDA(cudaMemcpyAsync(out->untyped_data(), out_in.untyped_data(), out_in.size_bytes(),
+                                     cudaMemcpyDeviceToDevice, stream),
+                     "dfccl: copy of done result");
 }
 
 ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer /*x_alias*/,
-                    ffi::AnyBuffer /*ticket*/, ffi::Result<ffi::AnyBuffer> out, DoneAttrs attrs) {
+                    ffi::AnyBuffer ticket, ffi::Result<ffi::AnyBuffer> out, DoneAttrs /*attrs*/) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.done_ns, times.dones);
   return FfiGuard([&] {
-    Runtime::Get().Done(ordinal, stream, attrs.site);
-    if (out->untyped_data() != out_in.untyped_data())  // not aliased: copy after the wait
-      DFCCL_CHECK_CUDA(cudaMemcpyAsync(out->untyped_data(), out_in.untyped_data(), out_in.size_bytes(),
-                                       cudaMemcpyDeviceToDevice, stream),
-                       "dfccl: copy of done result");
+    Runtime::Get().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()));
+    CopyResult(stream, out_in, out);
+  });
+}
+
+// The ticket buffer stays unwritten on the copy-engine path: done pairs with
+// start through the per-(device, site) FIFO (a device buffer cannot be read at enqueue time).
+ffi::Error StartHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
+                         std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out,
+                         ffi::Result<ffi::AnyBuffer> /*x_alias*/, ffi::Result<ffi::AnyBuffer> /*ticket*/,
+                         StartAttrs attrs) {
+  return BeginHost(stream, ordinal, x, init, *out, attrs, false);
+}
+
+ffi::Error CollectiveHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
+                              std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
+  return BeginHost(stream, ordinal, x, init, *out, attrs, true);
+}
+
+ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer /*x_alias*/,
+                        ffi::AnyBuffer /*ticket*/, ffi::Result<ffi::AnyBuffer> out, DoneAttrs attrs) {
+  HostTimes& times = Runtime::Get().host_times();
+  HandlerTimer timer(times.done_ns, times.dones);
+  return FfiGuard([&] {
+    Runtime::Get().DoneHost(ordinal, stream, attrs.site);
+    CopyResult(stream, out_in, out);
   });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()    // x
-                                  .Arg<ffi::AnyBuffer>()    // partition_id (s32[], unused on GPU)
-                                  .OptionalArg<ffi::AnyBuffer>()  // init (aliased to out)
-                                  .Ret<ffi::AnyBuffer>()    // out
-                                  .Ret<ffi::AnyBuffer>()    // x_alias (aliases x)
-                                  .Ret<ffi::AnyBuffer>()    // ticket (s64[], unused on GPU)
-                                  .Attrs<StartAttrs>());
+#define DFCCL_START_BINDING                                  \
+  ffi::Ffi::Bind()                                           \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()              \
+      .Ctx<ffi::DeviceOrdinal>()                             \
+      .Arg<ffi::AnyBuffer>()           /* x */               \
+      .Arg<ffi::AnyBuffer>()           /* partition_id */    \
+      .OptionalArg<ffi::AnyBuffer>()   /* init (aliased) */  \
+      .Ret<ffi::AnyBuffer>()           /* out */             \
+      .Ret<ffi::AnyBuffer>()           /* x_alias */         \
+      .Ret<ffi::AnyBuffer>()           /* ticket (s64[]) */  \
+      .Attrs<StartAttrs>()
+#define DFCCL_COLLECTIVE_BINDING                             \
+  ffi::Ffi::Bind()                                           \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()              \
+      .Ctx<ffi::DeviceOrdinal>()                             \
+      .Arg<ffi::AnyBuffer>()           /* x */               \
+      .Arg<ffi::AnyBuffer>()           /* partition_id */    \
+      .OptionalArg<ffi::AnyBuffer>()   /* init (aliased) */  \
+      .Ret<ffi::AnyBuffer>()           /* out */             \
+      .Attrs<StartAttrs>()
+#define DFCCL_DONE_BINDING                                   \
+  ffi::Ffi::Bind()                                           \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()              \
+      .Ctx<ffi::DeviceOrdinal>()                             \
+      .Arg<ffi::AnyBuffer>()           /* out (from start) */ \
+      .Arg<ffi::AnyBuffer>()           /* x_alias */         \
+      .Arg<ffi::AnyBuffer>()           /* ticket */          \
+      .Ret<ffi::AnyBuffer>()           /* out (aliased) */   \
+      .Attrs<DoneAttrs>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveCuda, CollectiveImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()    // x
-                                  .Arg<ffi::AnyBuffer>()    // partition_id (s32[], unused on GPU)
-                                  .OptionalArg<ffi::AnyBuffer>()  // init (aliased to out)
-                                  .Ret<ffi::AnyBuffer>()    // out
-                                  .Attrs<StartAttrs>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneCuda, DoneImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()    // out (from start)
-                                  .Arg<ffi::AnyBuffer>()    // x_alias
-                                  .Arg<ffi::AnyBuffer>()    // ticket
-                                  .Ret<ffi::AnyBuffer>()    // out (aliased)
-                                  .Attrs<DoneAttrs>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl, DFCCL_START_BINDING, {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveCuda, CollectiveImpl, DFCCL_COLLECTIVE_BINDING,
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneCuda, DoneImpl, DFCCL_DONE_BINDING, {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartHostCuda, StartHostImpl, DFCCL_START_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveHostCuda, CollectiveHostImpl, DFCCL_COLLECTIVE_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneHostCuda, DoneHostImpl, DFCCL_DONE_BINDING);
 
 }  // namespace dfccl::gpu

@@ -7,4 +7,7 @@ namespace dfccl::gpu {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclDoneCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclCollectiveCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclStartHostCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclDoneHostCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclCollectiveHostCuda);
 }  // namespace dfccl::gpu

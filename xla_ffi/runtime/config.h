@@ -48,8 +48,7 @@ namespace dfccl::gpu {
   X(int, large_depth)                        \
   X(int64_t, large_chunk)                    \
   X(int, large_max_blocks)                   \
-  X(int64_t, large_threshold)                \
-  X(int64_t, wait_kernel_bytes)
+  X(int64_t, large_threshold)
 
 inline constexpr int kMaxDaemonBlocks = 64;  // control block included (kMaxBlocks in device/task.h)
 
@@ -91,7 +90,7 @@ struct Config {
     if (name == "copy_engine_blocks" || name == "small_slots" || name == "large_slots" || name == "direct_slots" ||
         name == "large_depth" || name == "lane_min_bytes")
       return v >= 1 && integral ? "" : ">= 1";
-    if (name == "copy_engine_min_bytes" || name == "copy_engine_reduce_min_bytes" || name == "wait_kernel_bytes")
+    if (name == "copy_engine_min_bytes" || name == "copy_engine_reduce_min_bytes")
       return v >= -1 && integral ? "" : ">= -1";
     if (name == "large_threshold") return v >= 0 && integral ? "" : ">= 0";
     return "";  // bools

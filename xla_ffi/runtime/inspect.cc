@@ -29,39 +29,35 @@ std::string Runtime::Pending(int wait_ms) {
   for (auto& [ord, dp] : devices_) {
     Device& d = *dp;
     os << "GPU " << ord << ": daemon " << (Running(d) ? "running" : "stopped") << " (launch " << d.launch_id
-       << ", " << d.workers << " workers, " << d.launches << " launches), tickets " << d.oldest << ".." << d.next_ticket
+       << ", " << d.workers << " workers, " << d.launches << " launches), tickets " << d.oldest << ".." << d.seen
        << ", copy-engine tickets " << d.ce_oldest << ".." << d.ce_next;
     if (!d.error.ok()) os << ", error: " << d.error.message;
     os << "\n";
-    std::vector<uint32_t> ready(kTaskRing, 0);
-    bool have_ready = false;
-    if (d.oldest < d.next_ticket) {
-      try {
-        CopyOut(d, ready.data(), d.dev->ready, sizeof(uint32_t) * kTaskRing);
-        have_ready = true;
-      } catch (const std::exception&) {  // reported as "?"
-      }
-    }
-    auto line = [&](const TaskInfo& ti, uint64_t t, const char* path, int ready_state, bool done) {
-      const Instance* in = ti.inst;
-      os << "  " << path << " ticket " << t << " '" << (in ? in->key : std::to_string(ti.key_hash)) << "' seq "
-         << ti.seq << " " << ti.msg_bytes << " B, "
+    PollRecords(d, now);
+    auto line = [&](const TaskInfo& ti, uint64_t t, const char* path, const std::string& key, uint32_t started, int n,
+                    bool failed, int ready_state, bool done) {
+      os << "  " << path << " ticket " << t << " '" << key << "' seq " << ti.seq << " " << ti.msg_bytes << " B, "
          << std::chrono::duration<double, std::milli>(now - ti.t).count() << " ms";
-      if (in) os << ", started " << Mask(in->started, in->nranks) << (in->failed ? ", failed" : "");
+      if (n > 0) os << ", started " << Mask(started, n) << (failed ? ", failed" : "");
       os << ", this stream " << (ready_state < 0 ? "?" : ready_state ? "reached it" : "not there yet")
          << (done ? ", done" : "") << "\n";
     };
-    for (uint64_t t = d.oldest; t < d.next_ticket; ++t) {
+    // A daemon task has a record only once the submit kernel ran: XLA's stream reached it.
+    for (uint64_t t = d.oldest; t < d.seen; ++t) {
       const TaskInfo& ti = d.info[t % kTaskRing];
       if (ti.done) continue;
-      const int rs = have_ready ? static_cast<int32_t>(ready[t % kTaskRing] - Gen(t)) >= 0 : -1;
-      line(ti, t, "daemon", rs, d.host->done[t % kTaskRing] == Gen(t));
+      MatchEntry m{};
+      const bool found = ti.comm && ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
+      line(ti, t, "daemon", ti.site ? ti.site->key : std::to_string(ti.key_hash), found ? m.arrived : 0,
+           found ? ti.comm->n : 0, found && m.failed != 0, 1, d.host->done[t % kTaskRing] == Gen(t));
     }
     for (uint64_t t = d.ce_oldest; t < d.ce_next; ++t) {
       const TaskInfo& ti = d.ce_info[t % kCeRing];
       if (ti.done) continue;
       const uint32_t g = Gen(t, kCeRing);
-      line(ti, t, "copy engine", static_cast<int32_t>(d.host->ce_ready[t % kCeRing] - g) >= 0,
+      const Instance* in = ti.inst;
+      line(ti, t, "copy engine", in ? in->key : std::to_string(ti.key_hash), in ? in->started : 0, in ? in->nranks : 0,
+           in && in->failed, static_cast<int32_t>(d.host->ce_ready[t % kCeRing] - g) >= 0,
            static_cast<int32_t>(d.host->ce_done[t % kCeRing] - g) >= 0);
     }
   }

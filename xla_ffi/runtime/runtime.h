@@ -1,13 +1,18 @@
 // The GPU host runtime: devices (daemon, queues), communicators (staging
-// pools, instance matching), the proxy thread (completions, relaunch, watchdog).
+// pools, match table), call sites, the proxy thread (completions, relaunch,
+// watchdog).
 //
-// Matching: an instance is (communicator, key_hash, seq); seq counts this
-// rank's starts of the key.  The first rank to start an instance gives it an
-// instance slot of its pool (or queues it until one is free); later ranks find
-// it by (key_hash, seq), so the order of starts on each rank does not matter.
-// This host-side rendezvous is the single-process part: with CUDA IPC across
-// processes, slot assignment must become a function of (key_hash, seq) agreed
-// without a shared host table (e.g. through the distributed KV store).
+// Daemon path (every collective below the copy-engine sizes): the handlers do
+// host work only at a call site's first call (Prepare: the site's static task
+// and its sequence counter in device memory); every call after that is one
+// kernel launch (device/submit_kernel.cu), and matching of (communicator,
+// key_hash, seq) happens on the device (device/match.cuh), so the handlers are
+// command-buffer compatible.  The host learns of submissions from the submit
+// kernels' records (HostShared::sub): the proxy relaunches a daemon that quit,
+// reports failures and runs the watchdog.
+//
+// Copy-engine path (the *_host targets): matched on the host as before
+// (Instance, Join), moved by the mover thread (runtime/copy_engine.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -62,15 +68,28 @@ struct Comm {
   std::vector<CommDev*> dev_copy;           // per rank, on its device
   std::vector<std::pair<int, void*>> allocs;
   int64_t bytes = 0;
-  std::vector<int> free_slots[kNumPools];
-  std::vector<uint32_t> epochs[kNumPools];
-  std::deque<Instance*> waiting[kNumPools];
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Instance>> live;
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Instance>> failed;
+  MatchTable* table = nullptr;  // daemon path: in rank 0's device memory
+  std::set<std::pair<uint64_t, uint64_t>> reported;  // daemon-path instances whose failure was reported
+};
+
+// One call site (a start op of a program) on one device: its static task in
+// DeviceShared::site[index].
+struct Site {
+  int index = -1;
+  Device* d = nullptr;
+  struct Comm* c = nullptr;
+  std::string key, signature;
+  uint64_t key_hash = 0;
+  int rank = 0;
+  int64_t msg_bytes = 0;
+  bool large = false;
 };
 
 struct TaskInfo {
-  Instance* inst = nullptr;
+  Instance* inst = nullptr;  // copy-engine path
+  const Site* site = nullptr;  // daemon path
   Comm* comm = nullptr;
   uint64_t ticket = 0;
   Clock::time_point t;
@@ -87,7 +106,7 @@ struct Device {
   HostShared* host = nullptr;
   HostShared* host_dev = nullptr;
   DeviceShared* dev = nullptr;
-  uint64_t next_ticket = 0, oldest = 0, launches = 0;
+  uint64_t seen = 0, oldest = 0, launches = 0;  // daemon tickets whose record the proxy read; the oldest pending
   uint32_t launch_id = 0;
   int workers = 0;
   int pending_large = 0;
@@ -97,9 +116,12 @@ struct Device {
   std::array<TaskInfo, kTaskRing> info;
   std::array<TaskInfo, kCeRing> ce_info;  // copy-engine collectives (tickets ce_oldest .. ce_next)
   uint64_t ce_next = 0, ce_oldest = 0;
-  std::map<std::pair<Comm*, uint64_t>, uint64_t> seq;
-  std::unordered_map<int64_t, std::deque<uint64_t>> fifo;  // start/done pairing per site
+  std::map<std::pair<Comm*, uint64_t>, uint64_t> seq;       // copy-engine path: sequence numbers
+  std::unordered_map<int64_t, std::deque<uint64_t>> fifo;  // copy-engine path: start/done pairing per site
+  std::vector<std::unique_ptr<Site>> sites;                // daemon path, by DeviceShared::site index
+  std::map<std::pair<Comm*, uint64_t>, int> key_ctr;       // DeviceShared::seq_ctr index per (communicator, key)
   Status error;                                            // recorded by the proxy/watchdog; thrown by the next handler call
+  std::atomic<bool> has_error{false};                      // error is set (read without the lock on the hot path)
   int64_t completed = 0, failed = 0;                       // tasks seen done by the proxy (stats())
 };
 
@@ -141,11 +163,19 @@ class Runtime {
   ~Runtime();
 
   // Handlers.  Throw dfccl::Error (the FFI boundary, ffi/error.h, converts it).
-  // blocking: the blocking form, start and done in one call (one locked section,
-  // the ready write and the done wait in one batch of stream memory operations).
-  void Start(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
-             const void* in, void* out, bool blocking);
-  void Done(int ordinal, cudaStream_t stream, int64_t site);
+  // Daemon path: Prepare once per (call site, device) — under the lock, in relaxed
+  // stream-capture mode, so it also works inside a command buffer's recording —,
+  // then Submit (start; blocking: start and done in one kernel) and Finish (done)
+  // launch one kernel each and touch no lock.
+  const Site* Prepare(int ordinal, const CollectiveSpec& spec, const std::string& signature);
+  void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking);
+  void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket);
+  // Copy-engine path (the *_host targets): matched on the host.
+  void StartHost(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
+                 const void* in, void* out, bool blocking);
+  void DoneHost(int ordinal, cudaStream_t stream, int64_t site);
+  // Whether a collective of these sizes takes the copy-engine path (Python picks the target at lowering).
+  bool UsesCopyEngine(OpKind kind, int nranks, int64_t in_bytes, int64_t out_bytes);
   // The entries of jax_dfccl.config this runtime holds (module function config()).
   Config config();
 
@@ -167,20 +197,28 @@ class Runtime {
     TraceRec proto{};
   };
   std::unique_lock<std::timed_mutex> HandlerLock();
-  uint64_t Submit(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out);
+  uint64_t SubmitCe(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out);
   Enqueue PlanWait(Device& d, uint64_t ticket);
   void EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready, bool wait);
   Device& GetDevice(int ordinal);
+  Device& GetDeviceFast(int ordinal);  // a device already set up (no lock)
+  void InitTable(Comm& c);             // the match table empty, every slot free
   Comm& GetComm(const std::vector<int64_t>& group);
   Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes, bool ce);
-  bool UseCopyEngine(const CollectiveSpec& spec, const Comm& c) const;
+  bool UseCopyEngine(OpKind kind, int nranks, int64_t bytes) const;
+  void ThrowIfFailed(Device& d);
+  void PollRecords(Device& d, Clock::time_point now);
+  void OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status);
+  void AbortDaemonInstance(Comm& c, uint64_t key_hash, uint64_t seq, ErrorCode code, const std::string& msg);
+  bool ReadEntry(Comm& c, uint64_t key_hash, uint64_t seq, MatchEntry* out);
+  std::string InstanceName(const Comm& c, const std::string& key, uint64_t seq) const;
+  void SetCommError(Comm& c, ErrorCode code, const std::string& msg);
   void StartCopyEngine(Device& d, Comm& c, Instance& inst, const CollectiveSpec& spec, const void* in, void* out,
                        uint64_t ticket);
   template <size_t N>
   void PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest, uint64_t next,
                 const volatile uint32_t* done, Clock::time_point now);
-  void FillDesc(Device& d, uint64_t ticket, const CollectiveSpec& spec, const Comm& c, const Instance& inst,
-                const void* in, void* out, int64_t msg_bytes);
+  TaskDesc SiteDesc(Device& d, const CollectiveSpec& spec, const Comm& c, int64_t msg_bytes, int key_ctr);
   bool Running(Device& d);
   bool Alive(Device& d);
   void Launch(Device& d);
@@ -189,12 +227,14 @@ class Runtime {
   std::unique_lock<std::timed_mutex> ProxyLock();
   void PollDevice(Device& d, Clock::time_point now);
   void OnTaskDone(Device& d, TaskInfo& ti);
-  void ReleaseSlot(Comm& c, Instance& inst);
   void Abort(Comm& c, Instance& inst, ErrorCode code, const std::string& why);
   void RecordError(const std::string& message);  // stats()["errors"]
 
   alignas(64) std::timed_mutex mu_;  // timed: the proxy and Pending() must not wait for it blindly
   std::atomic<double> timeout_s_{0.0};                 // cfg_.timeout_s (set by Configure), readable without mu_
+  std::atomic<bool> trace_{false};                     // cfg_.trace, readable without mu_
+  std::atomic<int> large_workers_{0};                  // cfg_.large_workers(), readable without mu_
+  std::array<std::atomic<Device*>, 64> by_ordinal_{};  // devices_ for the lock-free done path
   std::atomic<const char*> busy_in_{"nothing known"};  // a CUDA call made under mu_ that may block
   alignas(64) HostTimes times_;  // its own cache lines, not the lock's
   Config cfg_;

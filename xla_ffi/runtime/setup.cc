@@ -1,5 +1,5 @@
-// Device and communicator setup: host-mapped queues, device state, step
-// addresses, peer access, staging pools; instance matching and slot recycling.
+// Device and communicator setup: host-mapped queues, device state, peer
+// access, staging pools, the match table; the copy-engine path's host matching.
 #include <atomic>
 #include <cstring>
 #include <sstream>
@@ -30,6 +30,7 @@ Device& Runtime::GetDevice(int ordinal) {
   DFCCL_CUDA(cudaMemsetAsync(d->dev, 0, sizeof(DeviceShared), d->aux));
   DFCCL_CUDA(cudaStreamSynchronize(d->aux));
   DFCCL_CUDA(PreloadStreamWait());
+  DFCCL_CUDA(PreloadSubmitKernels());
   DFCCL_CUDA(PreloadReduceKernels());
   // The daemon needs local memory per thread (its stack: 528 bytes, ptxas).
   // A launch that needs more local memory than the context holds makes the driver
@@ -51,9 +52,29 @@ Device& Runtime::GetDevice(int ordinal) {
   d->host->resize = 0;
   ce_.Prepare(ordinal);
   auto& ref = *d;
+  DFCCL_CHECK(ordinal >= 0 && ordinal < static_cast<int>(by_ordinal_.size()), "dfccl: GPU ordinal " << ordinal);
+  by_ordinal_[ordinal].store(d.get(), std::memory_order_release);
   devices_[ordinal] = std::move(d);
   if (!proxy_.joinable()) proxy_ = std::thread([this] { ProxyLoop(); });
   return ref;
+}
+
+Device& Runtime::GetDeviceFast(int ordinal) {
+  Device* d = ordinal >= 0 && ordinal < static_cast<int>(by_ordinal_.size())
+                  ? by_ordinal_[ordinal].load(std::memory_order_acquire) : nullptr;
+  DFCCL_CHECK_CODE(d != nullptr, ErrorCode::kFailedPrecondition, "dfccl: a done on GPU " << ordinal << " before any start");
+  return *d;
+}
+
+void Runtime::InitTable(Comm& c) {
+  auto t = std::make_unique<MatchTable>();
+  std::memset(static_cast<void*>(t.get()), 0, sizeof(MatchTable));
+  for (int p = 0; p < kNumPools; ++p)
+    for (int i = 0; i < c.view.pool[p].nslots; ++i) t->free_bits[p][i / 64] |= 1ull << (i % 64);
+  Device& home = *devices_[c.ordinals[0]];
+  DeviceGuard guard(home.ordinal);
+  DFCCL_CUDA(cudaMemcpyAsync(c.table, t.get(), sizeof(MatchTable), cudaMemcpyHostToDevice, home.aux));
+  DFCCL_CUDA(cudaStreamSynchronize(home.aux));
 }
 
 Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
@@ -78,10 +99,8 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
                cfg_.large_chunk}};
   for (int p = 0; p < kNumPools; ++p) {
     const PoolGeom g = geoms[p];
+    DFCCL_CHECK(g.nslots >= 1 && g.nslots <= kMaxPoolSlots, "dfccl: " << g.nslots << " instance slots (1.." << kMaxPoolSlots << ")");
     c->view.pool[p] = g;
-    c->free_slots[p].clear();
-    for (int s = g.nslots - 1; s >= 0; --s) c->free_slots[p].push_back(s);
-    c->epochs[p].assign(g.nslots, 0);
     const size_t cells = static_cast<size_t>(g.nslots) * n * g.lanes;
     // The direct path needs no staging, only flags, credits and the address mailbox.
     const bool staged = p == 0 || !c->direct;
@@ -109,6 +128,16 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
       c->view.credits[p][r] = static_cast<uint64_t*>(cr);
     }
   }
+  {  // the match table, in rank 0's device memory (the other ranks reach it by peer access)
+    DFCCL_CUDA(cudaSetDevice(c->ordinals[0]));
+    void* t = nullptr;
+    DFCCL_CUDA(cudaMalloc(&t, sizeof(MatchTable)));
+    c->allocs.push_back({c->ordinals[0], t});
+    c->bytes += sizeof(MatchTable);
+    c->table = static_cast<MatchTable*>(t);
+    c->view.table = c->table;
+    InitTable(*c);
+  }
   for (int r = 0; r < n; ++r) {
     const int ord = c->ordinals[r];
     DFCCL_CUDA(cudaSetDevice(ord));
@@ -125,8 +154,11 @@ Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
   return ref;
 }
 
+// The copy-engine path's host matching: the instance of (key, seq), created by
+// its first rank; later ranks must agree on its signature.
 Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes,
                         bool ce) {
+  (void)msg_bytes;
   const auto id = std::make_pair(spec.key_hash, seq);
   if (auto f = c.failed.find(id); f != c.failed.end()) {
     throw Error("dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) +
@@ -141,25 +173,7 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
     inst->signature = sig;
     inst->nranks = c.n;
     inst->ce = ce;
-    // Pool 0 (LL protocol) takes messages whose lanes fit one LL chunk (8 data
-    // bytes per 16-byte line) and are 16-byte multiples; the rest use pool 1.
-    const PoolGeom& small = c.view.pool[0];
-    const auto plan = LanePlan(msg_bytes, small, cfg_.workers(), cfg_.lane_min_bytes);
-    // ragged_all_to_all needs the peers' addresses: the direct path of pool 1 only.
-    const bool direct_only = spec.kind == OpKind::kRaggedAllToAll;
-    if (direct_only && !c.direct)
-      throw Error("dfccl: ragged_all_to_all '" + spec.key + "' needs the direct path (peer access between the GPUs)",
-                  ErrorCode::kFailedPrecondition);
-    inst->pool = ce ? -1 : (!direct_only && cfg_.ll && msg_bytes % 16 == 0 && plan.second * 2 <= small.chunk_bytes) ? 0 : 1;
-    if (ce) {
-      // copy-engine path: no pool slot
-    } else if (!c.free_slots[inst->pool].empty()) {
-      inst->slot = c.free_slots[inst->pool].back();
-      c.free_slots[inst->pool].pop_back();
-      inst->epoch = ++c.epochs[inst->pool][inst->slot];
-    } else {
-      c.waiting[inst->pool].push_back(inst.get());
-    }
+    inst->pool = -1;
     it = c.live.emplace(id, std::move(inst)).first;
   }
   Instance* inst = it->second.get();
@@ -168,40 +182,11 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
                     std::to_string(spec.rank) + " started it as " + sig + " but another rank as " + inst->signature,
                 ErrorCode::kFailedPrecondition);
   }
-  if (inst->ce != ce) {
-    throw Error("dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) + "): rank " +
-                    std::to_string(spec.rank) +
-                    " and another rank chose different transports (copy_engine_min_bytes differs)",
-                ErrorCode::kFailedPrecondition);
-  }
   if (inst->started & (1u << spec.rank)) {
     throw Error("dfccl: collective '" + spec.key + "' started twice by rank " + std::to_string(spec.rank),
                 ErrorCode::kFailedPrecondition);
   }
   return inst;
-}
-
-void Runtime::ReleaseSlot(Comm& c, Instance& inst) {
-  if (inst.ce) return;  // the copy-engine path holds no slot
-  if (inst.slot < 0) {
-    auto& w = c.waiting[inst.pool];
-    for (auto i = w.begin(); i != w.end(); ++i)
-      if (*i == &inst) { w.erase(i); break; }
-    return;
-  }
-  const int slot = inst.slot;
-  auto& w = c.waiting[inst.pool];
-  if (w.empty()) { c.free_slots[inst.pool].push_back(slot); return; }
-  Instance* next = w.front();
-  w.pop_front();
-  next->epoch = ++c.epochs[next->pool][slot];
-  next->slot = slot;
-  for (auto& [d, ticket] : next->tasks) {  // publish to tasks already submitted: epoch first, slot last
-    TaskDesc& td = d->host->desc[ticket % kTaskRing];
-    reinterpret_cast<volatile uint32_t&>(td.epoch) = next->epoch;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    reinterpret_cast<volatile int32_t&>(td.slot) = slot;
-  }
 }
 
 }  // namespace dfccl::gpu

@@ -1,0 +1,193 @@
+// Instance matching on the device: (group, key, sequence) -> one MatchEntry of
+// the communicator's MatchTable, shared by all ranks (device memory of rank 0,
+// reached over NVLink or CUDA IPC).  Called by one thread: the control warp's
+// lane 0 (Arrive, ClaimSlot, Fail, CheckFailed) and a worker block's thread 0
+// (Leave, when its task completes).  The protocol is written down in task.h
+// ("match"); the argument that no legal program deadlocks on finite resources:
+//  - entries: a rank that finds its bucket full does not wait — its task stays
+//    unmatched and the next pass retries, so it never blocks a task that could
+//    complete; a bucket holds kMatchWays live instances (4096 in the table).
+//  - slots: a slot is claimed by whichever rank's pass finds the entry without
+//    one, never reserved ahead for an instance a rank has not started, and freed
+//    by the last rank to complete; an instance without a slot only waits, it
+//    holds nothing another instance needs.
+//  - the bucket lock guards only short, non-blocking sections (no wait on a peer
+//    inside); a holder that cannot finish is a dead process, which the host's
+//    timeout reports.
+#pragma once
+
+#include "device/primitives.cuh"
+
+namespace dfccl::gpu {
+
+// Outcome of an arrival or claim attempt.
+enum MatchResult : int { kMatchRetry = 0, kMatchArrived = 1, kMatchSlotted = 2, kMatchFailed = 3 };
+
+DFCCL_DEV MatchEntry* EntryOf(MatchTable* t, int match) {
+  return &t->entry[match / kMatchWays][match % kMatchWays];
+}
+
+// The lock is an acquire CAS and a release store; everything written under it
+// is ordered by them.  Scope: system when the table may be reached by another
+// GPU (groups of more than one), else the GPU (a release at system scope costs
+// ~0.5 us on an H200, at GPU scope ~0.14 us).
+DFCCL_DEV uint32_t LockCas(MatchTable* t, int b, bool sys) {
+  return sys ? CasAcquireSys(&t->lock[b], 0u, 1u) : CasAcquireGpu(&t->lock[b], 0u, 1u);
+}
+
+DFCCL_DEV bool LockBucket(MatchTable* t, int b, bool sys, int64_t budget_ns) {
+  if (LockCas(t, b, sys) == 0u) return true;
+  const uint64_t t0 = GlobalTimer();
+  while (LockCas(t, b, sys) != 0u) {
+    if (GlobalTimer() - t0 > static_cast<uint64_t>(budget_ns)) return false;
+    __nanosleep(32);
+  }
+  return true;
+}
+
+DFCCL_DEV void UnlockBucket(MatchTable* t, int b, bool sys) {
+  if (sys) StReleaseSys(&t->lock[b], 0u);
+  else StReleaseGpu(&t->lock[b], 0u);
+}
+
+// Under the bucket lock: a free slot of `pool` for entry `m`, with its epoch.
+DFCCL_DEV void TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots) {
+  for (int w = 0; w * 64 < nslots; ++w) {
+    unsigned long long v = LdVol(&t->free_bits[pool][w]);
+    while (v != 0ull) {
+      const int bit = __ffsll(static_cast<long long>(v)) - 1;
+      const unsigned long long mask = 1ull << bit;
+      const unsigned long long old = atomicAnd_system(&t->free_bits[pool][w], ~mask);
+      if (old & mask) {
+        const int slot = w * 64 + bit;
+        m->epoch = atomicAdd_system(&t->epoch[pool][slot], 1u) + 1u;
+        m->slot = slot;
+        return;
+      }
+      v = old & ~mask;
+    }
+  }
+}
+
+// The rank of task d arrives at its instance (first attempt).  `fail`: the task
+// is aborted before it arrived — it arrives failed, so ranks that come later
+// fail at once instead of waiting for it.  Sets d.match and, when a slot is
+// known, d.epoch then d.slot (device copy, in that order).
+DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status, int64_t budget_ns) {
+  MatchTable* t = d.comm->table;
+  const uint64_t id = MatchId(d.key_hash, d.seq);
+  const int b = MatchBucket(id);
+  const bool sys = d.nranks > 1;
+  if (!LockBucket(t, b, sys, budget_ns)) return kMatchRetry;
+  volatile MatchEntry* m = nullptr;
+  uint64_t ids[kMatchWays];
+#pragma unroll
+  for (int w = 0; w < kMatchWays; ++w) ids[w] = LdVol(&t->entry[b][w].id);  // all loads in flight at once
+  int way = -1, free_way = -1;
+#pragma unroll
+  for (int w = kMatchWays - 1; w >= 0; --w) {
+    if (ids[w] == id) way = w;
+    if (ids[w] == 0) free_way = w;
+  }
+  if (way < 0) {
+    if (free_way < 0) { UnlockBucket(t, b, sys); return kMatchRetry; }
+    way = free_way;
+    m = &t->entry[b][way];
+    m->key_hash = d.key_hash;
+    m->seq = d.seq;
+    m->sig = d.sig_hash;
+    m->arrived = 0;
+    m->done = 0;
+    m->slot = -1;
+    m->epoch = 0;
+    m->failed = 0;
+    m->first_rank = d.rank;
+    m->pool = d.pool;
+    m->id = id;  // readers of id hold the lock
+  }
+  m = &t->entry[b][way];
+  const uint32_t bit = 1u << d.rank;
+  const uint32_t m_failed = m->failed, m_arrived = m->arrived;  // loads issued together
+  const uint64_t m_sig = m->sig;
+  const int32_t m_pool = m->pool, m_first = m->first_rank;
+  int32_t slot = m->slot;
+  uint32_t failed = m_failed;
+  if (!failed && (m_arrived & bit)) failed = PackStatus(kStatusTwice, d.rank, d.rank);
+  if (!failed && (m_sig != d.sig_hash || m_pool != d.pool)) failed = PackStatus(kStatusMismatch, m_first, d.rank);
+  if (!failed && fail) failed = fail;
+  if (failed && !m_failed) m->failed = failed;
+  m->arrived = m_arrived | bit;
+  if (!failed && slot < 0) { TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots); slot = m->slot; }
+  const uint32_t epoch = m->epoch;
+  UnlockBucket(t, b, sys);
+  d.match = b * kMatchWays + way;
+  StVol(&dd->match, d.match);
+  if (failed) { *status = failed; return kMatchFailed; }
+  if (slot < 0) return kMatchArrived;
+  d.epoch = epoch;
+  d.slot = slot;
+  StVol(&dd->epoch, epoch);
+  __threadfence();
+  StVol(&dd->slot, slot);
+  return kMatchSlotted;
+}
+
+// An arrived task whose instance had no free slot: try again.
+DFCCL_DEV int ClaimSlot(TaskDesc& d, TaskDesc* dd, uint32_t* status, int64_t budget_ns) {
+  MatchTable* t = d.comm->table;
+  const int b = d.match / kMatchWays;
+  volatile MatchEntry* m = EntryOf(t, d.match);
+  const bool sys = d.nranks > 1;
+  if (LdVol(&m->slot) < 0 && LdVol(&m->failed) == 0) {  // cheap look before taking the lock
+    if (!LockBucket(t, b, sys, budget_ns)) return kMatchArrived;
+    if (m->slot < 0 && !m->failed) TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots);
+    UnlockBucket(t, b, sys);
+  }
+  const uint32_t failed = LdVol(&m->failed);
+  if (failed) { *status = failed; return kMatchFailed; }
+  const int32_t slot = LdAcquireSys(reinterpret_cast<const uint32_t*>(const_cast<int32_t*>(&m->slot)));
+  if (slot < 0) return kMatchArrived;
+  const uint32_t epoch = LdVol(&m->epoch);
+  d.epoch = epoch;
+  d.slot = slot;
+  StVol(&dd->epoch, epoch);
+  __threadfence();
+  StVol(&dd->slot, slot);
+  return kMatchSlotted;
+}
+
+// The instance's failure state (0: none).
+DFCCL_DEV uint32_t CheckFailed(const TaskDesc& d) {
+  return LdVol(&EntryOf(d.comm->table, d.match)->failed);
+}
+
+// Fails the instance (first failure wins) so the other ranks abort it too.
+DFCCL_DEV void Fail(const TaskDesc& d, uint32_t why) {
+  atomicCAS_system(&EntryOf(d.comm->table, d.match)->failed, 0u, why);
+}
+
+// The rank's task of the instance completed (ok or aborted): the last of the
+// group's ranks frees the slot and the entry.
+DFCCL_DEV void Leave(MatchTable* t, int match, int nranks, int64_t budget_ns) {
+  if (match < 0) return;
+  MatchEntry* m = EntryOf(t, match);
+  const bool sys = nranks > 1;
+  // acq_rel: this rank's use of the slot happens before the last rank frees it
+  // (a group of one: nobody else counts).
+  if (sys && AddAcqRelSys(&m->done, 1u) + 1u != static_cast<uint32_t>(nranks)) return;
+  const int b = match / kMatchWays;
+  // Every rank has completed, so nobody else touches the entry: the lock only
+  // orders the release against a concurrent Arrive scanning the bucket.
+  const bool locked = LockBucket(t, b, sys, budget_ns);
+  volatile MatchEntry* vm = m;
+  const int32_t slot = vm->slot;
+  if (slot >= 0) {
+    vm->slot = -1;
+    atomicOr_system(&t->free_bits[vm->pool][slot / 64], 1ull << (slot % 64));
+  }
+  vm->id = 0;
+  if (locked) UnlockBucket(t, b, sys);
+  else __threadfence_system();
+}
+
+}  // namespace dfccl::gpu
