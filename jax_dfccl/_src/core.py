@@ -486,7 +486,10 @@ def device_ids(mesh) -> np.ndarray:
   id (the CUDA ordinal an FFI handler is called with); on CPU the global ``id``
   (unique across processes, which the runtime spanning processes needs)."""
   if isinstance(mesh, jax.sharding.Mesh):
-    hw = lambda d: d.local_hardware_id if d.platform != "cpu" and getattr(d, "local_hardware_id", None) is not None else d.id  # noqa: E731
+    # GPUs in one process: the CUDA ordinal; across processes the global id (the
+    # runtime maps its own GPUs' ids to ordinals, jax_dfccl.initialize()).
+    multi = jax.process_count() > 1
+    hw = lambda d: d.local_hardware_id if d.platform != "cpu" and not multi and getattr(d, "local_hardware_id", None) is not None else d.id  # noqa: E731
     return np.asarray([hw(d) for d in mesh.devices.flat], dtype=np.int64)
   return np.arange(mesh.size, dtype=np.int64)  # abstract mesh: partition ids
 
@@ -557,6 +560,11 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
     from jax_dfccl._src import distributed
     distributed.check_reach(mesh.devices.flat, op)
   groups = group_table(mesh, axes, groups)
+  if isinstance(mesh, jax.sharding.Mesh) and jax.process_count() > 1 and "cuda" in getattr(ctx.module_context, "platforms", ()):
+    from jax_dfccl._src import distributed
+    ids = device_ids(mesh)
+    for row in groups:
+      distributed.prepare_gpu_group([int(ids[i]) for i in row])
   from jax_dfccl.config import config
   if groups.shape[1] == 1 and not config.runtime_for_groups_of_one:  # nothing to match or move: no runtime
     _TRIVIAL_SITES.add(site)

@@ -1,4 +1,13 @@
-"""The CPU runtime across the processes of one host: bootstrap.
+"""The runtimes across processes: bootstrap.
+
+GPU: :func:`initialize` gives the CUDA runtime the global ids of this process's
+GPUs; a group of devices spanning processes gets its memory (staging, flags,
+the match table) exchanged by CUDA IPC when a program using it is lowered
+(:func:`prepare_gpu_group`: each process allocates its ranks' memory, puts the
+IPC handles into the key-value store and maps the others').  Groups spanning
+processes take the staged paths (peers' XLA buffers are not addressable).
+
+CPU, the processes of one host:
 
 After ``jax.distributed.initialize(...)``, :func:`initialize` makes the CPU
 runtime of every process share one control segment (the instance table of
@@ -48,9 +57,12 @@ def initialize(timeout_s: float = 120.0) -> None:
     if _state or jax.process_count() == 1:
       return
     devices = jax.devices()
+    if all(d.platform == "gpu" or d.platform == "cuda" for d in devices):
+      _initialize_gpu(timeout_s)
+      return
     if any(d.platform != "cpu" for d in devices):
-      raise NotImplementedError("jax_dfccl.initialize: collectives across processes run on CPU devices "
-                                f"only so far (found {devices[0].platform} devices)")
+      raise NotImplementedError("jax_dfccl.initialize: collectives across processes run on CPU devices and "
+                                f"NVIDIA GPUs (found {devices[0].platform} devices)")
     rt = backend.load()["cpu"]
     client = _client()
     nprocs, me = jax.process_count(), jax.process_index()
@@ -82,6 +94,42 @@ def initialize(timeout_s: float = 120.0) -> None:
         rt.shm_unlink(name)
     atexit.register(rt.shm_detach)
     _state.update(token=token, process=me, processes=nprocs)
+
+
+def _initialize_gpu(timeout_s: float) -> None:
+  rt = backend.load()["cuda"]
+  client = _client()
+  ms = int(timeout_s * 1000)
+  if jax.process_index() == 0:
+    client.key_value_set(f"{_NS}/gpu_token", secrets.token_hex(6))
+  token = client.blocking_key_value_get(f"{_NS}/gpu_token", ms)
+  rt.set_device_ids([(int(d.id), int(d.local_hardware_id)) for d in jax.local_devices()])
+  _state.update(token=token, process=jax.process_index(), processes=jax.process_count(), gpu=True,
+                timeout_ms=ms, groups=set())
+
+
+def prepare_gpu_group(row) -> None:
+  """Exchanges the memory of a group of global GPU ids spanning processes (once
+  per group; every process whose devices are in it must lower a program using it)."""
+  if not _state.get("gpu"):
+    return
+  row = [int(g) for g in row]
+  key = ",".join(map(str, row))
+  with _lock:
+    if key in _state["groups"]:
+      return
+    local = {int(d.id) for d in jax.local_devices()}
+    if all(g in local for g in row) or not any(g in local for g in row):
+      return  # one process: the runtime sets it up itself; none here: not this process's group
+    rt = backend.runtimes()["cuda"]
+    client = _client()
+    base = f"{_NS}/{_state['token']}/gpu/{key}"
+    for r, g in enumerate(row):
+      if g in local:
+        client.key_value_set_bytes(f"{base}/{r}", rt.comm_export(row, r))
+    blobs = [client.blocking_key_value_get_bytes(f"{base}/{r}", _state["timeout_ms"]) for r in range(len(row))]
+    rt.comm_import(row, blobs)
+    _state["groups"].add(key)
 
 
 def is_initialized() -> bool:

@@ -6,6 +6,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include "ffi/cuda_handlers.h"
@@ -28,6 +29,17 @@ NB_MODULE(_dfccl_cuda, m) {
     d["dfccl_collective_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveHostCuda));
     return d;
   });
+  m.def("set_device_ids", [](std::vector<std::pair<int64_t, int>> ids) { Runtime::Get().SetDeviceIds(ids); },
+        nb::arg("ids"), "(global device id, local CUDA ordinal) of this process's GPUs (jax_dfccl.initialize)");
+  m.def("comm_export", [](std::vector<int64_t> group, int rank) {
+    const std::string b = Runtime::Get().ExportComm(group, rank);
+    return nb::bytes(b.data(), b.size());
+  }, nb::arg("group"), nb::arg("rank"), "Allocates a local rank's memory of a group spanning processes; its CUDA IPC handles");
+  m.def("comm_import", [](std::vector<int64_t> group, std::vector<nb::bytes> blobs) {
+    std::vector<std::string> v;
+    for (auto& b : blobs) v.emplace_back(b.c_str(), b.size());
+    Runtime::Get().ImportComm(group, v);
+  }, nb::arg("group"), nb::arg("blobs"), "Maps the other processes' ranks of the group (one blob per rank)");
   m.def("uses_copy_engine", [](int kind, int nranks, int64_t in_bytes, int64_t out_bytes) {
     return Runtime::Get().UsesCopyEngine(static_cast<dfccl::OpKind>(kind), nranks, in_bytes, out_bytes);
   }, nb::arg("kind"), nb::arg("nranks"), nb::arg("in_bytes"), nb::arg("out_bytes"),

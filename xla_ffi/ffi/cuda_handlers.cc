@@ -25,8 +25,9 @@ namespace {
 // The rank's partition id, from the device XLA runs this call on (the
 // partition-id operand lives in device memory and cannot be read at enqueue time).
 int32_t PartitionOf(const StartAttrs& a, int32_t ordinal) {
+  const int64_t self = Runtime::Get().GlobalOf(ordinal);
   for (size_t p = 0; p < a.device_ids.size(); ++p)
-    if (a.device_ids[p] == ordinal) return static_cast<int32_t>(p);
+    if (a.device_ids[p] == self) return static_cast<int32_t>(p);
   return -1;
 }
 

@@ -46,7 +46,7 @@ Runtime::Enqueue Runtime::PlanWait(Device& d, uint64_t ticket) {
 // Under mu_: the copy-engine path's start: matches the instance on the host and
 // takes a ticket of the copy-engine ring (kCeTicket set).
 uint64_t Runtime::SubmitCe(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out) {
-  DFCCL_CHECK(spec.self_device == d.ordinal,
+  DFCCL_CHECK(spec.self_device == GlobalOf(d.ordinal),
               "dfccl: device id " << spec.self_device << " is not local GPU " << d.ordinal
                                   << " (the CUDA backend runs in one process)");
   Comm& c = GetComm(spec.group_devices);

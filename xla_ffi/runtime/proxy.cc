@@ -141,7 +141,7 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
       } else {
         why << "rank(s) [";
         for (size_t i = 0; i < missing.size(); ++i)
-          why << (i ? ", " : "") << missing[i] << " (GPU " << ti.comm->ordinals[missing[i]] << ")";
+          why << (i ? ", " : "") << missing[i] << " (device " << ti.comm->globals[missing[i]] << ")";
         why << "] never started it";
       }
       AbortDaemonInstance(*ti.comm, ti.key_hash, ti.seq, ErrorCode::kDeadlineExceeded,
@@ -180,7 +180,7 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
 std::string Runtime::InstanceName(const Comm& c, const std::string& key, uint64_t seq) const {
   std::ostringstream msg;
   msg << "dfccl: collective '" << key << "' (sequence " << seq << ", group of GPUs [";
-  for (int i = 0; i < c.n; ++i) msg << (i ? "," : "") << c.ordinals[i];
+  for (int i = 0; i < c.n; ++i) msg << (i ? "," : "") << c.globals[i];
   msg << "])";
   return msg.str();
 }
@@ -188,6 +188,7 @@ std::string Runtime::InstanceName(const Comm& c, const std::string& key, uint64_
 void Runtime::SetCommError(Comm& c, ErrorCode code, const std::string& msg) {
   RecordError(msg);
   for (int ord : c.ordinals) {
+    if (ord < 0) continue;  // another process's device: its own runtime reports it
     Device& d = *devices_[ord];
     if (d.error.ok()) {
       d.error = Status{code, msg};
@@ -202,7 +203,7 @@ bool Runtime::ReadEntry(Comm& c, uint64_t key_hash, uint64_t seq, MatchEntry* ou
   const int b = MatchBucket(id);
   std::vector<MatchEntry> ways(kMatchWays);
   try {
-    CopyOut(*devices_[c.ordinals[0]], ways.data(), &c.table->entry[b][0], sizeof(MatchEntry) * kMatchWays);
+    CopyOut(*devices_[c.io_ordinal], ways.data(), &c.table->entry[b][0], sizeof(MatchEntry) * kMatchWays);
   } catch (const std::exception&) {
     return false;
   }

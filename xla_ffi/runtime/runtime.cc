@@ -92,6 +92,7 @@ bool Runtime::UseCopyEngine(OpKind kind, int nranks, int64_t bytes) const {
 
 bool Runtime::UsesCopyEngine(OpKind kind, int nranks, int64_t in_bytes, int64_t out_bytes) {
   std::lock_guard lk(mu_);
+  if (!ordinal_of_.empty()) return false;  // across processes: the daemon path (the mover needs peer access)
   return UseCopyEngine(kind, nranks, std::max(in_bytes, out_bytes));
 }
 
@@ -134,9 +135,8 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   DFCCL_CHECK_CODE(cfg_.configured, ErrorCode::kFailedPrecondition,
                    "dfccl: the GPU runtime was not configured (jax_dfccl._src.backend.load() passes every entry "
                    "of jax_dfccl.config to it)");
-  DFCCL_CHECK(spec.self_device == ordinal,
-              "dfccl: device id " << spec.self_device << " is not local GPU " << ordinal
-                                  << " (the CUDA backend runs in one process)");
+  DFCCL_CHECK(spec.self_device == GlobalOf(ordinal),
+              "dfccl: device id " << spec.self_device << " is not local GPU " << ordinal);
   Device& d = GetDevice(ordinal);
   if (!d.error.ok()) d.error.Throw();
   Comm& c = GetComm(spec.group_devices);
@@ -336,7 +336,8 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     dev_bytes += c->bytes;
     live += c->live.size();
     unsigned long long bits[kNumPools][kMaxPoolSlots / 64];
-    CopyOut(*devices_[c->ordinals[0]], bits, c->table->free_bits, sizeof(bits));
+    if (!c->ready) continue;
+    CopyOut(*devices_[c->io_ordinal], bits, c->table->free_bits, sizeof(bits));
     for (int p = 0; p < kNumPools; ++p) {
       const int n = c->view.pool[p].nslots;
       int free = 0;
@@ -436,7 +437,7 @@ void Runtime::Reset() {
   for (auto& [name, c] : comms_) {
     c->failed.clear();
     c->reported.clear();
-    InitTable(*c);
+    if (c->ready && c->ordinals[0] >= 0) InitTable(*c);  // the table's owner (rank 0's process) resets it
   }
 }
 

@@ -61,7 +61,7 @@ inline constexpr size_t kMaxErrors = 256;  // errors kept for stats()["errors"],
 inline constexpr uint64_t kCeTicket = uint64_t{1} << 63;  // tickets of the copy-engine ring carry this bit
 
 struct Comm {
-  std::vector<int> ordinals;
+  std::vector<int> ordinals;  // per rank: the local CUDA ordinal, -1 for a device of another process
   int n = 0;
   bool direct = false;  // pool-1 instances take the direct path (Config::direct when created)
   CommDev view{};
@@ -70,7 +70,12 @@ struct Comm {
   int64_t bytes = 0;
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Instance>> live;
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Instance>> failed;
-  MatchTable* table = nullptr;  // daemon path: in rank 0's device memory
+  MatchTable* table = nullptr;  // daemon path: in rank 0's device memory (an IPC mapping in other processes)
+  std::vector<int64_t> globals;  // the ranks' global device ids
+  bool cross_process = false;    // some rank's device belongs to another process (CUDA IPC)
+  bool ready = false;            // every rank's memory is in the view (cross-process: after ImportComm)
+  int io_ordinal = 0;            // a local device, for reading the table
+  std::vector<void*> opened;     // IPC mappings of the other processes' memory
   std::set<std::pair<uint64_t, uint64_t>> reported;  // daemon-path instances whose failure was reported
 };
 
@@ -174,6 +179,12 @@ class Runtime {
   void StartHost(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
                  const void* in, void* out, bool blocking);
   void DoneHost(int ordinal, cudaStream_t stream, int64_t site);
+  // Across processes (jax_dfccl.initialize): global device id <-> local ordinal, and a
+  // group's memory exchanged by CUDA IPC (Python moves the blobs through the KV store).
+  void SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids);
+  int64_t GlobalOf(int ordinal) const;
+  std::string ExportComm(const std::vector<int64_t>& group, int rank);
+  void ImportComm(const std::vector<int64_t>& group, const std::vector<std::string>& blobs);
   // Whether a collective of these sizes takes the copy-engine path (Python picks the target at lowering).
   bool UsesCopyEngine(OpKind kind, int nranks, int64_t in_bytes, int64_t out_bytes);
   // The entries of jax_dfccl.config this runtime holds (module function config()).
@@ -203,6 +214,10 @@ class Runtime {
   Device& GetDevice(int ordinal);
   Device& GetDeviceFast(int ordinal);  // a device already set up (no lock)
   void InitTable(Comm& c);             // the match table empty, every slot free
+  int OrdinalOf(int64_t global) const;  // -1: another process's device
+  std::unique_ptr<Comm> NewComm(const std::vector<int64_t>& group, bool cross);
+  void AllocRank(Comm& c, int r);
+  void Publish(Comm& c);
   Comm& GetComm(const std::vector<int64_t>& group);
   Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes, bool ce);
   bool UseCopyEngine(OpKind kind, int nranks, int64_t bytes) const;
@@ -240,6 +255,8 @@ class Runtime {
   Config cfg_;
   std::map<int, std::unique_ptr<Device>> devices_;
   std::map<std::vector<int64_t>, std::unique_ptr<Comm>> comms_;
+  std::map<int64_t, int> ordinal_of_;  // empty in one process (ids are ordinals)
+  std::map<int, int64_t> global_of_;
   std::unordered_map<uint64_t, std::string> key_names_;
   std::vector<std::string> errors_;
   std::thread proxy_;

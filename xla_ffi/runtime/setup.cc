@@ -66,92 +66,223 @@ Device& Runtime::GetDeviceFast(int ordinal) {
   return *d;
 }
 
+std::string GroupText(const std::vector<int64_t>& group);
+
 void Runtime::InitTable(Comm& c) {
   auto t = std::make_unique<MatchTable>();
   std::memset(static_cast<void*>(t.get()), 0, sizeof(MatchTable));
   for (int p = 0; p < kNumPools; ++p)
     for (int i = 0; i < c.view.pool[p].nslots; ++i) t->free_bits[p][i / 64] |= 1ull << (i % 64);
+  DFCCL_CHECK(c.ordinals[0] >= 0, "dfccl: the match table is another process's");
   Device& home = *devices_[c.ordinals[0]];
   DeviceGuard guard(home.ordinal);
   DFCCL_CUDA(cudaMemcpyAsync(c.table, t.get(), sizeof(MatchTable), cudaMemcpyHostToDevice, home.aux));
   DFCCL_CUDA(cudaStreamSynchronize(home.aux));
 }
 
-Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
-  auto it = comms_.find(group);
-  if (it != comms_.end()) return *it->second;
+int Runtime::OrdinalOf(int64_t global) const {
+  if (ordinal_of_.empty()) return static_cast<int>(global);  // one process: ids are ordinals
+  auto it = ordinal_of_.find(global);
+  return it == ordinal_of_.end() ? -1 : it->second;
+}
+
+int64_t Runtime::GlobalOf(int ordinal) const {
+  if (global_of_.empty()) return ordinal;
+  auto it = global_of_.find(ordinal);
+  return it == global_of_.end() ? -1 : it->second;
+}
+
+void Runtime::SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids) {
+  std::lock_guard lk(mu_);
+  DFCCL_CHECK(comms_.empty(), "dfccl: device ids must be set before the first collective");
+  for (auto [g, o] : ids) { ordinal_of_[g] = o; global_of_[o] = g; }
+}
+
+// A communicator's host object and geometry; no device memory yet.
+std::unique_ptr<Comm> Runtime::NewComm(const std::vector<int64_t>& group, bool cross) {
   const int n = static_cast<int>(group.size());
   DFCCL_CHECK(n >= 1 && n <= kMaxRanks, "dfccl: groups of " << n << " GPUs are not supported (max " << kMaxRanks << ")");
-  DeviceGuard guard;
   auto c = std::make_unique<Comm>();
   c->n = n;
-  for (auto g : group) c->ordinals.push_back(static_cast<int>(g));
-  for (int a : c->ordinals) GetDevice(a);
-  for (int a : c->ordinals) {
-    DFCCL_CUDA(cudaSetDevice(a));
-    EnablePeerAccess(a, c->ordinals);
+  c->globals = group;
+  c->cross_process = cross;
+  std::vector<int> local;
+  for (auto g : group) {
+    c->ordinals.push_back(OrdinalOf(g));
+    if (c->ordinals.back() >= 0) local.push_back(c->ordinals.back());
   }
-  c->view.nranks = n;
-  c->direct = cfg_.direct;
-  const PoolGeom geoms[kNumPools] = {
-      PoolGeom{cfg_.small_lanes, 1, cfg_.small_slots, 0, cfg_.small_chunk},
-      PoolGeom{cfg_.large_lanes, cfg_.large_depth, cfg_.direct ? cfg_.direct_slots : cfg_.large_slots, 0,
-               cfg_.large_chunk}};
-  for (int p = 0; p < kNumPools; ++p) {
-    const PoolGeom g = geoms[p];
-    DFCCL_CHECK(g.nslots >= 1 && g.nslots <= kMaxPoolSlots, "dfccl: " << g.nslots << " instance slots (1.." << kMaxPoolSlots << ")");
-    c->view.pool[p] = g;
-    const size_t cells = static_cast<size_t>(g.nslots) * n * g.lanes;
-    // The direct path needs no staging, only flags, credits and the address mailbox.
-    const bool staged = p == 0 || !c->direct;
-    const size_t stage = staged ? cells * g.depth * g.chunk_bytes : 0, flags = cells * sizeof(uint64_t);
-    const size_t mail = p == 1 ? static_cast<size_t>(g.nslots) * n * 2 * sizeof(uint64_t) : 0;
-    for (int r = 0; r < n; ++r) {
-      const int ord = c->ordinals[r];
-      DFCCL_CUDA(cudaSetDevice(ord));
-      void *s = nullptr, *f = nullptr, *cr = nullptr, *m = nullptr;
-      if (stage) DFCCL_CUDA(cudaMalloc(&s, stage));
-      if (mail) {
-        DFCCL_CUDA(cudaMalloc(&m, mail));
-        c->allocs.push_back({ord, m});
-        c->view.mail[r] = static_cast<uint64_t*>(m);
-      }
-      DFCCL_CUDA(cudaMalloc(&f, flags));
-      DFCCL_CUDA(cudaMalloc(&cr, flags));
-      DFCCL_CUDA(cudaMemsetAsync(f, 0, flags, devices_[ord]->aux));
-      DFCCL_CUDA(cudaMemsetAsync(cr, 0, flags, devices_[ord]->aux));
-      if (s) c->allocs.push_back({ord, s});
-      c->allocs.insert(c->allocs.end(), {{ord, f}, {ord, cr}});
-      c->bytes += stage + 2 * flags + mail;
-      c->view.stage[p][r] = static_cast<char*>(s);
-      c->view.flags[p][r] = static_cast<uint64_t*>(f);
-      c->view.credits[p][r] = static_cast<uint64_t*>(cr);
+  DFCCL_CHECK(!local.empty(), "dfccl: no device of group [" << (group.empty() ? -1 : group[0]) << ", ...] is in this process");
+  c->io_ordinal = local[0];
+  for (int a : local) GetDevice(a);
+  {
+    DeviceGuard guard;
+    for (int a : local) {
+      DFCCL_CUDA(cudaSetDevice(a));
+      EnablePeerAccess(a, local);
     }
   }
-  {  // the match table, in rank 0's device memory (the other ranks reach it by peer access)
-    DFCCL_CUDA(cudaSetDevice(c->ordinals[0]));
+  c->view.nranks = n;
+  // Across processes the peers' XLA buffers are not addressable: staged paths only.
+  c->direct = cfg_.direct && !cross;
+  const PoolGeom geoms[kNumPools] = {
+      PoolGeom{cfg_.small_lanes, 1, cfg_.small_slots, 0, cfg_.small_chunk},
+      PoolGeom{cfg_.large_lanes, cfg_.large_depth, c->direct ? cfg_.direct_slots : cfg_.large_slots, 0,
+               cfg_.large_chunk}};
+  for (int p = 0; p < kNumPools; ++p) {
+    DFCCL_CHECK(geoms[p].nslots >= 1 && geoms[p].nslots <= kMaxPoolSlots,
+                "dfccl: " << geoms[p].nslots << " instance slots (1.." << kMaxPoolSlots << ")");
+    c->view.pool[p] = geoms[p];
+  }
+  return c;
+}
+
+// Rank r's device memory (its staging, flags, credits, mailbox; rank 0 also the
+// match table), on its device, which is local.
+void Runtime::AllocRank(Comm& c, int r) {
+  const int ord = c.ordinals[r];
+  DeviceGuard guard(ord);
+  const int n = c.n;
+  for (int p = 0; p < kNumPools; ++p) {
+    const PoolGeom& g = c.view.pool[p];
+    const size_t cells = static_cast<size_t>(g.nslots) * n * g.lanes;
+    // The direct path needs no staging, only flags, credits and the address mailbox.
+    const bool staged = p == 0 || !c.direct;
+    const size_t stage = staged ? cells * g.depth * g.chunk_bytes : 0, flags = cells * sizeof(uint64_t);
+    const size_t mail = p == 1 ? static_cast<size_t>(g.nslots) * n * 2 * sizeof(uint64_t) : 0;
+    void *s = nullptr, *f = nullptr, *cr = nullptr, *m = nullptr;
+    if (stage) DFCCL_CUDA(cudaMalloc(&s, stage));
+    if (mail) {
+      DFCCL_CUDA(cudaMalloc(&m, mail));
+      c.allocs.push_back({ord, m});
+      c.view.mail[r] = static_cast<uint64_t*>(m);
+    }
+    DFCCL_CUDA(cudaMalloc(&f, flags));
+    DFCCL_CUDA(cudaMalloc(&cr, flags));
+    DFCCL_CUDA(cudaMemsetAsync(f, 0, flags, devices_[ord]->aux));
+    DFCCL_CUDA(cudaMemsetAsync(cr, 0, flags, devices_[ord]->aux));
+    DFCCL_CUDA(cudaStreamSynchronize(devices_[ord]->aux));
+    if (s) c.allocs.push_back({ord, s});
+    c.allocs.insert(c.allocs.end(), {{ord, f}, {ord, cr}});
+    c.bytes += stage + 2 * flags + mail;
+    c.view.stage[p][r] = static_cast<char*>(s);
+    c.view.flags[p][r] = static_cast<uint64_t*>(f);
+    c.view.credits[p][r] = static_cast<uint64_t*>(cr);
+  }
+  if (r == 0) {  // the match table, in rank 0's device memory (the others reach it by peer access or IPC)
     void* t = nullptr;
     DFCCL_CUDA(cudaMalloc(&t, sizeof(MatchTable)));
-    c->allocs.push_back({c->ordinals[0], t});
-    c->bytes += sizeof(MatchTable);
-    c->table = static_cast<MatchTable*>(t);
-    c->view.table = c->table;
-    InitTable(*c);
+    c.allocs.push_back({ord, t});
+    c.bytes += sizeof(MatchTable);
+    c.table = static_cast<MatchTable*>(t);
+    c.view.table = c.table;
+    InitTable(c);
   }
-  for (int r = 0; r < n; ++r) {
-    const int ord = c->ordinals[r];
-    DFCCL_CUDA(cudaSetDevice(ord));
+}
+
+// Every rank's pointers are in the view: a copy of it on each local rank's device.
+void Runtime::Publish(Comm& c) {
+  c.dev_copy.assign(c.n, nullptr);
+  for (int r = 0; r < c.n; ++r) {
+    const int ord = c.ordinals[r];
+    if (ord < 0) continue;
+    DeviceGuard guard(ord);
     CommDev* p = nullptr;
     DFCCL_CUDA(cudaMalloc(&p, sizeof(CommDev)));
-    DFCCL_CUDA(cudaMemcpyAsync(p, &c->view, sizeof(CommDev), cudaMemcpyHostToDevice, devices_[ord]->aux));
+    DFCCL_CUDA(cudaMemcpyAsync(p, &c.view, sizeof(CommDev), cudaMemcpyHostToDevice, devices_[ord]->aux));
     DFCCL_CUDA(cudaStreamSynchronize(devices_[ord]->aux));
-    c->dev_copy.push_back(p);
-    c->allocs.push_back({ord, p});
-    c->bytes += sizeof(CommDev);
+    c.dev_copy[r] = p;
+    c.allocs.push_back({ord, p});
+    c.bytes += sizeof(CommDev);
   }
+  c.ready = true;
+}
+
+Comm& Runtime::GetComm(const std::vector<int64_t>& group) {
+  auto it = comms_.find(group);
+  if (it != comms_.end()) {
+    DFCCL_CHECK_CODE(it->second->ready, ErrorCode::kFailedPrecondition,
+                     "dfccl: the group of devices [" << GroupText(group) << "] spans processes and its memory "
+                     "was not exchanged yet (jax_dfccl.initialize() in every process, then the program is "
+                     "lowered in every process)");
+    return *it->second;
+  }
+  for (auto g : group)
+    DFCCL_CHECK_CODE(OrdinalOf(g) >= 0, ErrorCode::kFailedPrecondition,
+                     "dfccl: the group of devices [" << GroupText(group) << "] spans processes: call "
+                     "jax_dfccl.initialize() after jax.distributed.initialize() in every process");
+  auto c = NewComm(group, false);
+  for (int r = 0; r < c->n; ++r) AllocRank(*c, r);
+  Publish(*c);
   auto& ref = *c;
   comms_[group] = std::move(c);
   return ref;
+}
+
+std::string GroupText(const std::vector<int64_t>& group) {
+  std::string s;
+  for (size_t i = 0; i < group.size(); ++i) s += (i ? "," : "") + std::to_string(group[i]);
+  return s;
+}
+
+// The pointers of rank r a blob carries: per pool stage, flags, credits; mail; table.
+static std::vector<void**> RankSlots(Comm& c, int r) {
+  std::vector<void**> v;
+  for (int p = 0; p < kNumPools; ++p) {
+    v.push_back(reinterpret_cast<void**>(&c.view.stage[p][r]));
+    v.push_back(reinterpret_cast<void**>(&c.view.flags[p][r]));
+    v.push_back(reinterpret_cast<void**>(&c.view.credits[p][r]));
+  }
+  v.push_back(reinterpret_cast<void**>(&c.view.mail[r]));
+  if (r == 0) v.push_back(reinterpret_cast<void**>(&c.view.table));
+  return v;
+}
+static constexpr int kBlobSlots = 3 * kNumPools + 2;
+
+std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
+  std::lock_guard lk(mu_);
+  auto it = comms_.find(group);
+  if (it == comms_.end()) it = comms_.emplace(group, NewComm(group, true)).first;
+  Comm& c = *it->second;
+  DFCCL_CHECK(rank >= 0 && rank < c.n && c.ordinals[rank] >= 0, "dfccl: rank " << rank << " is not local");
+  AllocRank(c, rank);
+  std::string blob(kBlobSlots * (sizeof(int32_t) + sizeof(cudaIpcMemHandle_t)), '\0');
+  auto slots = RankSlots(c, rank);
+  DeviceGuard guard(c.ordinals[rank]);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (*slots[i] == nullptr) continue;
+    int32_t one = 1;
+    cudaIpcMemHandle_t h;
+    DFCCL_CUDA(cudaIpcGetMemHandle(&h, *slots[i]));
+    std::memcpy(&blob[i * sizeof(int32_t)], &one, sizeof(one));
+    std::memcpy(&blob[kBlobSlots * sizeof(int32_t) + i * sizeof(h)], &h, sizeof(h));
+  }
+  return blob;
+}
+
+void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<std::string>& blobs) {
+  std::lock_guard lk(mu_);
+  auto it = comms_.find(group);
+  DFCCL_CHECK(it != comms_.end(), "dfccl: import of a group this process did not export");
+  Comm& c = *it->second;
+  DFCCL_CHECK(static_cast<int>(blobs.size()) == c.n, "dfccl: one blob per rank");
+  DeviceGuard guard(c.io_ordinal);
+  for (int r = 0; r < c.n; ++r) {
+    if (c.ordinals[r] >= 0) continue;  // local: already in the view
+    auto slots = RankSlots(c, r);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      int32_t has = 0;
+      std::memcpy(&has, &blobs[r][i * sizeof(int32_t)], sizeof(has));
+      if (!has) continue;
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, &blobs[r][kBlobSlots * sizeof(int32_t) + i * sizeof(h)], sizeof(h));
+      void* ptr = nullptr;
+      DFCCL_CUDA(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess));
+      c.opened.push_back(ptr);
+      *slots[i] = ptr;
+    }
+  }
+  c.table = c.view.table;
+  Publish(c);
 }
 
 // The copy-engine path's host matching: the instance of (key, seq), created by

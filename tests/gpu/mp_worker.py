@@ -1,0 +1,129 @@
+"""One rank of the multi-process GPU tests (started by tools/mps_testbed.sh, which
+sets DFCCL_TESTBED_RANK / _NPROC / _COORD): a mesh of one GPU per process, every
+collective against numpy on the same inputs, programs that differ per process
+(each process starts independent collectives in its own order), re-entry in a
+fori_loop; and, with --case timeout, a collective one process never starts (the
+other must fail naming the key and the missing rank).  Prints one JSON line
+``RESULT {...}``; exits non-zero on a wrong result."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.2")
+
+import jax  # noqa: E402
+
+rank = int(os.environ["DFCCL_TESTBED_RANK"])
+nproc = int(os.environ["DFCCL_TESTBED_NPROC"])
+jax.distributed.initialize(os.environ["DFCCL_TESTBED_COORD"], nproc, rank)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jax_dfccl as d  # noqa: E402
+
+d.initialize()
+case = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else "parity"
+elems = int(sys.argv[sys.argv.index("--elems") + 1]) if "--elems" in sys.argv else 1024
+devs = jax.devices()
+n = len(devs)
+mesh = Mesh(np.array(devs), ("x",))
+
+
+def inputs(seed):
+  full = np.stack([np.random.default_rng(seed + r).standard_normal(elems).astype(np.float32) for r in range(n)])
+  arr = jax.make_array_from_callback(full.shape, NamedSharding(mesh, P("x")), lambda idx: full[idx])
+  return full, arr
+
+
+def smap(f):
+  return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+
+def local(a):  # this process's shard, (1, ...)
+  return np.asarray(a.addressable_shards[0].data)
+
+
+out = {"rank": rank, "case": case, "ok": True, "checks": {}}
+
+
+def check(name, got, want, tol=1e-5):
+  err = float(np.max(np.abs(got.astype(np.float64) - want))) if want.size else 0.0
+  good = bool(np.allclose(got, want, rtol=tol, atol=tol))
+  out["checks"][name] = {"ok": good, "max_err": err}
+  out["ok"] &= good
+
+
+s0 = d.stats()["cuda"]["started"]
+if case == "parity":
+  full, x = inputs(1)
+  check("psum", local(smap(lambda v: d.psum(v, "x"))(x))[0], full.sum(0))
+  check("pmax", local(smap(lambda v: d.pmax(v, "x"))(x))[0], full.max(0))
+  check("all_gather", local(smap(lambda v: d.all_gather(v[0], "x")[None])(x))[0], full)
+  check("psum_scatter", local(smap(lambda v: d.psum_scatter(v[0], "x", tiled=True)[None])(x))[0],
+        full.sum(0).reshape(n, -1)[rank])
+  check("all_to_all", local(smap(lambda v: d.all_to_all(v[0].reshape(n, -1), "x", 0, 0, tiled=True).reshape(1, -1))(x))[0],
+        np.concatenate([full[r].reshape(n, -1)[rank] for r in range(n)]))
+  perm = [(i, (i + 1) % n) for i in range(n)]
+  check("ppermute", local(smap(lambda v: d.ppermute(v, "x", perm))(x))[0], full[(rank - 1) % n])
+
+  # Programs that differ per process: independent collectives started in a process-specific order.
+  keys = [f"chaos/{i}" for i in range(8)]
+  order = keys if rank == 0 else keys[::-1]
+
+  def chaos(v):
+    res = {}
+    for k in order:
+      res[k] = d.psum(v * (1 + int(k.split("/")[1])), "x", key=k)
+    return sum(res[k] for k in keys)
+  check("chaos_order", local(smap(chaos)(x))[0], full.sum(0) * sum(1 + i for i in range(8)), tol=1e-4)
+
+  def loop(v):
+    return jax.lax.fori_loop(0, 10, lambda i, y: d.psum(y, "x", key="loop") / n, v)
+  check("fori_reentry", local(smap(loop)(x))[0], np.mean(full, 0) if n > 1 else full[0])
+  # The same 8 collectives in one order on both processes, for the time ratio.
+  def same(v):
+    return sum(d.psum(v * (1 + int(k.split("/")[1])), "x", key=k) for k in keys)
+
+  def per_run(f, reps=20):
+    f(x).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+      y = f(x)
+    y.block_until_ready()
+    return (time.perf_counter() - t0) / reps * 1e6
+  out["chaos_us"] = per_run(smap(chaos))
+  out["same_order_us"] = per_run(smap(same))
+  ran = d.stats()["cuda"]["started"] - s0
+  out["started"] = int(ran)
+  out["ok"] &= ran >= 6 + 8 + 10 + 8
+  # Latency: a chain of 100 psums, per op.
+  f = smap(lambda v: jax.lax.fori_loop(0, 100, lambda i, y: d.psum(y, "x", key="chain") * 0.5, v))
+  f(x).block_until_ready()
+  t0 = time.perf_counter()
+  f(x).block_until_ready()
+  out["us_per_op_fori_chain"] = (time.perf_counter() - t0) / 100 * 1e6
+elif case == "timeout":
+  d.configure(timeout_s=3.0)
+  full, x = inputs(2)
+  # Both processes lower a program over the group first (its memory is exchanged then).
+  check("warm", local(smap(lambda v: d.psum(v, "x", key="warm"))(x))[0], full.sum(0))
+  if rank == 0:
+    err = ""
+    try:
+      smap(lambda v: d.psum(v, "x", key="lonely"))(x).block_until_ready()
+      smap(lambda v: d.psum(v, "x", key="after"))(x).block_until_ready()
+    except Exception as e:  # noqa: BLE001
+      err = str(e)
+    errs = d.stats()["cuda"]["errors"]
+    out["error"] = err[:300]
+    out["ok"] = any("lonely" in e and "never started" in e for e in errs)
+    out["errors"] = errs[-2:]
+  else:
+    time.sleep(8)
+print("RESULT " + json.dumps(out), flush=True)
+sys.exit(0 if out["ok"] else 1)

@@ -1,0 +1,45 @@
+"""The GPU runtime across processes: two processes on one GPU under CUDA MPS
+(tools/mps_testbed.sh), one GPU per process in the mesh; each rank checks every
+collective against numpy (tests/gpu/mp_worker.py), programs that differ per
+process, re-entry in a loop, and a collective one process never starts."""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from jax_dfccl.testing import gpus
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(len(gpus()) < 1, reason="needs a GPU"),
+              pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="needs CUDA MPS")]
+
+
+def _run(case, tmp_path, n=2, timeout=240):
+  out = tmp_path / case
+  cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", str(n), "--timeout", str(timeout), "--out", str(out), "--",
+         sys.executable, str(ROOT / "tests/gpu/mp_worker.py"), "--case", case]
+  p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, cwd=ROOT)
+  results = []
+  for r in range(n):
+    log = (out / f"rank{r}.log").read_text() if (out / f"rank{r}.log").exists() else ""
+    lines = [l for l in log.splitlines() if l.startswith("RESULT ")]
+    results.append(json.loads(lines[-1][7:]) if lines else {"ok": False, "log": log[-2000:]})
+  return p, results
+
+
+def test_two_processes_parity_order_and_reentry(tmp_path):
+  p, results = _run("parity", tmp_path)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], p.stderr[-2000:], results)
+  for r in results:
+    assert r["started"] >= 24  # the runtime ran them (both ranks are real processes)
+
+
+def test_a_rank_that_never_starts_is_named(tmp_path):
+  p, results = _run("timeout", tmp_path, timeout=120)
+  assert results[0]["ok"], (p.stdout[-3000:], results)
