@@ -49,7 +49,7 @@ def _client():
 
 def initialize(timeout_s: float = 120.0) -> None:
   """Lets jax_dfccl collectives span the processes of a ``jax.distributed`` job
-  on one host (CPU devices).  Call it once in every process, after
+  on one host (CPU devices, or NVIDIA GPUs: CUDA IPC).  Call it once in every process, after
   ``jax.distributed.initialize`` and before the first collective; a no-op in a
   single process and when already done.  ``timeout_s`` bounds the wait for
   the other processes."""

@@ -107,6 +107,35 @@ if case == "parity":
   t0 = time.perf_counter()
   f(x).block_until_ready()
   out["us_per_op_fori_chain"] = (time.perf_counter() - t0) / 100 * 1e6
+elif case == "bench":
+  # Per-op time of dependent psum chains (100 ops, unrolled and in a fori_loop), 4 KiB .. 16 MiB per rank.
+  out["sizes"] = {}
+  for nbytes in (4096, 65536, 1 << 20, 16 << 20):
+    elems = nbytes // 4
+    full, x = inputs(3)
+
+    def chain(v, nbytes=nbytes):
+      for i in range(100):
+        v = d.psum(v, "x", key=f"u{nbytes}/{i}") * 0.5
+      return v
+    unrolled = smap(chain)
+    fori = smap(lambda v: jax.lax.fori_loop(0, 100, lambda i, y: d.psum(y, "x", key=f"f{nbytes}") * 0.5, v))
+    row = {}
+    for name, f in (("unrolled", unrolled), ("fori", fori)):
+      f(x).block_until_ready()
+      ts = []
+      for _ in range(3):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        ts.append((time.perf_counter() - t0) / 100 * 1e6)
+      row[name + "_us"] = sorted(ts)[1]
+    got = local(fori(x))[0]
+    want = full.sum(0)
+    for _ in range(99):
+      want = want * 0.5 * n
+    want = want * 0.5
+    check(f"chain_{nbytes}", got, want, tol=1e-3)
+    out["sizes"][nbytes] = row
 elif case == "timeout":
   d.configure(timeout_s=3.0)
   full, x = inputs(2)
