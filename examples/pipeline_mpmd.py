@@ -155,9 +155,12 @@ def make_step(s: int, processes: int, mesh, prev, nxt):
   return step
 
 
-def run_stage(process: int, processes: int, port: int, steps: int, timeout_s: float = 60.0) -> None:
+def run_stage(process: int, processes: int, port: int, steps: int, timeout_s: float = 60.0, gpu: bool = False) -> None:
   import jax
-  jax.config.update("jax_num_cpu_devices", 1)
+  if gpu:  # one GPU per process (several processes may share one under CUDA MPS)
+    jax.config.update("jax_default_matmul_precision", "highest")
+  else:
+    jax.config.update("jax_num_cpu_devices", 1)
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=processes,
                              process_id=process)
   import jax.numpy as jnp
@@ -190,11 +193,15 @@ def free_port() -> int:
     return sock.getsockname()[1]
 
 
-def launch(processes: int, steps: int, timeout_s: float = 240.0) -> dict:
+def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = False) -> dict:
   port = free_port()
   env = dict(os.environ, PYTHONUNBUFFERED="1")
+  if gpu:
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(round(0.5 / processes, 3)))
+  else:
+    env["JAX_PLATFORMS"] = "cpu"
   procs = [subprocess.Popen([sys.executable, __file__, "--process-id", str(i), "--processes", str(processes),
-                             "--port", str(port), "--steps", str(steps)],
+                             "--port", str(port), "--steps", str(steps)] + (["--gpu"] if gpu else []),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
            for i in range(processes)]
   outs = []
@@ -222,12 +229,16 @@ def main():
   ap.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
   ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
   ap.add_argument("--json", action="store_true")
+  ap.add_argument("--gpu", action="store_true", help="one GPU per stage (start CUDA MPS first to share one GPU)")
   ap.add_argument("--timeout-s", type=float, default=60.0, help="jax_dfccl.config.timeout_s of the stages")
   a = ap.parse_args()
   if a.process_id is not None:
-    return run_stage(a.process_id, a.processes, a.port, a.steps, a.timeout_s)
-  got = launch(a.processes, a.steps)
+    return run_stage(a.process_id, a.processes, a.port, a.steps, a.timeout_s, a.gpu)
+  got = launch(a.processes, a.steps, gpu=a.gpu)
   import numpy as np
+  if a.gpu:
+    import jax
+    jax.config.update("jax_default_matmul_precision", "highest")
   ref = reference(a.processes, a.steps)
   ok = bool(np.allclose(got["losses"], ref, rtol=1e-5, atol=0))
   err = float(np.max(np.abs(np.array(got["losses"]) - ref) / np.abs(ref)))

@@ -108,9 +108,13 @@ def _initialize_gpu(timeout_s: float) -> None:
                 timeout_ms=ms, groups=set())
 
 
-def prepare_gpu_group(row) -> None:
+def prepare_gpu_group(row, wait: bool = True) -> None:
   """Exchanges the memory of a group of global GPU ids spanning processes (once
-  per group; every process whose devices are in it must lower a program using it)."""
+  per group; every process whose devices are in it must lower a program using it).
+  ``wait=False`` (send/recv pairs, whose programs differ per process and may
+  name their groups in any order): the handles are exported now and the peers'
+  imported on a thread, so no lowering waits for another process's; the
+  collective's first call waits (at most ``timeout_s``) for the import."""
   if not _state.get("gpu"):
     return
   row = [int(g) for g in row]
@@ -127,9 +131,31 @@ def prepare_gpu_group(row) -> None:
     for r, g in enumerate(row):
       if g in local:
         client.key_value_set_bytes(f"{base}/{r}", rt.comm_export(row, r))
-    blobs = [client.blocking_key_value_get_bytes(f"{base}/{r}", _state["timeout_ms"]) for r in range(len(row))]
-    rt.comm_import(row, blobs)
     _state["groups"].add(key)
+    if not wait:
+      threading.Thread(target=_import, args=(rt, client, base, row, True), daemon=True,
+                       name=f"jax_dfccl-import-{key}").start()
+      return
+  _import(rt, client, base, row)
+
+
+def _import(rt, client, base, row, threaded: bool = False) -> None:
+  try:
+    blobs = []
+    for r in range(len(row)):
+      try:
+        blobs.append(client.blocking_key_value_get_bytes(f"{base}/{r}", _state["timeout_ms"]))
+      except Exception as e:  # noqa: BLE001  (the key-value store's timeout)
+        raise RuntimeError(
+            f"jax_dfccl: the group of GPUs {row} spans processes; its rank {r} (device {row[r]}) did not "
+            "share its memory: every process with a device in the group must lower a program using the "
+            f"group (the exchange happens at lowering) ({e})") from None
+    rt.comm_import(row, blobs)
+  except Exception as e:  # noqa: BLE001  (on the import thread: the collective's first call then names the group)
+    if not threaded:
+      raise
+    import sys
+    print(f"jax_dfccl: {e}", file=sys.stderr, flush=True)
 
 
 def is_initialized() -> bool:

@@ -113,7 +113,12 @@ def _rows(ctx, peers, role, api, arg):
       raise ValueError(f"jax_dfccl.{api}: {arg} names device id(s) {unknown}, not devices of this job")
     distributed.check_reach(list(mesh.devices.flat) + [by_id[i] for i in peers if i in by_id], api)
   rows = [[p, m + p] if role == "send" else [m + p, p] for p in range(m)]
-  return np.concatenate([devs, peers]), np.asarray(rows, dtype=np.int32).reshape(-1)
+  ids = np.concatenate([devs, peers])
+  if isinstance(mesh, jax.sharding.Mesh) and jax.process_count() > 1 and "cuda" in getattr(ctx.module_context, "platforms", ()):
+    from jax_dfccl._src import distributed
+    for row in rows:  # (sender, receiver) pairs spanning processes: their memory is exchanged now
+      distributed.prepare_gpu_group([int(ids[i]) for i in row], wait=False)
+  return ids, np.asarray(rows, dtype=np.int32).reshape(-1)
 
 
 def _start(ctx, x, *, peers, role, perm, key, key_hash, site, api, arg, op):

@@ -130,6 +130,18 @@ uint64_t HashString(const std::string& s) {  // FNV-1a
 }  // namespace
 
 const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std::string& sig) {
+  // A group spanning processes whose memory exchange is still under way (Python
+  // imports the peers' handles on a thread, jax_dfccl/_src/distributed.py): wait
+  // for it, without the lock (the import takes it), at most timeout_s.
+  for (auto t0 = Clock::now();;) {
+    {
+      auto lk = HandlerLock();
+      auto it = comms_.find(spec.group_devices);
+      if (it == comms_.end() || it->second->ready) break;
+    }
+    if (Clock::now() - t0 > std::chrono::duration<double>(timeout_s_.load())) break;  // GetComm names it
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   auto lk = HandlerLock();
   RelaxedCapture relaxed;
   DFCCL_CHECK_CODE(cfg_.configured, ErrorCode::kFailedPrecondition,
