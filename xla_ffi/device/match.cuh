@@ -69,6 +69,17 @@ DFCCL_DEV void TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nsl
   }
 }
 
+// The instance's slot into the task: its copy d and the ring's descriptor dd
+// (epoch first: a worker takes a slot only with its epoch).
+DFCCL_DEV int SetSlot(TaskDesc& d, TaskDesc* dd, int32_t slot, uint32_t epoch) {
+  d.epoch = epoch;
+  d.slot = slot;
+  StVol(&dd->epoch, epoch);
+  __threadfence();
+  StVol(&dd->slot, slot);
+  return kMatchSlotted;
+}
+
 // The rank of task d arrives at its instance (first attempt).  `fail`: the task
 // is aborted before it arrived — it arrives failed, so ranks that come later
 // fail at once instead of waiting for it.  Sets d.match and, when a slot is
@@ -124,12 +135,7 @@ DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status,
   StVol(&dd->match, d.match);
   if (failed) { *status = failed; return kMatchFailed; }
   if (slot < 0) return kMatchArrived;
-  d.epoch = epoch;
-  d.slot = slot;
-  StVol(&dd->epoch, epoch);
-  __threadfence();
-  StVol(&dd->slot, slot);
-  return kMatchSlotted;
+  return SetSlot(d, dd, slot, epoch);
 }
 
 // An arrived task whose instance had no free slot: try again.
@@ -147,13 +153,7 @@ DFCCL_DEV int ClaimSlot(TaskDesc& d, TaskDesc* dd, uint32_t* status, int64_t bud
   if (failed) { *status = failed; return kMatchFailed; }
   const int32_t slot = LdAcquireSys(reinterpret_cast<const uint32_t*>(const_cast<int32_t*>(&m->slot)));
   if (slot < 0) return kMatchArrived;
-  const uint32_t epoch = LdVol(&m->epoch);
-  d.epoch = epoch;
-  d.slot = slot;
-  StVol(&dd->epoch, epoch);
-  __threadfence();
-  StVol(&dd->slot, slot);
-  return kMatchSlotted;
+  return SetSlot(d, dd, slot, LdVol(&m->epoch));
 }
 
 // The instance's failure state (0: none).

@@ -181,25 +181,20 @@ ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out
 
 }  // namespace
 
-#define DFCCL_START_BINDING                                  \
+// The blocking form's signature; the start form adds x_alias and the ticket.
+#define DFCCL_COLLECTIVE_ARGS                                \
   ffi::Ffi::Bind()                                           \
       .Ctx<ffi::PlatformStream<cudaStream_t>>()              \
       .Ctx<ffi::DeviceOrdinal>()                             \
       .Arg<ffi::AnyBuffer>()           /* x */               \
       .Arg<ffi::AnyBuffer>()           /* partition_id */    \
       .OptionalArg<ffi::AnyBuffer>()   /* init (aliased) */  \
-      .Ret<ffi::AnyBuffer>()           /* out */             \
+      .Ret<ffi::AnyBuffer>()           /* out */
+#define DFCCL_COLLECTIVE_BINDING DFCCL_COLLECTIVE_ARGS.Attrs<StartAttrs>()
+#define DFCCL_START_BINDING                                  \
+  DFCCL_COLLECTIVE_ARGS                                      \
       .Ret<ffi::AnyBuffer>()           /* x_alias */         \
       .Ret<ffi::AnyBuffer>()           /* ticket (s64[]) */  \
-      .Attrs<StartAttrs>()
-#define DFCCL_COLLECTIVE_BINDING                             \
-  ffi::Ffi::Bind()                                           \
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()              \
-      .Ctx<ffi::DeviceOrdinal>()                             \
-      .Arg<ffi::AnyBuffer>()           /* x */               \
-      .Arg<ffi::AnyBuffer>()           /* partition_id */    \
-      .OptionalArg<ffi::AnyBuffer>()   /* init (aliased) */  \
-      .Ret<ffi::AnyBuffer>()           /* out */             \
       .Attrs<StartAttrs>()
 #define DFCCL_DONE_BINDING                                   \
   ffi::Ffi::Bind()                                           \

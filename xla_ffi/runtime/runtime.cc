@@ -187,6 +187,25 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   return d.sites.back().get();
 }
 
+// What the kernels of one call need to know: inside a command buffer (no handler
+// will report a failure: trap), tracing, the bound of their waits.
+Runtime::KernelFlags Runtime::FlagsFor(cudaStream_t stream) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  DFCCL_CHECK_CUDA(cudaStreamIsCapturing(stream, &cap), "dfccl: stream capture state");
+  return KernelFlags{cap != cudaStreamCaptureStatusNone ? 1 : 0, trace_.load(std::memory_order_relaxed) ? 1 : 0,
+                     static_cast<int64_t>((2 * timeout_s_.load(std::memory_order_relaxed) + 10) * 1e9)};
+}
+
+// A kernel launch, its host time counted (stats()["cuda"]["host_streamop_us"]).
+template <class F>
+void Runtime::Timed(Device& d, const char* what, F&& launch) {
+  const auto t0 = Clock::now();
+  const cudaError_t err = launch();
+  DFCCL_CHECK_CODE(err == cudaSuccess, ErrorCode::kInternal,
+                   "dfccl: " << what << " kernel on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
+  times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
 void Runtime::ThrowIfFailed(Device& d) {
   if (!d.has_error.load(std::memory_order_acquire)) return;
   auto lk = HandlerLock();
@@ -198,8 +217,7 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
                      bool blocking) {
   Device& d = *site.d;
   ThrowIfFailed(d);
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  DFCCL_CHECK_CUDA(cudaStreamIsCapturing(stream, &cap), "dfccl: stream capture state");
+  const KernelFlags f = FlagsFor(stream);
   SubmitParams p{};
   p.dev = d.dev;
   p.host = d.host_dev;
@@ -208,15 +226,10 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
   p.ticket_out = ticket_out;
   p.site = site.index;
   p.wait = blocking ? 1 : 0;
-  p.trap = cap != cudaStreamCaptureStatusNone ? 1 : 0;
-  p.trace = trace_.load(std::memory_order_relaxed) ? 1 : 0;
-  p.timeout_ns = static_cast<int64_t>((2 * timeout_s_.load(std::memory_order_relaxed) + 10) * 1e9);
-  const auto t0 = Clock::now();
-  {
-    const cudaError_t err = LaunchSubmit(p, stream);
-    DFCCL_CHECK_CODE(err == cudaSuccess, ErrorCode::kInternal, "dfccl: submit kernel on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
-  }
-  times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  p.trap = f.trap;
+  p.trace = f.trace;
+  p.timeout_ns = f.timeout_ns;
+  Timed(d, "submit", [&] { return LaunchSubmit(p, stream); });
   // The proxy relaunches a daemon that quit once it sees the record; a call
   // outside a command buffer does it at once (and grows the grid for a large one).
   if (!p.trap && (!Running(d) || (site.large && d.workers < large_workers_.load(std::memory_order_relaxed)))) {
@@ -235,20 +248,14 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
 void Runtime::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket) {
   Device& d = GetDeviceFast(ordinal);
   ThrowIfFailed(d);
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  DFCCL_CHECK_CUDA(cudaStreamIsCapturing(stream, &cap), "dfccl: stream capture state");
+  const KernelFlags f = FlagsFor(stream);
   DoneParams p{};
   p.dev = d.dev;
   p.ticket = ticket;
-  p.trap = cap != cudaStreamCaptureStatusNone ? 1 : 0;
-  p.trace = trace_.load(std::memory_order_relaxed) ? 1 : 0;
-  p.timeout_ns = static_cast<int64_t>((2 * timeout_s_.load(std::memory_order_relaxed) + 10) * 1e9);
-  const auto t0 = Clock::now();
-  {
-    const cudaError_t err = LaunchDone(p, stream);
-    DFCCL_CHECK_CODE(err == cudaSuccess, ErrorCode::kInternal, "dfccl: done kernel on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
-  }
-  times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  p.trap = f.trap;
+  p.trace = f.trace;
+  p.timeout_ns = f.timeout_ns;
+  Timed(d, "done", [&] { return LaunchDone(p, stream); });
 }
 
 // No CUDA call.  A daemon leaves only after storing `exiting` (idle/stall quit;

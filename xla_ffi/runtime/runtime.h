@@ -222,6 +222,13 @@ class Runtime {
   Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes, bool ce);
   bool UseCopyEngine(OpKind kind, int nranks, int64_t bytes) const;
   void ThrowIfFailed(Device& d);
+  struct KernelFlags {
+    int32_t trap, trace;
+    int64_t timeout_ns;
+  };
+  KernelFlags FlagsFor(cudaStream_t stream);
+  template <class F>
+  void Timed(Device& d, const char* what, F&& launch);
   void PollRecords(Device& d, Clock::time_point now);
   void OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status);
   void AbortDaemonInstance(Comm& c, uint64_t key_hash, uint64_t seq, ErrorCode code, const std::string& msg);
