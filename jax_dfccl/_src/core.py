@@ -560,11 +560,8 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
     from jax_dfccl._src import distributed
     distributed.check_reach(mesh.devices.flat, op)
   groups = group_table(mesh, axes, groups)
-  if isinstance(mesh, jax.sharding.Mesh) and jax.process_count() > 1 and "cuda" in getattr(ctx.module_context, "platforms", ()):
-    from jax_dfccl._src import distributed
-    ids = device_ids(mesh)
-    for row in groups:
-      distributed.prepare_gpu_group([int(ids[i]) for i in row])
+  from jax_dfccl._src import distributed
+  distributed.prepare_gpu_rows(ctx, mesh, device_ids(mesh), groups)
   from jax_dfccl.config import config
   if groups.shape[1] == 1 and not config.runtime_for_groups_of_one:  # nothing to match or move: no runtime
     _TRIVIAL_SITES.add(site)

@@ -108,6 +108,16 @@ def _initialize_gpu(timeout_s: float) -> None:
                 timeout_ms=ms, groups=set())
 
 
+def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = True) -> None:
+  """At lowering: the groups (rows of indices into the device ids ``ids``) of a
+  CUDA collective, for those that span processes (see :func:`prepare_gpu_group`)."""
+  if (not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
+      or "cuda" not in getattr(ctx.module_context, "platforms", ())):
+    return
+  for row in rows:
+    prepare_gpu_group([int(ids[i]) for i in row], wait)
+
+
 def prepare_gpu_group(row, wait: bool = True) -> None:
   """Exchanges the memory of a group of global GPU ids spanning processes (once
   per group; every process whose devices are in it must lower a program using it).

@@ -114,10 +114,8 @@ def _rows(ctx, peers, role, api, arg):
     distributed.check_reach(list(mesh.devices.flat) + [by_id[i] for i in peers if i in by_id], api)
   rows = [[p, m + p] if role == "send" else [m + p, p] for p in range(m)]
   ids = np.concatenate([devs, peers])
-  if isinstance(mesh, jax.sharding.Mesh) and jax.process_count() > 1 and "cuda" in getattr(ctx.module_context, "platforms", ()):
-    from jax_dfccl._src import distributed
-    for row in rows:  # (sender, receiver) pairs spanning processes: their memory is exchanged now
-      distributed.prepare_gpu_group([int(ids[i]) for i in row], wait=False)
+  from jax_dfccl._src import distributed
+  distributed.prepare_gpu_rows(ctx, mesh, ids, rows, wait=False)  # (sender, receiver) pairs
   return ids, np.asarray(rows, dtype=np.int32).reshape(-1)
 
 

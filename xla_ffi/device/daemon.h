@@ -17,11 +17,9 @@ cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream);
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream);
 
-// Enqueues on `stream` a one-thread kernel that returns once (int32_t)(*addr - value) >= 0;
-// with `rec`, it stores `proto` stamped kEvStreamWait at its start into rec[0]
-// and stamped kEvStreamWoke at its end into rec[1].
-cudaError_t LaunchStreamWait(cudaStream_t stream, const uint32_t* addr, uint32_t value, TraceRec* rec,
-                             const TraceRec& proto);
+// Enqueues on `stream` a one-thread kernel that returns once (int32_t)(*addr - value) >= 0
+// (the copy-engine path's done wait on its host-memory word).
+cudaError_t LaunchStreamWait(cudaStream_t stream, const uint32_t* addr, uint32_t value);
 
 // Enqueues on `stream`: out = reduce(out, in) element-wise over `bytes` (a whole
 // number of elements), with at most `max_blocks` blocks.

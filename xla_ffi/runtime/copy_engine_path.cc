@@ -31,18 +31,6 @@ void Runtime::StartCopyEngine(Device& d, Comm& c, Instance& inst, const Collecti
   ce_.Submit(std::move(op));
 }
 
-// Under mu_: the wait that completes a copy-engine ticket (kCeTicket set).
-Runtime::Enqueue Runtime::PlanWait(Device& d, uint64_t ticket) {
-  Enqueue e;
-  e.d = &d;
-  e.ce = true;
-  e.ticket = ticket & ~kCeTicket;
-  // Copy-engine done words live in host memory: always the polling kernel (the
-  // stream memory wait on host memory is not relied on).
-  e.kernel_wait = true;
-  return e;
-}
-
 // Under mu_: the copy-engine path's start: matches the instance on the host and
 // takes a ticket of the copy-engine ring (kCeTicket set).
 uint64_t Runtime::SubmitCe(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out) {
@@ -56,7 +44,7 @@ uint64_t Runtime::SubmitCe(Device& d, const CollectiveSpec& spec, const std::str
                                     << "copy_engine_min_bytes no longer gives it (a trace-time entry: re-trace)");
   const uint64_t seq = d.seq[{&c, spec.key_hash}]++;
   const int64_t msg_bytes = spec.elems_per_block * spec.elem_bytes;
-  Instance* inst = Join(c, spec, sig, seq, msg_bytes, true);
+  Instance* inst = Join(c, spec, sig, seq);
   if (key_names_.find(spec.key_hash) == key_names_.end()) key_names_.emplace(spec.key_hash, spec.key);
   const uint64_t ticket = d.ce_next;
   TaskInfo& ti = d.ce_info[ticket % kCeRing];
@@ -80,7 +68,7 @@ void Runtime::EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready,
   const uint32_t gen = Gen(e.ticket, kCeRing);
   if (ready) StreamOps::Write32(stream, ready_word, gen);
   if (wait) {
-    const cudaError_t err = LaunchStreamWait(stream, done_word, gen, nullptr, e.proto);
+    const cudaError_t err = LaunchStreamWait(stream, done_word, gen);
     DFCCL_CHECK_CODE(err == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: done wait kernel on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
   }
   times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
@@ -104,7 +92,7 @@ void Runtime::StartHost(int ordinal, cudaStream_t stream, const CollectiveSpec& 
       throw;
     }
     if (!blocking) d.fifo[spec.site].push_back(ticket);  // DoneHost pairs with it
-    e = PlanWait(d, ticket);
+    e = Enqueue{&d, ticket & ~kCeTicket};
   }
   EnqueueOnStream(stream, e, /*ready=*/true, /*wait=*/blocking);
 }
@@ -118,7 +106,7 @@ void Runtime::DoneHost(int ordinal, cudaStream_t stream, int64_t site) {
     auto& q = d.fifo[site];
     DFCCL_CHECK_CODE(!q.empty(), ErrorCode::kFailedPrecondition,
                      "dfccl: dfccl_done at site " << site << " has no pending start");
-    e = PlanWait(d, q.front());
+    e = Enqueue{&d, q.front() & ~kCeTicket};
     q.pop_front();
   }
   EnqueueOnStream(stream, e, /*ready=*/false, /*wait=*/true);

@@ -8,8 +8,6 @@ namespace dfccl::gpu {
 namespace {
 
 using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 
 template <class Fn>
 Fn Lookup(const char* name) {
@@ -24,8 +22,6 @@ Fn Lookup(const char* name) {
 
 struct Table {
   WriteValue32Fn write32 = Lookup<WriteValue32Fn>("cuStreamWriteValue32");
-  WaitValue32Fn wait32 = Lookup<WaitValue32Fn>("cuStreamWaitValue32");
-  BatchMemOpFn batch = Lookup<BatchMemOpFn>("cuStreamBatchMemOp");
 };
 
 const Table& T() {
@@ -43,25 +39,6 @@ void StreamOps::Write32(cudaStream_t s, void* addr, uint32_t v) {
   Check(T().write32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
                     CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32_v2");
 }
-void StreamOps::WaitGeq32(cudaStream_t s, const void* addr, uint32_t v) {
-  Check(T().wait32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(const_cast<void*>(addr)), v,
-                   CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32_v2");
-}
-
-void StreamOps::WriteThenWaitGeq32(cudaStream_t s, void* write_addr, uint32_t write_value, const void* wait_addr,
-                                   uint32_t wait_value) {
-  CUstreamBatchMemOpParams ops[2] = {};
-  ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-  ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(write_addr);
-  ops[0].writeValue.value = write_value;
-  ops[0].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-  ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-  ops[1].waitValue.address = reinterpret_cast<CUdeviceptr>(const_cast<void*>(wait_addr));
-  ops[1].waitValue.value = wait_value;
-  ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-  Check(T().batch(reinterpret_cast<CUstream>(s), 2, ops, 0), "cuStreamBatchMemOp_v2");
-}
-
 DeviceGuard::DeviceGuard(int ordinal) {
   DFCCL_CHECK_CUDA(cudaGetDevice(&prev_), "dfccl");
   if (prev_ == ordinal) return;

@@ -16,11 +16,6 @@ namespace dfccl::gpu {
 struct StreamOps {
   // *addr = value once prior work on `stream` is complete (with a memory barrier).
   static void Write32(cudaStream_t stream, void* addr, uint32_t value);
-  // `stream` waits until (int32_t)(*addr - value) >= 0.
-  static void WaitGeq32(cudaStream_t stream, const void* addr, uint32_t value);
-  // Write32 then WaitGeq32 on `stream` in one driver call (cuStreamBatchMemOp: in array order).
-  static void WriteThenWaitGeq32(cudaStream_t stream, void* write_addr, uint32_t write_value, const void* wait_addr,
-                                 uint32_t wait_value);
 };
 
 // DeviceGuard(ordinal): `ordinal` is the current device for the guard's scope

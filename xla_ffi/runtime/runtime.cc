@@ -39,7 +39,7 @@ void CopyOut(Device& d, void* dst, const void* src, size_t bytes) {
 }
 
 // The static part of a call site's task (everything but ticket, sequence, buffers, slot).
-TaskDesc Runtime::SiteDesc(Device& d, const CollectiveSpec& spec, const Comm& c, int64_t msg_bytes, int key_ctr) {
+TaskDesc Runtime::SiteDesc(const CollectiveSpec& spec, const Comm& c, int64_t msg_bytes, int key_ctr) {
   TaskDesc t{};
   // Pool 0 (LL protocol) takes messages whose lanes fit one LL chunk (8 data
   // bytes per 16-byte line) and are 16-byte multiples; the rest use pool 1.
@@ -80,7 +80,6 @@ TaskDesc Runtime::SiteDesc(Device& d, const CollectiveSpec& spec, const Comm& c,
   t.direct = direct ? 1 : 0;
   t.sig_hash = 0;
   t.key_ctr = key_ctr;
-  (void)d;
   return t;
 }
 
@@ -171,7 +170,7 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   site->rank = spec.rank;
   site->msg_bytes = msg_bytes;
   site->large = msg_bytes >= cfg_.large_threshold;
-  TaskDesc t = SiteDesc(d, spec, c, msg_bytes, kc->second);
+  TaskDesc t = SiteDesc(spec, c, msg_bytes, kc->second);
   t.site = site->index;
   t.sig_hash = HashString(sig);
   {

@@ -44,13 +44,13 @@ using Clock = std::chrono::steady_clock;
 
 struct Device;
 
+// A copy-engine collective instance, matched on the host.
 struct Instance {
   uint64_t key_hash = 0, seq = 0;
   std::string key, signature;
-  int pool = 0, slot = -1, nranks = 0, done = 0;
-  uint32_t epoch = 0, started = 0;
+  int nranks = 0, done = 0;
+  uint32_t started = 0;
   bool failed = false;
-  bool ce = false;                                  // copy-engine path (pool -1, no slot)
   std::vector<std::pair<Device*, uint64_t>> tasks;  // (device, ticket); kCeTicket marks the copy-engine ring
   std::vector<CeRank> ce_ranks;                     // per rank, filled as ranks start (copy-engine path)
 };
@@ -201,15 +201,12 @@ class Runtime {
  private:
   Runtime() = default;
   // What a handler enqueues on XLA's stream for one instance.
-  struct Enqueue {
+  struct Enqueue {  // a copy-engine ticket's words on XLA's stream
     Device* d = nullptr;
     uint64_t ticket = 0;  // without kCeTicket
-    bool ce = false, kernel_wait = false, trace = false;
-    TraceRec proto{};
   };
   std::unique_lock<std::timed_mutex> HandlerLock();
   uint64_t SubmitCe(Device& d, const CollectiveSpec& spec, const std::string& sig, const void* in, void* out);
-  Enqueue PlanWait(Device& d, uint64_t ticket);
   void EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready, bool wait);
   Device& GetDevice(int ordinal);
   Device& GetDeviceFast(int ordinal);  // a device already set up (no lock)
@@ -219,7 +216,7 @@ class Runtime {
   void AllocRank(Comm& c, int r);
   void Publish(Comm& c);
   Comm& GetComm(const std::vector<int64_t>& group);
-  Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes, bool ce);
+  Instance* Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq);
   bool UseCopyEngine(OpKind kind, int nranks, int64_t bytes) const;
   void ThrowIfFailed(Device& d);
   struct KernelFlags {
@@ -240,7 +237,7 @@ class Runtime {
   template <size_t N>
   void PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest, uint64_t next,
                 const volatile uint32_t* done, Clock::time_point now);
-  TaskDesc SiteDesc(Device& d, const CollectiveSpec& spec, const Comm& c, int64_t msg_bytes, int key_ctr);
+  TaskDesc SiteDesc(const CollectiveSpec& spec, const Comm& c, int64_t msg_bytes, int key_ctr);
   bool Running(Device& d);
   bool Alive(Device& d);
   void Launch(Device& d);

@@ -287,9 +287,7 @@ void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<st
 
 // The copy-engine path's host matching: the instance of (key, seq), created by
 // its first rank; later ranks must agree on its signature.
-Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq, int64_t msg_bytes,
-                        bool ce) {
-  (void)msg_bytes;
+Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& sig, uint64_t seq) {
   const auto id = std::make_pair(spec.key_hash, seq);
   if (auto f = c.failed.find(id); f != c.failed.end()) {
     throw Error("dfccl: collective '" + spec.key + "' (sequence " + std::to_string(seq) +
@@ -303,8 +301,6 @@ Instance* Runtime::Join(Comm& c, const CollectiveSpec& spec, const std::string& 
     inst->key = spec.key;
     inst->signature = sig;
     inst->nranks = c.n;
-    inst->ce = ce;
-    inst->pool = -1;
     it = c.live.emplace(id, std::move(inst)).first;
   }
   Instance* inst = it->second.get();
