@@ -1,9 +1,8 @@
-// CUDA helpers shared by the runtime and the fused overlap ops: the stream
-// memory operations of the CUDA driver, reached through
-// cudaGetDriverEntryPointByVersion (no libcuda at link time; on the H200
-// machines the legacy cuStreamWriteValue32/cuStreamWaitValue32 entry points
-// return CUDA_ERROR_NOT_SUPPORTED (801); the _v2 ones, CUDA >= 11.7 ABI, work),
-// the current-device guard and peer access.
+// CUDA helpers shared by the runtime and the fused overlap ops: the driver's
+// stream-ordered 32-bit write, reached through cudaGetDriverEntryPointByVersion
+// (no libcuda at link time; on the H200 machines the legacy cuStreamWriteValue32
+// entry point returns CUDA_ERROR_NOT_SUPPORTED (801); the _v2 one, CUDA >= 11.7
+// ABI, works), the current-device guard and peer access.
 #pragma once
 
 #include <cuda_runtime.h>
