@@ -128,6 +128,17 @@ def test_failed_rank_kills_the_others(tmp_path, mock_path):
   _assert_daemon_gone(tmp_path / "o")
 
 
+def test_keep_going_lets_the_others_finish(tmp_path, mock_path):
+  code = ("import os, sys, time\n"
+          "if os.environ['DFCCL_TESTBED_RANK'] == '1': sys.exit(3)\n"
+          "time.sleep(1.5); print('FINISHED')")
+  r = _run(["-n", "2", "--keep-going", "--", sys.executable, "-c", code], mock_path, tmp_path / "o")
+  assert r.returncode == 3, r.stdout + r.stderr  # the first failed rank's status
+  assert "FINISHED" in (tmp_path / "o" / "rank0.log").read_text()
+  assert "killing the others" not in r.stdout
+  _assert_daemon_gone(tmp_path / "o")
+
+
 def test_timeout(tmp_path, mock_path):
   r = _run(["-n", "2", "--timeout", "1", "--", "sleep", "120"], mock_path, tmp_path / "o")
   assert r.returncode == 124, r.stdout + r.stderr

@@ -10,6 +10,8 @@
 #                 (mps_control.log, mps_server.log) go there (default: a folder of the fresh
 #                 /tmp directory, kept)
 #   --tail L      lines of each rank's log printed at the end (default 60; 0: none)
+#   --keep-going  a rank that fails does not stop the others (the run still returns the first
+#                 failed rank's status): for tests in which a rank is killed on purpose
 #   --no-mps      no MPS daemon: the processes' kernels share the GPU by time slicing.  The
 #                 clients get an empty CUDA_MPS_PIPE_DIRECTORY, so a daemon started elsewhere
 #                 with the default pipe directory is not joined either
@@ -36,7 +38,7 @@ set -u
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "mps_testbed: $*" >&2; exit 2; }
 
-NPROC=2 TIMEOUT=300 OUTDIR="" TAIL=60 MPS=1
+NPROC=2 TIMEOUT=300 OUTDIR="" TAIL=60 MPS=1 KEEP_GOING=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     -n|--nproc) [[ $# -ge 2 ]] || die "$1 needs a value"; NPROC=$2; shift 2 ;;
@@ -44,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --out) [[ $# -ge 2 ]] || die "$1 needs a value"; OUTDIR=$2; shift 2 ;;
     --tail) [[ $# -ge 2 ]] || die "$1 needs a value"; TAIL=$2; shift 2 ;;
     --no-mps) MPS=0; shift ;;
+    --keep-going) KEEP_GOING=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option '$1' (the command comes after --; see --help)" ;;
@@ -157,7 +160,7 @@ while :; do
     if [[ ${RCS[$i]} != 0 && -z $FAILED ]]; then FAILED=$i; STATUS=${RCS[$i]}; fi
   done
   [[ $running == 0 ]] && break
-  if [[ -n $FAILED ]]; then say "rank $FAILED failed: killing the others"; kill_ranks; break; fi
+  if [[ -n $FAILED && $KEEP_GOING == 0 ]]; then say "rank $FAILED failed: killing the others"; kill_ranks; break; fi
   if (( SECONDS - T0 >= TIMEOUT )); then
     say "timeout after ${TIMEOUT}s: killing every rank"; STATUS=124; FAILED=timeout; kill_ranks; break
   fi

@@ -2,8 +2,11 @@
 sets DFCCL_TESTBED_RANK / _NPROC / _COORD): a mesh of one GPU per process, every
 collective against numpy on the same inputs, programs that differ per process
 (each process starts independent collectives in its own order), re-entry in a
-fori_loop; and, with --case timeout, a collective one process never starts (the
-other must fail naming the key and the missing rank).  Prints one JSON line
+fori_loop; with --case timeout, a collective one process never starts (the
+other must fail naming the key and the missing rank); with --case mismatch, the
+same key started with different shapes (both fail naming it and both ranks); with
+--case killed, rank 1 is killed (SIGKILL) while collectives are in flight (rank 0
+must fail naming the key and rank 1 within timeout_s + 1 s).  Prints one JSON line
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
@@ -154,5 +157,53 @@ elif case == "timeout":
     out["errors"] = errs[-2:]
   else:
     time.sleep(8)
+elif case == "mismatch":
+  d.configure(timeout_s=20.0)
+  full, x = inputs(4)
+  check("warm", local(smap(lambda v: d.psum(v, "x", key="warm"))(x))[0], full.sum(0))
+  # Rank 1 starts "mm" on half of its shard: same key and sequence, another shape.
+  f = smap(lambda v: d.psum(v if rank == 0 else v[:, : elems // 2], "x", key="mm")[:, :1])
+  err, t0 = "", time.perf_counter()
+  try:
+    f(x).block_until_ready()
+  except Exception as e:  # noqa: BLE001
+    err = str(e)
+  out["seconds"] = time.perf_counter() - t0
+  errs = d.stats()["cuda"]["errors"]
+  out["error"], out["errors"] = err[:400], errs[-2:]
+  out["ok"] = any("'mm'" in e and "rank 0" in e and "rank 1" in e for e in errs) and out["seconds"] < 20
+elif case == "killed":
+  import signal
+  import threading
+  timeout_s = 5.0
+  d.configure(timeout_s=timeout_s)
+  full, x = inputs(5)
+  check("warm", local(smap(lambda v: d.psum(v, "x", key="warm"))(x))[0], full.sum(0))
+  f = smap(lambda v: jax.lax.fori_loop(0, 50, lambda i, y: d.psum(y, "x", key="victim") * 0.5, v))
+  f(x).block_until_ready()
+  stamp = os.path.join(os.environ["DFCCL_TESTBED_TMP"], "killed_at")
+  if rank == 1:
+    def die():
+      time.sleep(1.0)
+      with open(stamp + ".tmp", "w") as fh:
+        fh.write(repr(time.time()))
+      os.replace(stamp + ".tmp", stamp)
+      os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=die, daemon=True).start()
+  err, t_start = "", time.time()
+  try:
+    while time.time() - t_start < 60:  # until the peer dies
+      f(x).block_until_ready()
+  except Exception as e:  # noqa: BLE001
+    err = str(e)
+  t_err = time.time()
+  killed_at = float(open(stamp).read()) if os.path.exists(stamp) else float("nan")
+  errs = d.stats()["cuda"]["errors"]
+  out["error"], out["errors"] = err[:400], errs[-2:]
+  out["seconds_after_kill"] = t_err - killed_at
+  out["ok"] = (any("'victim'" in e and "rank 1" in e for e in errs)
+               and 0 <= out["seconds_after_kill"] <= timeout_s + 1)
 print("RESULT " + json.dumps(out), flush=True)
+if case == "killed":  # the peer is gone: no shutdown barrier with it
+  os._exit(0 if out["ok"] else 1)
 sys.exit(0 if out["ok"] else 1)

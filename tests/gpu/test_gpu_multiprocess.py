@@ -20,9 +20,10 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="needs CUDA MPS")]
 
 
-def _run(case, tmp_path, n=2, timeout=240):
+def _run(case, tmp_path, n=2, timeout=240, keep_going=False):
   out = tmp_path / case
-  cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", str(n), "--timeout", str(timeout), "--out", str(out), "--",
+  cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", str(n), "--timeout", str(timeout), "--out", str(out),
+         *(["--keep-going"] if keep_going else []), "--",
          sys.executable, str(ROOT / "tests/gpu/mp_worker.py"), "--case", case]
   p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, cwd=ROOT)
   results = []
@@ -43,3 +44,14 @@ def test_two_processes_parity_order_and_reentry(tmp_path):
 def test_a_rank_that_never_starts_is_named(tmp_path):
   p, results = _run("timeout", tmp_path, timeout=120)
   assert results[0]["ok"], (p.stdout[-3000:], results)
+
+
+def test_a_mismatch_across_processes_names_the_key_and_both_ranks(tmp_path):
+  p, results = _run("mismatch", tmp_path, timeout=120)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
+
+
+def test_a_killed_peer_is_named_within_the_timeout(tmp_path):
+  p, results = _run("killed", tmp_path, timeout=120, keep_going=True)
+  assert results[0]["ok"], (p.stdout[-3000:], results)  # rank 1 was killed (no result)
+  assert results[0]["seconds_after_kill"] <= 6.0

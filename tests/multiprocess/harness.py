@@ -2,10 +2,12 @@
 port), with a deadline; never leaves a process behind."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import glob
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +17,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LAUNCHED: list[subprocess.Popen] = []  # every process any job started (the leak check reads it)
+_OUT_DIRS: list[str] = []  # the jobs' scratch folders, removed when the test process exits
+
+
+@atexit.register
+def _remove_out_dirs():
+  for d in _OUT_DIRS:
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -76,6 +85,7 @@ def run(cmds: list[list[str]], timeout_s: float, out_dir: str, **extra_env) -> J
 
 def run_workers(scenario: str, processes: int, devices: int, timeout_s: float = 120.0, **extra_env) -> Job:
   out_dir = tempfile.mkdtemp(prefix=f"dfccl_mp_{scenario}_")
+  _OUT_DIRS.append(out_dir)
   port = free_port()
   cmds = [[sys.executable, os.path.join(HERE, "worker.py"), scenario, str(i), str(processes), str(port),
            str(devices), out_dir] for i in range(processes)]

@@ -1,8 +1,12 @@
 // The proxy thread: the submit kernels' records, completions, failures the
 // device decided, the daemon's relaunch and grid changes, and the watchdog.
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include "device/daemon.h"
@@ -55,6 +59,7 @@ void Runtime::ProxyLoop() {
 void Runtime::PollDevice(Device& d, Clock::time_point now) {
   PollRecords(d, now);
   PollRing(d, d.info, d.oldest, d.seen, d.host->done, now);
+  CheckPeersAlive(d, now);
   PollRing(d, d.ce_info, d.ce_oldest, d.ce_next, d.host->ce_done, now);
   if (d.oldest >= d.seen) { d.backoff_us = 20; return; }
   if (d.pending_large > 0 && Running(d) && d.workers < cfg_.large_workers()) {
@@ -177,6 +182,41 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
   }
 }
 
+// A process of this host (pid space) that has exited (a zombie counts as exited).
+static bool ProcessExited(int32_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+// Daemon-path instances pending on groups spanning processes: a peer process of this
+// host that exited fails them now (naming the rank), not only at the timeout.
+void Runtime::CheckPeersAlive(Device& d, Clock::time_point now) {
+  if (d.oldest >= d.seen || now < d.next_peer_check) return;
+  d.next_peer_check = now + std::chrono::milliseconds(20);
+  std::map<Comm*, int> dead;  // comm -> its first exited rank (-1: all alive)
+  for (uint64_t t = d.oldest; t < d.seen; ++t) {
+    TaskInfo& ti = d.info[t % kTaskRing];
+    if (ti.done || !ti.site || !ti.comm || !ti.comm->cross_process) continue;
+    Comm& c = *ti.comm;
+    auto [it, fresh] = dead.emplace(&c, -1);
+    if (fresh)
+      for (int r = 0; r < static_cast<int>(c.pids.size()) && it->second < 0; ++r)
+        if (ProcessExited(c.pids[r])) it->second = r;
+    const int r = it->second;
+    if (r < 0 || c.reported.count({ti.key_hash, ti.seq})) continue;
+    std::ostringstream why;
+    why << "rank " << r << " (device " << c.globals[r] << ", process " << c.pids[r]
+        << " on this host) exited before it completed";
+    AbortDaemonInstance(c, ti.key_hash, ti.seq, ErrorCode::kAborted,
+                        InstanceName(c, ti.site->key, ti.seq) + ": " + why.str());
+  }
+}
+
 std::string Runtime::InstanceName(const Comm& c, const std::string& key, uint64_t seq) const {
   std::ostringstream msg;
   msg << "dfccl: collective '" << key << "' (sequence " << seq << ", group of GPUs [";
@@ -223,6 +263,7 @@ void Runtime::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status) {
   const int a = (status >> 8) & 0xff, b = (status >> 16) & 0xff;
   const std::string name = InstanceName(c, ti.site->key, ti.seq);
   auto sig_of = [&](int rank) -> std::string {
+    if (rank >= 0 && rank < c.n && c.ordinals[rank] < 0) return "another signature (in another process)";
     if (rank < 0 || rank >= c.n || !devices_.count(c.ordinals[rank])) return "?";
     for (const auto& s : devices_[c.ordinals[rank]]->sites)
       if (s->c == &c && s->key_hash == ti.key_hash) return s->signature;

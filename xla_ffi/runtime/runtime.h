@@ -76,6 +76,7 @@ struct Comm {
   bool ready = false;            // every rank's memory is in the view (cross-process: after ImportComm)
   int io_ordinal = 0;            // a local device, for reading the table
   std::vector<void*> opened;     // IPC mappings of the other processes' memory
+  std::vector<int32_t> pids;     // per rank: its process's pid when it runs on this host (0: unknown)
   std::set<std::pair<uint64_t, uint64_t>> reported;  // daemon-path instances whose failure was reported
 };
 
@@ -116,7 +117,7 @@ struct Device {
   int workers = 0;
   int pending_large = 0;
   bool launched = false;
-  Clock::time_point next_relaunch;
+  Clock::time_point next_relaunch, next_peer_check;
   int64_t backoff_us = 20;
   std::array<TaskInfo, kTaskRing> info;
   std::array<TaskInfo, kCeRing> ce_info;  // copy-engine collectives (tickets ce_oldest .. ce_next)
@@ -231,6 +232,7 @@ class Runtime {
   void AbortDaemonInstance(Comm& c, uint64_t key_hash, uint64_t seq, ErrorCode code, const std::string& msg);
   bool ReadEntry(Comm& c, uint64_t key_hash, uint64_t seq, MatchEntry* out);
   std::string InstanceName(const Comm& c, const std::string& key, uint64_t seq) const;
+  void CheckPeersAlive(Device& d, Clock::time_point now);
   void SetCommError(Comm& c, ErrorCode code, const std::string& msg);
   void StartCopyEngine(Device& d, Comm& c, Instance& inst, const CollectiveSpec& spec, const void* in, void* out,
                        uint64_t ticket);

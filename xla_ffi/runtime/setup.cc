@@ -1,7 +1,11 @@
 // Device and communicator setup: host-mapped queues, device state, peer
 // access, staging pools, the match table; the copy-engine path's host matching.
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "device/daemon.h"
@@ -238,6 +242,21 @@ static std::vector<void**> RankSlots(Comm& c, int r) {
 }
 static constexpr int kBlobSlots = 3 * kNumPools + 2;
 
+// Which processes can see each other's pids: the same boot of the same machine and
+// the same pid namespace.
+static uint64_t PidSpace() {
+  std::string boot, ns(64, '\0');
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  const ssize_t n = readlink("/proc/self/ns/pid", ns.data(), ns.size());
+  ns.resize(n > 0 ? n : 0);
+  return std::hash<std::string>{}(boot + "/" + ns);
+}
+
+// A blob: per slot a flag, per slot an IPC handle, then the exporter's pid and pid space.
+static constexpr size_t kBlobHandles = kBlobSlots * sizeof(int32_t);
+static constexpr size_t kBlobTail = kBlobHandles + kBlobSlots * sizeof(cudaIpcMemHandle_t);
+static constexpr size_t kBlobBytes = kBlobTail + sizeof(int32_t) + sizeof(uint64_t);
+
 std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
   std::lock_guard lk(mu_);
   auto it = comms_.find(group);
@@ -245,7 +264,7 @@ std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
   Comm& c = *it->second;
   DFCCL_CHECK(rank >= 0 && rank < c.n && c.ordinals[rank] >= 0, "dfccl: rank " << rank << " is not local");
   AllocRank(c, rank);
-  std::string blob(kBlobSlots * (sizeof(int32_t) + sizeof(cudaIpcMemHandle_t)), '\0');
+  std::string blob(kBlobBytes, '\0');
   auto slots = RankSlots(c, rank);
   DeviceGuard guard(c.ordinals[rank]);
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -254,8 +273,12 @@ std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
     cudaIpcMemHandle_t h;
     DFCCL_CUDA(cudaIpcGetMemHandle(&h, *slots[i]));
     std::memcpy(&blob[i * sizeof(int32_t)], &one, sizeof(one));
-    std::memcpy(&blob[kBlobSlots * sizeof(int32_t) + i * sizeof(h)], &h, sizeof(h));
+    std::memcpy(&blob[kBlobHandles + i * sizeof(h)], &h, sizeof(h));
   }
+  const int32_t pid = static_cast<int32_t>(getpid());
+  const uint64_t space = PidSpace();
+  std::memcpy(&blob[kBlobTail], &pid, sizeof(pid));
+  std::memcpy(&blob[kBlobTail + sizeof(pid)], &space, sizeof(space));
   return blob;
 }
 
@@ -266,15 +289,24 @@ void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<st
   Comm& c = *it->second;
   DFCCL_CHECK(static_cast<int>(blobs.size()) == c.n, "dfccl: one blob per rank");
   DeviceGuard guard(c.io_ordinal);
+  const uint64_t space = PidSpace();
+  c.pids.assign(c.n, 0);
   for (int r = 0; r < c.n; ++r) {
     if (c.ordinals[r] >= 0) continue;  // local: already in the view
+    DFCCL_CHECK(blobs[r].size() == kBlobBytes, "dfccl: rank " << r << "'s exchange blob has " << blobs[r].size()
+                                                  << " bytes, not " << kBlobBytes << " (another jax_dfccl build?)");
+    int32_t pid = 0;
+    uint64_t theirs = 0;
+    std::memcpy(&pid, &blobs[r][kBlobTail], sizeof(pid));
+    std::memcpy(&theirs, &blobs[r][kBlobTail + sizeof(pid)], sizeof(theirs));
+    if (theirs == space) c.pids[r] = pid;
     auto slots = RankSlots(c, r);
     for (size_t i = 0; i < slots.size(); ++i) {
       int32_t has = 0;
       std::memcpy(&has, &blobs[r][i * sizeof(int32_t)], sizeof(has));
       if (!has) continue;
       cudaIpcMemHandle_t h;
-      std::memcpy(&h, &blobs[r][kBlobSlots * sizeof(int32_t) + i * sizeof(h)], sizeof(h));
+      std::memcpy(&h, &blobs[r][kBlobHandles + i * sizeof(h)], sizeof(h));
       void* ptr = nullptr;
       DFCCL_CUDA(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess));
       c.opened.push_back(ptr);
