@@ -193,7 +193,7 @@ def free_port() -> int:
     return sock.getsockname()[1]
 
 
-def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = False) -> dict:
+def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = False, stage_timeout_s: float = 60.0) -> dict:
   port = free_port()
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if gpu:
@@ -201,14 +201,20 @@ def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = Fal
   else:
     env["JAX_PLATFORMS"] = "cpu"
   procs = [subprocess.Popen([sys.executable, __file__, "--process-id", str(i), "--processes", str(processes),
-                             "--port", str(port), "--steps", str(steps)] + (["--gpu"] if gpu else []),
+                             "--port", str(port), "--steps", str(steps), "--timeout-s", str(stage_timeout_s)]
+                            + (["--gpu"] if gpu else []),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
            for i in range(processes)]
-  outs = []
+  outs, late = [], False
   try:
     deadline = time.monotonic() + timeout_s
     for p in procs:
-      out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+      try:
+        out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:  # what it printed so far, then it is killed
+        late = True
+        p.kill()
+        out, _ = p.communicate()
       outs.append(out)
   finally:
     for p in procs:
@@ -216,8 +222,10 @@ def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = Fal
         p.kill()
         p.wait()
   codes = [p.returncode for p in procs]
-  if any(codes):
-    raise RuntimeError(f"pipeline processes exited with {codes}:\n" + "\n".join(o[-3000:] for o in outs))
+  if late or any(codes):
+    why = f"did not finish within {timeout_s:.0f} s" if late else f"exited with {codes}"
+    raise RuntimeError(f"pipeline processes {why}:\n" + "\n".join(f"--- process {i}:\n{o[-3000:]}"
+                                                                   for i, o in enumerate(outs)))
   line = next(l for l in outs[-1].splitlines() if l.startswith("LOSSES "))
   return json.loads(line[len("LOSSES "):])
 
@@ -231,10 +239,11 @@ def main():
   ap.add_argument("--json", action="store_true")
   ap.add_argument("--gpu", action="store_true", help="one GPU per stage (start CUDA MPS first to share one GPU)")
   ap.add_argument("--timeout-s", type=float, default=60.0, help="jax_dfccl.config.timeout_s of the stages")
+  ap.add_argument("--deadline-s", type=float, default=240.0, help="wall-clock limit of the whole run")
   a = ap.parse_args()
   if a.process_id is not None:
     return run_stage(a.process_id, a.processes, a.port, a.steps, a.timeout_s, a.gpu)
-  got = launch(a.processes, a.steps, gpu=a.gpu)
+  got = launch(a.processes, a.steps, a.deadline_s, gpu=a.gpu, stage_timeout_s=a.timeout_s)
   import numpy as np
   if a.gpu:
     import jax

@@ -10,10 +10,13 @@ must fail naming the key and rank 1 within timeout_s + 1 s).  Prints one JSON li
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
 import time
+
+faulthandler.dump_traceback_later(45, exit=False)  # a stuck rank shows where it is
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.2")
 

@@ -292,8 +292,10 @@ void Runtime::EnsureRunning(Device& d) {
   if (!Running(d)) Launch(d);
 }
 
-// Under mu_.
+// Under mu_.  Also printed at once: inside a command buffer the collective's
+// kernel then traps, and the process may end before any exception carries it.
 void Runtime::RecordError(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
   errors_.push_back(message);
   if (errors_.size() > kMaxErrors) errors_.erase(errors_.begin());
 }
