@@ -86,10 +86,14 @@ def reference(processes: int, steps: int) -> list[float]:
     return params, total / MICRO
 
   losses = []
-  for t in range(steps):
-    x, y = data(t)
-    params, l = step(params, x, y)
-    losses.append(float(l))
+  try:
+    for t in range(steps):
+      x, y = data(t)
+      params, l = step(params, x, y)
+      losses.append(float(l))
+  except Exception:
+    print(f"stage {process}: in flight when it failed: {dfccl.pending()}", file=sys.stderr, flush=True)
+    raise
   return losses
 
 
@@ -177,10 +181,14 @@ def run_stage(process: int, processes: int, port: int, steps: int, timeout_s: fl
   params = tuple(map(jnp.asarray, init_params(s)))
   losses = []
   t0 = time.perf_counter()
-  for t in range(steps):
-    x, y = data(t)
-    params, l = step(params, x, y)
-    losses.append(float(l))
+  try:
+    for t in range(steps):
+      x, y = data(t)
+      params, l = step(params, x, y)
+      losses.append(float(l))
+  except Exception:
+    print(f"stage {process}: in flight when it failed: {dfccl.pending()}", file=sys.stderr, flush=True)
+    raise
   dt = time.perf_counter() - t0
   if last:
     print("LOSSES " + json.dumps({"losses": losses, "seconds": dt}), flush=True)

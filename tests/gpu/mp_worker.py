@@ -206,7 +206,38 @@ elif case == "killed":
   out["seconds_after_kill"] = t_err - killed_at
   out["ok"] = (any("'victim'" in e and "rank 1" in e for e in errs)
                and 0 <= out["seconds_after_kill"] <= timeout_s + 1)
+elif case == "sendrecv":
+  # send/recv between the processes' programs (different per process), each side
+  # starting its transfers in its own order; the way back carries what came in + 1.
+  me, peer = [dv for dv in devs if dv.process_index == rank][0], [dv for dv in devs if dv.process_index != rank][0]
+  lmesh = Mesh(np.array([me]), ("p",))
+  micro, width = 4, elems
+  zeros = jnp.zeros((8, width), jnp.float32)
+
+  def prog(v):
+    if rank == 0:
+      sends = [d.send_start(v * (m + 1), peer, key=f"a{m}") for m in range(micro)]
+      backs = [d.recv_start(zeros, peer, key=f"b{m}") for m in reversed(range(micro))][::-1]
+      got = [d.done(h) for h in backs]
+      for h in sends:
+        d.done(h)
+      return jnp.stack(got)
+    ins = [d.recv_start(zeros, peer, key=f"a{m}") for m in reversed(range(micro))][::-1]
+    got = [d.done(h) for h in ins]
+    sends = [d.send_start(g + 1, peer, key=f"b{m}") for m, g in enumerate(got)]
+    for h in sends:
+      d.done(h)
+    return jnp.stack(got)
+
+  f = jax.jit(jax.shard_map(prog, mesh=lmesh, in_specs=P(), out_specs=P(), check_vma=False))
+  v = np.random.default_rng(6).standard_normal((8, width)).astype(np.float32)
+  for it in range(3):
+    res = np.asarray(f(jnp.asarray(v)))
+    want = np.stack([v * (m + 1) + (1 if rank == 0 else 0) for m in range(micro)])
+    check(f"sendrecv_{it}", res, want)
+  out["started"] = int(d.stats()["cuda"]["started"] - s0)
+  out["ok"] &= out["started"] >= 3 * 2 * micro
 print("RESULT " + json.dumps(out), flush=True)
-if case == "killed":  # the peer is gone: no shutdown barrier with it
+if case in ("killed", "mismatch"):  # a peer gone or a CUDA context failed: no shutdown barrier
   os._exit(0 if out["ok"] else 1)
 sys.exit(0 if out["ok"] else 1)

@@ -1,7 +1,9 @@
 """The GPU runtime across processes: two processes on one GPU under CUDA MPS
 (tools/mps_testbed.sh), one GPU per process in the mesh; each rank checks every
 collective against numpy (tests/gpu/mp_worker.py), programs that differ per
-process, re-entry in a loop, and a collective one process never starts."""
+process, re-entry in a loop, a collective one process never starts, a mismatch
+across processes, a peer killed mid-collective, send/recv between programs that
+differ per process."""
 from __future__ import annotations
 
 import json
@@ -55,3 +57,8 @@ def test_a_killed_peer_is_named_within_the_timeout(tmp_path):
   p, results = _run("killed", tmp_path, timeout=120, keep_going=True)
   assert results[0]["ok"], (p.stdout[-3000:], results)  # rank 1 was killed (no result)
   assert results[0]["seconds_after_kill"] <= 6.0
+
+
+def test_send_recv_between_process_programs(tmp_path):
+  p, results = _run("sendrecv", tmp_path, timeout=150)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)

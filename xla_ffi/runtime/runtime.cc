@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "device/daemon.h"
@@ -295,7 +296,10 @@ void Runtime::EnsureRunning(Device& d) {
 // Under mu_.  Also printed at once: inside a command buffer the collective's
 // kernel then traps, and the process may end before any exception carries it.
 void Runtime::RecordError(const std::string& message) {
-  std::fprintf(stderr, "%s\n", message.c_str());
+  static int printed = 0;  // (a failed group can fail hundreds of pending instances at once)
+  if (printed < 8) std::fprintf(stderr, "%s\n", message.c_str());
+  else if (printed == 8) std::fprintf(stderr, "dfccl: more errors: jax_dfccl.stats()['cuda']['errors']\n");
+  printed++;
   errors_.push_back(message);
   if (errors_.size() > kMaxErrors) errors_.erase(errors_.begin());
 }
@@ -321,11 +325,24 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   double relaunches = 0, daemon_done = 0, trace_records = 0;
   double dev_bytes = 0, host_bytes = 0, running = 0, live = 0, slots_used = 0, waiting = 0;
   std::set<std::tuple<Comm*, uint64_t, uint64_t>> pending_instances;
+  // After a kernel trapped (a failure inside a command buffer) the CUDA context is
+  // gone: the device's counters count as 0 and the reason joins the errors.
+  std::vector<std::string> unreadable;
+  const auto read = [&](Device& dv, void* dst, const void* src, size_t n) {
+    try {
+      CopyOut(dv, dst, src, n);
+      return true;
+    } catch (const Error& e) {
+      std::memset(dst, 0, n);
+      unreadable.push_back(std::string(e.what()) + " (GPU " + std::to_string(dv.ordinal) + ")");
+      return false;
+    }
+  };
   for (auto& [ord, d] : devices_) {
     PollRecords(*d, Clock::now());  // every record written before a done the caller saw
     started += d->seen + d->ce_next;
     std::vector<TaskRun> runs(kTaskRing);
-    if (d->oldest < d->seen) CopyOut(*d, runs.data(), d->dev->run, sizeof(TaskRun) * kTaskRing);
+    if (d->oldest < d->seen) read(*d, runs.data(), d->dev->run, sizeof(TaskRun) * kTaskRing);
     for (uint64_t t = d->oldest; t < d->seen; ++t) {
       const TaskInfo& ti = d->info[t % kTaskRing];
       if (ti.done || !ti.comm) continue;
@@ -335,7 +352,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     completed += d->completed;
     failed += d->failed;
     std::vector<BlockStats> rows(kMaxBlocks);
-    CopyOut(*d, rows.data(), d->dev->stats, sizeof(BlockStats) * kMaxBlocks);
+    read(*d, rows.data(), d->dev->stats, sizeof(BlockStats) * kMaxBlocks);
     for (int b = 0; b < kMaxBlocks; ++b) {
       const BlockStats& bs = rows[b];
       daemon_done += bs.tasks_done;
@@ -357,7 +374,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     live += c->live.size();
     unsigned long long bits[kNumPools][kMaxPoolSlots / 64];
     if (!c->ready) continue;
-    CopyOut(*devices_[c->io_ordinal], bits, c->table->free_bits, sizeof(bits));
+    if (!read(*devices_[c->io_ordinal], bits, c->table->free_bits, sizeof(bits))) continue;
     for (int p = 0; p < kNumPools; ++p) {
       const int n = c->view.pool[p].nslots;
       int free = 0;
@@ -401,7 +418,12 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["host_streamop_us"] = per(times_.streamop_ns, times_.starts + times_.dones);
   s["host_gap_us"] = per(times_.gap_ns, times_.gaps);
   s["host_calls"] = static_cast<double>(times_.starts + times_.dones);
-  if (errors) *errors = errors_;
+  if (errors) {
+    *errors = errors_;
+    std::sort(unreadable.begin(), unreadable.end());
+    unreadable.erase(std::unique(unreadable.begin(), unreadable.end()), unreadable.end());
+    errors->insert(errors->end(), unreadable.begin(), unreadable.end());
+  }
   return s;
 }
 
