@@ -125,12 +125,16 @@ def make_step(s: int, processes: int, mesh, prev, nxt):
     sends, vjps, total, gsum = [], {}, 0.0, None
     prev_step = params  # the latest result in schedule order
 
-    def after(handle):  # wait for `handle` only once the previous step of the schedule ran
-      return jax.lax.optimization_barrier((handle, prev_step))[0]
+    # XLA orders operations by data dependence only, and on a GPU a done waits on
+    # the stream: each step's first operation depends on the previous step's last
+    # result, so the stream runs the schedule in this stage's 1F1B order (a done
+    # hoisted above a send the peer waits for would be a real cycle).
+    def after(value):  # `value`, once the previous step of the schedule ran
+      return jax.lax.optimization_barrier((value, prev_step))[0]
 
     for kind, m in schedule(s, processes):
       if kind == "F":
-        a = x[m * mb:(m + 1) * mb] if first else dfccl.done(after(acts_in[m]))
+        a = after(x[m * mb:(m + 1) * mb]) if first else dfccl.done(after(acts_in[m]))
         if last:
           def f(p, a, m=m):
             return loss_fn(stage_fn(p, a, True), y[m * mb:(m + 1) * mb])
@@ -142,7 +146,7 @@ def make_step(s: int, processes: int, mesh, prev, nxt):
           sends.append(dfccl.send_start(out, nxt, key=f"act{m}"))
           prev_step = sends[-1]
       else:
-        ct = jnp.ones((), jnp.float32) if last else dfccl.done(after(grads_in[m]))
+        ct = after(jnp.ones((), jnp.float32)) if last else dfccl.done(after(grads_in[m]))
         g_p, g_a = vjps.pop(m)(ct)
         gsum = g_p if gsum is None else jax.tree.map(jnp.add, gsum, g_p)
         prev_step = gsum
@@ -206,6 +210,9 @@ def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = Fal
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if gpu:
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(round(0.5 / processes, 3)))
+    # Each process compiles its own stage: XLA's autotuning shared across processes
+    # (matched by module fingerprint) would wait for modules the others never compile.
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_gpu_shard_autotuning=false"
   else:
     env["JAX_PLATFORMS"] = "cpu"
   procs = [subprocess.Popen([sys.executable, __file__, "--process-id", str(i), "--processes", str(processes),

@@ -19,6 +19,9 @@ import time
 faulthandler.dump_traceback_later(45, exit=False)  # a stuck rank shows where it is
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.2")
+# Programs differ per process: XLA's autotuning shared across processes (by module
+# fingerprint) would wait for modules the other processes never compile.
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_shard_autotuning=false"
 
 import jax  # noqa: E402
 
