@@ -62,3 +62,17 @@ def test_a_killed_peer_is_named_within_the_timeout(tmp_path):
 def test_send_recv_between_process_programs(tmp_path):
   p, results = _run("sendrecv", tmp_path, timeout=150)
   assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_pipeline_example_on_gpus(tmp_path, stages):
+  # One launcher under the testbed's MPS daemon; it starts one process per stage.
+  cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", "1", "--timeout", "200", "--out", str(tmp_path), "--tail", "0", "--",
+         sys.executable, str(ROOT / "examples/pipeline_mpmd.py"), "--gpu", "--processes", str(stages), "--steps", "20",
+         "--json", "--timeout-s", "30", "--deadline-s", "180"]
+  p = subprocess.run(cmd, capture_output=True, text=True, timeout=260, cwd=ROOT)
+  log = (tmp_path / "rank0.log").read_text()
+  line = next((l for l in log.splitlines() if l.startswith("{")), None)
+  assert p.returncode == 0 and line, (p.stdout[-2000:], log[-4000:])
+  res = json.loads(line)
+  assert res["match"] and res["max_rel_err"] < 1e-5, res  # against the same model trained in one process
