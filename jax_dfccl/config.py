@@ -178,6 +178,14 @@ class Config:
   fault_start_delay_us: float = 0.0
   fault_compute_delay_us: float = 0.0
 
+  #: GPU: how long (µs) the submit kernel of a blocking collective on the LL
+  #: pool (small messages) runs it itself once its instance is matched — the
+  #: peers' side being their own submit kernels or daemons — before it leaves
+  #: the rest to the daemon (which resumes the lanes where they stopped).
+  #: Saves the daemon's ingest, scheduling and completion handoffs on the
+  #: latency path; 0: the daemon runs every collective.  Read at each call.
+  submit_inline_us: float = 20.0
+
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
 

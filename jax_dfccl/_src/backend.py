@@ -132,6 +132,7 @@ STATS_EXTRAS = {
     },
     "cuda": {
         "daemon_tasks_done": "tasks the daemon kernels finished (the copy-engine path excluded)",
+        "inline_done": "tasks their submit kernels finished themselves (config.submit_inline_us)",
         "steps": "lane steps the daemons ran",
         "aborted": "tasks the daemons dropped after the watchdog aborted them",
         "launches": "daemon kernel launches",

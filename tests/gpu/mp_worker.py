@@ -119,7 +119,8 @@ if case == "parity":
 elif case == "bench":
   # Per-op time of dependent psum chains (100 ops, unrolled and in a fori_loop), 4 KiB .. 16 MiB per rank.
   out["sizes"] = {}
-  for nbytes in (4096, 65536, 1 << 20, 16 << 20):
+  sizes = (sys.argv[sys.argv.index("--sizes") + 1] if "--sizes" in sys.argv else "4096,65536,1048576,16777216")
+  for nbytes in map(int, sizes.split(",")):
     elems = nbytes // 4
     full, x = inputs(3)
 

@@ -16,6 +16,10 @@ cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 // kernel (the ready signal; the blocking form also waits) and the done wait.
 cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream);
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream);
+// The blocking form's inline submit kernel (daemon_kernel.cu; LaunchSubmit picks
+// it when p.inline_ns > 0): one block that runs the matched task itself for a while.
+cudaError_t LaunchInlineSubmit(const SubmitParams& p, cudaStream_t stream);
+cudaError_t PreloadInlineSubmit();
 
 // Enqueues on `stream` a one-thread kernel that returns once (int32_t)(*addr - value) >= 0
 // (the copy-engine path's done wait on its host-memory word).

@@ -19,6 +19,7 @@
 #include "device/collectives/reduce_scatter.cuh"
 #include "device/daemon.h"
 #include "device/match.cuh"
+#include "device/submit.cuh"
 #include "dfccl/dtype.h"
 
 namespace dfccl::gpu {
@@ -55,19 +56,21 @@ __device__ int Step(const TaskDesc& d, LaneState& s, int lane, const DaemonParam
 }
 
 struct Recorder {  // per-block trace ring and counters in device memory; this block is the only writer
-  BlockStats* row;
-  TraceRec* ring;
+  BlockStats* row = nullptr;  // none (an inline submit kernel): nothing recorded
+  TraceRec* ring = nullptr;
   DFCCL_DEV void Load(const DaemonParams& P) {
     row = &P.dev->stats[blockIdx.x];
     ring = P.dev->trace[blockIdx.x];
   }
   DFCCL_DEV void Trace(const DaemonParams& P, const TaskDesc& d, uint16_t ev, uint16_t lane) {
-    if (!P.trace) return;
+    if (!P.trace || !row) return;
     const uint64_t h = row->trace_head;
     ring[h % kTracePerBlock] = TraceRec{GlobalTimer(), d.key_hash, d.ticket, static_cast<uint32_t>(d.seq), ev, lane};
     row->trace_head = h + 1;
   }
-  DFCCL_DEV void Bump(uint64_t BlockStats::*field) { row->*field += 1; }
+  DFCCL_DEV void Bump(uint64_t BlockStats::*field) {
+    if (row) row->*field += 1;
+  }
 };
 
 // The bucket-lock budget of the daemon's matching (a holder never waits inside).
@@ -321,7 +324,75 @@ __global__ void __launch_bounds__(kThreads, 1) DaemonKernel(DaemonParams P) {
   else WorkerLoop(P);
 }
 
+// The blocking form's submit kernel for pool-0 tasks (device/task.h, "inline"):
+// once its arrival got a slot, this block steps the task's lanes itself for up
+// to p.inline_ns — the peers' side is their submit kernels or daemons — then
+// publishes the task and completes it, or leaves the unfinished lanes' state to
+// the daemon.  Bounded, so it never holds up a task another rank waits for for long.
+__global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p) {
+  __shared__ TaskDesc sd;
+  __shared__ LaneState ss[kMaxLanes];
+  __shared__ int go, ndone, more;
+  __shared__ uint64_t deadline;
+  const int tid = threadIdx.x;
+  DaemonParams P{};
+  P.dev = p.dev;
+  P.host = p.host;
+  P.spin_ns = p.spin_ns;
+  P.sticky_max = p.sticky_max;
+  for (int l = tid; l < kMaxLanes; l += kThreads) ss[l] = LaneState{};
+  if (tid == 0) {
+    go = SubmitBegin(p, sd) == kMatchSlotted && sd.lanes <= kMaxLanes && sd.pool == 0;
+    ndone = 0;
+    deadline = GlobalTimer() + static_cast<uint64_t>(p.inline_ns);
+  }
+  __syncthreads();
+  if (go) {
+    while (true) {
+      for (int l = 0; l < sd.lanes; ++l) {
+        if (ss[l].finished) continue;  // block-uniform: written by thread 0 between barriers
+        const int r = Step(sd, ss[l], l, P);
+        if (tid == 0 && (r & kDone)) {
+          ss[l].finished = 1;
+          ndone++;
+        }
+        __syncthreads();
+      }
+      if (tid == 0) more = ndone < sd.lanes && GlobalTimer() < deadline;
+      __syncthreads();
+      if (!more) break;
+    }
+  }
+  if (tid != 0) return;
+  const uint32_t e = sd.ticket % kTaskRing;
+  if (go) {
+    for (int l = 0; l < sd.lanes; ++l) {
+      StVolVec(&p.dev->lane[e][l], reinterpret_cast<const uint4*>(&ss[l])[0]);
+      StVolVec(reinterpret_cast<uint4*>(&p.dev->lane[e][l]) + 1, reinterpret_cast<const uint4*>(&ss[l])[1]);
+    }
+    StVol(&p.dev->run[e].lanes_done, ndone);
+  }
+  SubmitPublish(p, sd);  // before the completion: the ring entry cannot be reused meanwhile
+  if (go && ndone == sd.lanes) {
+    Recorder none;
+    __threadfence();
+    CompleteTask(P, sd, e, false, none);
+    atomicAdd(&p.dev->inline_done, 1ull);
+  }
+  if (p.wait) WaitDone(p.dev, sd.ticket, p.trap, p.trace, p.timeout_ns);
+}
+
 }  // namespace
+
+cudaError_t LaunchInlineSubmit(const SubmitParams& p, cudaStream_t stream) {
+  InlineSubmitKernel<<<1, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t PreloadInlineSubmit() {
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, InlineSubmitKernel);
+}
 
 cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream) {
   DaemonKernel<<<params.workers + 1, kThreads, 0, stream>>>(params);

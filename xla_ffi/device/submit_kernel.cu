@@ -1,105 +1,21 @@
 // The kernels a collective puts on XLA's stream (protocol: device/task.h,
 // "submit" and "done"): a one-thread submit kernel, which is the task's ready
-// signal, and a one-thread done wait.  Their parameters are all a call needs,
-// so XLA can capture them into a command buffer and replay them without
-// calling the handlers.  Every wait is bounded (timeout_ns); past it the kernel
+// signal, and a one-thread done wait (the inline submit kernel of small blocking
+// collectives is in device/daemon_kernel.cu, beside the lane functions).  Their
+// parameters are all a call needs, so XLA can capture them into a command buffer
+// and replay them without calling the handlers.  Every wait is bounded (timeout_ns); past it the kernel
 // traps: a wait that long means the daemon is gone, and a hang is the alternative.
 #include "device/daemon.h"
-#include "device/match.cuh"
-#include "device/primitives.cuh"
+#include "device/submit.cuh"
 
 namespace dfccl::gpu {
 namespace {
 
-constexpr int64_t kSubmitLockBudgetNs = 20000;  // a busy bucket: leave the arrival to the control warp
-
-// Waits until done[e] reaches gen; then a failed task traps when asked to
-// (no handler runs inside a command buffer to report it).
-DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace, int64_t timeout_ns) {
-  const uint32_t e = ticket % kTaskRing, g = Gen(ticket);
-  TraceRec proto{0, 0, ticket, 0, 0, 0};
-  if (trace) {
-    proto.key_hash = LdVol(&dev->desc[e].key_hash);
-    proto.seq = static_cast<uint32_t>(LdVol(&dev->desc[e].seq));
-    proto.t_ns = GlobalTimer();
-    proto.event = kEvStreamWait;
-    dev->stream_trace[e][0] = proto;
-  }
-  const uint64_t t0 = GlobalTimer();
-  for (int i = 0; static_cast<int32_t>(LdAcquireSys(&dev->done[e]) - g) < 0; ++i) {
-    if (i > 64) __nanosleep(i > 4096 ? 256 : 32);
-    if ((i & 1023) == 1023 && GlobalTimer() - t0 > static_cast<uint64_t>(timeout_ns)) {
-      printf("dfccl: done wait of ticket %llu gave up after %lld ns (daemon gone?)\n",
-             static_cast<unsigned long long>(ticket), static_cast<long long>(timeout_ns));
-      __trap();
-    }
-  }
-  if (trace) {
-    proto.t_ns = GlobalTimer();
-    proto.event = kEvStreamWoke;
-    dev->stream_trace[e][1] = proto;
-  }
-  if (trap && LdVol(&dev->status[e]) != kStatusOk) {
-    printf("dfccl: collective (key hash %llx, sequence %llu) failed with status %u; the error names it on the host\n",
-           static_cast<unsigned long long>(LdVol(&dev->desc[e].key_hash)),
-           static_cast<unsigned long long>(LdVol(&dev->desc[e].seq)), LdVol(&dev->status[e]));
-    __trap();
-  }
-}
-
 __global__ void SubmitKernel(SubmitParams p) {
-  DeviceShared* dev = p.dev;
-  const TaskDesc& site = dev->site[p.site];
-  const uint64_t seq = atomicAdd(&dev->seq_ctr[site.key_ctr], 1ull);
-  const uint64_t t = atomicAdd(&dev->next_ticket, 1ull);
-  const uint32_t e = t % kTaskRing, g = Gen(t);
-  // The entry's previous ticket (t - kTaskRing) must be complete.
-  const uint64_t t0 = GlobalTimer();
-  for (int i = 0; t >= kTaskRing && static_cast<int32_t>(LdAcquireSys(&dev->done[e]) - (g - 1)) < 0; ++i) {
-    __nanosleep(256);
-    if ((i & 255) == 255 && GlobalTimer() - t0 > static_cast<uint64_t>(p.timeout_ns)) {
-      printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n", kTaskRing,
-             static_cast<long long>(p.timeout_ns));
-      __trap();
-    }
-  }
-  TaskDesc d = site;
-  d.ticket = t;
-  d.seq = seq;
-  d.in = p.in;
-  d.out = p.out;
-  d.slot = -1;
-  d.epoch = 0;
-  d.match = -1;
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.in) % 16 == 0) && (reinterpret_cast<uintptr_t>(p.out) % 16 == 0);
-  d.vec = d.vec && aligned;
-  d.invalid = d.pool == 0 && !aligned ? PackStatus(kStatusUnaligned, d.rank, d.rank) : 0u;  // the LL path needs 16-byte lines
-  // Arrive at the instance now (the common case: a slot is free), so the daemon
-  // can run the task as soon as it ingests it; a task left without a slot (or
-  // whose bucket lock was busy) is brought on by the control warp.
-  uint32_t why = 0;
-  const int r = d.invalid ? kMatchRetry : Arrive(d, &d, 0u, &why, kSubmitLockBudgetNs);
-  TaskRun run{0, 0, r == kMatchSlotted ? 2 : r == kMatchArrived ? 1 : 0, 0, 0, 0};
-  if (r == kMatchFailed) { run.aborted = 1; run.status = why; }
-  if (r == kMatchSlotted) run.t_check = GlobalTimer();
-  // The entry's run and lane state (its previous ticket is complete).
-  for (int l = 0; l < d.lanes && l < kMaxLanes; ++l) {
-    StVolVec(&dev->lane[e][l], make_uint4(0, 0, 0, 0));
-    StVolVec(reinterpret_cast<uint4*>(&dev->lane[e][l]) + 1, make_uint4(0, 0, 0, 0));
-  }
-  StVolVec(&dev->run[e], *reinterpret_cast<const uint4*>(&run));
-  StVolVec(reinterpret_cast<uint4*>(&dev->run[e]) + 1, *(reinterpret_cast<const uint4*>(&run) + 1));
-  const uint4* src = reinterpret_cast<const uint4*>(&d);
-  uint4* dst = reinterpret_cast<uint4*>(&dev->desc[e]);
-#pragma unroll
-  for (int i = 0; i < kDescWords; ++i) StVolVec(dst + i, src[i]);
-  StReleaseGpu(&dev->pub[e], g);  // release: the descriptor is complete when pub is seen
-  // The host's record, one 16-byte store (the proxy reads gen, then the rest):
-  // it relaunches a daemon that quit and runs the watchdog.
-  SubRec rec{seq, p.site, g};
-  StVolVec(&p.host->sub[e], *reinterpret_cast<const uint4*>(&rec));
-  if (p.ticket_out) *p.ticket_out = static_cast<int64_t>(t);
-  if (p.wait) WaitDone(dev, t, p.trap, p.trace, p.timeout_ns);
+  TaskDesc d;
+  SubmitBegin(p, d);
+  SubmitPublish(p, d);
+  if (p.wait) WaitDone(p.dev, d.ticket, p.trap, p.trace, p.timeout_ns);
 }
 
 __global__ void DoneKernel(DoneParams p) {
@@ -112,10 +28,12 @@ cudaError_t PreloadSubmitKernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, SubmitKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, DoneKernel);
+  if (e == cudaSuccess) e = PreloadInlineSubmit();
   return e;
 }
 
 cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream) {
+  if (p.inline_ns > 0 && p.wait) return LaunchInlineSubmit(p, stream);
   SubmitKernel<<<1, 1, 0, stream>>>(p);
   return cudaGetLastError();
 }

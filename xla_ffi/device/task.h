@@ -22,6 +22,15 @@
 //               Before publishing, the submit kernel resets the entry's run and
 //               lane state and tries the match itself (below), so a task whose
 //               instance had a free slot is runnable when it is ingested.
+//  inline       the blocking form of a pool-0 (LL) task, SubmitParams::inline_ns
+//               > 0: the submit kernel is one block of kThreads threads; once its
+//               arrival got a slot it steps the task's lanes itself (the same lane
+//               functions as the daemon; the peers' side is their submit kernels
+//               or daemons) for at most inline_ns, writes the lane states and
+//               run.lanes_done, publishes the task, and completes it if every lane
+//               finished; else the daemon resumes the lanes from their state.
+//               Publishing before completing keeps the ring entry from being
+//               reused while it is written (its ticket is not done yet).
 //  ingest       the control warp advances DeviceShared::submitted over published
 //               entries in ticket order.
 //  match        the submit kernel (first try) and the control warp's lane 0
@@ -284,6 +293,7 @@ struct DeviceShared {
   BlockStats stats[kMaxBlocks];
   TraceRec trace[kMaxBlocks][kTracePerBlock];
   TraceRec stream_trace[kTaskRing][2];  // per ring entry: kEvStreamWait, kEvStreamWoke (written by the done wait)
+  unsigned long long inline_done;       // tasks their submit kernels completed themselves (atomicAdd)
 };
 
 // Kernel parameters of a submit kernel (and of the blocking form's, which also waits).
@@ -298,6 +308,9 @@ struct SubmitParams {
   int32_t trap;          // a failed task traps the stream (inside a command buffer no handler reports it)
   int32_t trace;
   int64_t timeout_ns;    // bound of every wait (a dead daemon or a full ring)
+  int64_t inline_ns;     // > 0 (blocking form, pool 0): the submit kernel runs the matched task itself this long
+  int64_t spin_ns;       // the lanes' spin budget then (DaemonParams::spin_ns)
+  int32_t sticky_max, pad;
 };
 
 // Kernel parameters of a done wait (daemon ring).

@@ -48,7 +48,8 @@ namespace dfccl::gpu {
   X(int, large_depth)                        \
   X(int64_t, large_chunk)                    \
   X(int, large_max_blocks)                   \
-  X(int64_t, large_threshold)
+  X(int64_t, large_threshold)                \
+  X(double, submit_inline_us)
 
 inline constexpr int kMaxDaemonBlocks = 64;  // control block included (kMaxBlocks in device/task.h)
 
@@ -73,6 +74,7 @@ struct Config {
   }
   int64_t idle_ns() const { return static_cast<int64_t>(idle_quit_us * 1e3); }
   int64_t stall_ns() const { return static_cast<int64_t>(stall_quit_us * 1e3); }
+  int64_t inline_ns() const { return static_cast<int64_t>(submit_inline_us * 1e3); }
 
   // The range of each entry; empty if `v` is valid for `name`.
   static std::string Invalid(const std::string& name, double v) {
@@ -93,6 +95,7 @@ struct Config {
     if (name == "copy_engine_min_bytes" || name == "copy_engine_reduce_min_bytes")
       return v >= -1 && integral ? "" : ">= -1";
     if (name == "large_threshold") return v >= 0 && integral ? "" : ">= 0";
+    if (name == "submit_inline_us") return v >= 0 ? "" : ">= 0";
     return "";  // bools
   }
 

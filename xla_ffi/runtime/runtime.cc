@@ -172,6 +172,7 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   site->msg_bytes = msg_bytes;
   site->large = msg_bytes >= cfg_.large_threshold;
   TaskDesc t = SiteDesc(spec, c, msg_bytes, kc->second);
+  site->ll = t.pool == 0;
   t.site = site->index;
   t.sig_hash = HashString(sig);
   {
@@ -229,6 +230,11 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
   p.trap = f.trap;
   p.trace = f.trace;
   p.timeout_ns = f.timeout_ns;
+  if (blocking && site.ll) {  // the submit kernel may run it itself (device/task.h, "inline")
+    p.inline_ns = inline_ns_.load(std::memory_order_relaxed);
+    p.spin_ns = spin_ns_.load(std::memory_order_relaxed);
+    p.sticky_max = sticky_max_.load(std::memory_order_relaxed);
+  }
   Timed(d, "submit", [&] { return LaunchSubmit(p, stream); });
   // The proxy relaunches a daemon that quit once it sees the record; a call
   // outside a command buffer does it at once (and grows the grid for a large one).
@@ -314,7 +320,12 @@ void Runtime::Configure(const std::map<std::string, double>& kv) {
   cfg_.Apply(kv);
   timeout_s_ = cfg_.timeout_s;
   trace_ = cfg_.trace;
-  if (cfg_.configured) large_workers_ = cfg_.large_workers();
+  if (cfg_.configured) {
+    large_workers_ = cfg_.large_workers();
+    inline_ns_ = cfg_.inline_ns();
+    spin_ns_ = cfg_.spin_ns();
+    sticky_max_ = cfg_.sticky_max();
+  }
   ce_.Configure(CeSettings{cfg_.copy_engine_chunk_bytes, cfg_.copy_engine_blocks, cfg_.copy_engine_push});
 }
 
@@ -322,7 +333,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   std::lock_guard lk(mu_);
   std::map<std::string, double> s;
   double started = 0, completed = 0, failed = 0, preempts = 0, resumes = 0, steps = 0, aborted = 0, launches = 0;
-  double relaunches = 0, daemon_done = 0, trace_records = 0;
+  double relaunches = 0, daemon_done = 0, trace_records = 0, inline_done = 0;
   double dev_bytes = 0, host_bytes = 0, running = 0, live = 0, slots_used = 0, waiting = 0;
   std::set<std::tuple<Comm*, uint64_t, uint64_t>> pending_instances;
   // After a kernel trapped (a failure inside a command buffer) the CUDA context is
@@ -351,6 +362,9 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     }
     completed += d->completed;
     failed += d->failed;
+    unsigned long long inl = 0;
+    read(*d, &inl, &d->dev->inline_done, sizeof(inl));
+    inline_done += static_cast<double>(inl);
     std::vector<BlockStats> rows(kMaxBlocks);
     read(*d, rows.data(), d->dev->stats, sizeof(BlockStats) * kMaxBlocks);
     for (int b = 0; b < kMaxBlocks; ++b) {
@@ -393,6 +407,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["instances_live"] = live;
   s["trace_records"] = trace_records;
   s["daemon_tasks_done"] = daemon_done;
+  s["inline_done"] = inline_done;
   s["steps"] = steps;
   s["aborted"] = aborted;
   s["launches"] = launches;

@@ -91,6 +91,7 @@ struct Site {
   int rank = 0;
   int64_t msg_bytes = 0;
   bool large = false;
+  bool ll = false;  // pool 0 (the LL protocol): the blocking form may run inline (config.submit_inline_us)
 };
 
 struct TaskInfo {
@@ -255,6 +256,8 @@ class Runtime {
   std::atomic<double> timeout_s_{0.0};                 // cfg_.timeout_s (set by Configure), readable without mu_
   std::atomic<bool> trace_{false};                     // cfg_.trace, readable without mu_
   std::atomic<int> large_workers_{0};                  // cfg_.large_workers(), readable without mu_
+  std::atomic<int64_t> inline_ns_{0}, spin_ns_{0};     // cfg_.inline_ns(), cfg_.spin_ns(), readable without mu_
+  std::atomic<int> sticky_max_{0};                     // cfg_.sticky_max(), readable without mu_
   std::array<std::atomic<Device*>, 64> by_ordinal_{};  // devices_ for the lock-free done path
   std::atomic<const char*> busy_in_{"nothing known"};  // a CUDA call made under mu_ that may block
   alignas(64) HostTimes times_;  // its own cache lines, not the lock's
