@@ -36,6 +36,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 import jax_dfccl as d  # noqa: E402
 
 d.initialize()
+if "--inline-us" in sys.argv:
+  d.configure(submit_inline_us=float(sys.argv[sys.argv.index("--inline-us") + 1]))
 case = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else "parity"
 elems = int(sys.argv[sys.argv.index("--elems") + 1]) if "--elems" in sys.argv else 1024
 devs = jax.devices()

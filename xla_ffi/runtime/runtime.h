@@ -91,7 +91,7 @@ struct Site {
   int rank = 0;
   int64_t msg_bytes = 0;
   bool large = false;
-  bool ll = false;  // pool 0 (the LL protocol): the blocking form may run inline (config.submit_inline_us)
+  bool ll = false;  // one lane of pool 0 (LL): the blocking form may run inline (config.submit_inline_us)
 };
 
 struct TaskInfo {
