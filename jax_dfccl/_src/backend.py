@@ -39,7 +39,8 @@ def load() -> dict:
         cuda = importlib.import_module("jax_dfccl._dfccl_cuda")
       except ImportError as e:
         raise ImportError("jax_dfccl: JAX sees GPUs but the CUDA backend (_dfccl_cuda) is not "
-                          "built; reinstall jax_dfccl on a machine with nvcc") from e
+                          "built: reinstall jax_dfccl on a machine with nvcc and an NVIDIA driver, or "
+                          "build it anywhere with nvcc: pip install . -Ccmake.define.DFCCL_ENABLE_CUDA=ON") from e
       if cuda.op_table() != cpu.op_table():
         raise ImportError("jax_dfccl: the CPU and CUDA extension modules were built from different "
                           "op tables; rebuild jax_dfccl")
