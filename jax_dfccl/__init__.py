@@ -20,7 +20,7 @@ from jax_dfccl._src.overlap import all_gather_matmul, matmul_reduce_scatter, mat
 from jax_dfccl._src.patch import patch_lax
 from jax_dfccl._src.distributed import initialize
 from jax_dfccl._src.p2p import send, recv, send_start, recv_start
-from jax_dfccl._src.core import DefaultKeyInBranchWarning
+from jax_dfccl._src.keys import DefaultKeyInBranchWarning
 from jax_dfccl.trace import export_trace
 __version__ = "0.1.0"
 

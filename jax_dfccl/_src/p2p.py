@@ -31,6 +31,7 @@ from jax._src.interpreters import batching
 from jax._src.interpreters import mlir
 
 from jax_dfccl._src import core as c
+from jax_dfccl._src import keys
 from jax_dfccl._src import plan as pl
 
 p2p_p = core.Primitive("dfccl_p2p")
@@ -55,7 +56,7 @@ p2p_start_p.def_impl(c._no_impl)
 def _derive(params, tag):
   p = dict(params)
   p["key"] = f"{params['key']}/{tag}"
-  p["key_hash"] = c._hash64(f"{params['key_hash']}/{tag}")
+  p["key_hash"] = keys.hash64(f"{params['key_hash']}/{tag}")
   return p
 
 
@@ -183,7 +184,7 @@ def _plan(api, x, peer, arg, key):
     pl.check_dtype(leaf, api, movement=True)
     leaf = _varying(jnp.asarray(leaf))
     k = key + (f"[{i}]" if len(leaves) > 1 else "")
-    params = dict(op="ppermute", peers=peers, role=role, perm=((0, 1),), key=k, key_hash=c._hash64("p2p:" + k), api=api, arg=arg)
+    params = dict(op="ppermute", peers=peers, role=role, perm=((0, 1),), key=k, key_hash=keys.hash64("p2p:" + k), api=api, arg=arg)
     out.append(pl.make_leaf(leaf, params))
   return out, treedef
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import keys
 
 # Beyond the runtimes' dtypes: the data-movement ops (all_gather, all_to_all,
 # ppermute) carry any other dtype as its bytes in int32 words, and reductions of
@@ -131,7 +132,7 @@ def bucket(leaves: Sequence[Leaf], treedef):
     rows = [p.x.reshape(p.x.shape[:lead_in] + (-1,)) for p in parts]
     offs = np.cumsum([0] + [r.shape[-1] for r in rows])
     params = dict(parts[0].params, key=f"{parts[0].params['key']}+{len(parts) - 1}",
-                  key_hash=c._hash64("bucket:" + ",".join(str(p.params["key_hash"]) for p in parts)))
+                  key_hash=keys.hash64("bucket:" + ",".join(str(p.params["key_hash"]) for p in parts)))
 
     def post(y, parts=parts, offs=offs):  # y: the output's leading dims, then the concatenated rows
       return tuple(p.post(y[..., offs[j]:offs[j + 1]].reshape(y.shape[:-1] + p.x.shape[lead_in:]))
@@ -272,6 +273,6 @@ def leaves_of(x, opname, axis_name, key, api_name, axis_index_groups=None, movem
     check_dtype(leaf, api_name, movement)
     leaf = c.make_varying(jnp.asarray(leaf), axes)
     extra = (f"[{i}]" if len(xs) > 1 else "") + (f"|groups{groups}" if groups else "")
-    k, h = c.make_key(opname, key, jax.typeof(leaf), axes, extra)
+    k, h = keys.make_key(opname, key, jax.typeof(leaf), axes, extra)
     out.append((leaf, k, h))
   return dict(axes=axes, groups=groups), n, out, treedef

@@ -7,6 +7,7 @@ import numpy as np
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import keys
 from jax_dfccl._src import plan as pl
 
 
@@ -41,12 +42,12 @@ def _jvp(x, t, params):
   if type(t) is c.ad.Zero:
     return y, c.ad.Zero(c.core.get_aval(y).to_tangent_aval())
   if params["reduce"] == "sum":
-    return y, c.collective_p.bind(t, **c.derive(params, "jvp"))
+    return y, c.collective_p.bind(t, **keys.derive(params, "jvp"))
   # pmax/pmin: the tangent of the winning ranks, averaged over ties.
   win = (x == y)
   num = c.collective_p.bind(jnp.where(win, t, jnp.zeros_like(t)),
-                            **{**c.derive(params, "jvp"), "reduce": "sum"})
-  cnt = c.collective_p.bind(win.astype(t.dtype), **{**c.derive(params, "jvpn"), "reduce": "sum"})
+                            **{**keys.derive(params, "jvp"), "reduce": "sum"})
+  cnt = c.collective_p.bind(win.astype(t.dtype), **{**keys.derive(params, "jvpn"), "reduce": "sum"})
   return y, num / cnt
 
 

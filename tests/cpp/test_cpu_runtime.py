@@ -324,7 +324,7 @@ def _build_and_run_sanitized(tmp_path, sanitizer, sources):
 def test_runtime_stress_sanitized(tmp_path, sanitizer):
   """tests/cpp/runtime_stress.cc: random orders, inputs freed right after done(), under TSan/ASan."""
   _build_and_run_sanitized(tmp_path, sanitizer, [
-      "tests/cpp/runtime_stress.cc", "xla_ffi/cpu/runtime.cc", "xla_ffi/cpu/daemon.cc",
+      "tests/cpp/runtime_stress.cc", "xla_ffi/cpu/runtime.cc", "xla_ffi/cpu/inspect.cc", "xla_ffi/cpu/daemon.cc",
       "xla_ffi/cpu/multiprocess.cc", "xla_ffi/cpu/shm.cc"])
 
 
