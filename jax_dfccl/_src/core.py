@@ -448,7 +448,7 @@ def _copy_engine_path(ctx, op, nranks) -> bool:
     return False
   from jax_dfccl._src import backend
   cuda = backend.runtimes().get("cuda")
-  if cuda is None or not hasattr(cuda, "uses_copy_engine"):
+  if cuda is None:
     return False
   nbytes = lambda a: int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize  # noqa: E731
   return bool(cuda.uses_copy_engine(int(_tables()['KIND'][OPS[op].kind]), int(nranks),

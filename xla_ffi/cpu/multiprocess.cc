@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "cpu/daemon.h"
+#include "dfccl/host.h"
 #include "cpu/collectives.h"
 #include "cpu/shm.h"
 #include "dfccl/check.h"
@@ -43,12 +44,6 @@ struct World {
 World& W() {
   static World* w = new World;  // leaked: daemon threads may use it during exit
   return *w;
-}
-
-uint64_t Fnv(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
 }
 
 // Caller holds W().mu.
@@ -206,7 +201,7 @@ bool ShmStart(Task& t, ErrorCode* kind, std::string* error) {
   }
   if (bytes > 0) std::memcpy(w.arenas[w.me] + off, t.in, s.in_bytes());
   shm::Table::Post p;
-  p.group_hash = Fnv(s.GroupName());
+  p.group_hash = HashString(s.GroupName());
   p.key_hash = s.key_hash;
   p.seq = t.seq;
   p.n = s.nranks;

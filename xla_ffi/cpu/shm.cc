@@ -20,23 +20,6 @@
 
 namespace dfccl::shm {
 
-bool ProcessAlive(int32_t pid) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  FILE* f = std::fopen(path, "r");
-  if (!f) return false;
-  char buf[512];
-  const size_t got = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  buf[got] = 0;
-  const char* close = nullptr;  // "pid (comm) S ...": the state follows the last ')'
-  for (const char* c = buf; *c; ++c)
-    if (*c == ')') close = c;
-  return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
-}
-
 // ---- lock ------------------------------------------------------------------------
 void Acquire(Lock& l) {
   static const int32_t me = static_cast<int32_t>(getpid());

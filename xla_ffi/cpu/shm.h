@@ -43,6 +43,8 @@
 #include <string>
 #include <vector>
 
+#include "dfccl/host.h"
+
 namespace dfccl::shm {
 
 constexpr int kMaxRanks = 32;
@@ -52,8 +54,7 @@ constexpr int kSigLen = 64;
 constexpr int kErrLen = 640;
 constexpr uint64_t kMagic = 0x6466636361766d31ull;  // "dfccavm1"
 
-// Liveness of a pid on this host (zombies count as dead).
-bool ProcessAlive(int32_t pid);
+using dfccl::ProcessAlive;  // dfccl/host.h
 
 struct Lock {
   std::atomic<int32_t> owner{0};  // pid of the holder, 0 when free

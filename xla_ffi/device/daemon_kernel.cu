@@ -75,8 +75,10 @@ struct Recorder {  // per-block trace ring and counters in device memory; this b
 
 // The bucket-lock budget of the daemon's matching (a holder never waits inside).
 constexpr int64_t kLockBudgetNs = 2000000;
-// How often the control warp reads the host's words (aborts, resize).
+// How often the control warp reads the host's words (aborts, resize), and looks
+// at a slotted task's entry for a failure another rank decided.
 constexpr uint64_t kHostPollNs = 10000;
+constexpr uint64_t kFailCheckNs = 20000;
 
 __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t e, bool aborted, Recorder& rec) {
   const uint32_t g = Gen(d.ticket);
@@ -231,7 +233,7 @@ __device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, b
       r = kMatchFailed;
     } else if (phase == 1) {
       r = ClaimSlot(d, dd, &why, kLockBudgetNs / 4);
-    } else if (now - LdVol(&run->t_check) > 20000) {  // slotted: look at the failure state now and then
+    } else if (now - LdVol(&run->t_check) > kFailCheckNs) {  // slotted: look at the failure state now and then
       StVol(&run->t_check, now);
       why = CheckFailed(d);
       if (why) r = kMatchFailed;

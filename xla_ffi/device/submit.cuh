@@ -12,6 +12,17 @@ namespace dfccl::gpu {
 
 inline constexpr int64_t kSubmitLockBudgetNs = 20000;  // a busy bucket: leave the arrival to the control warp
 
+// Polls the ring entry's done word until it reaches generation g (ld.acquire.sys,
+// sleeps that grow); false once timeout_ns have passed without it.
+DFCCL_DEV bool AwaitDoneWord(const DeviceShared* dev, uint32_t e, uint32_t g, int64_t timeout_ns) {
+  const uint64_t t0 = GlobalTimer();
+  for (int i = 0; static_cast<int32_t>(LdAcquireSys(&dev->done[e]) - g) < 0; ++i) {
+    if (i > 64) __nanosleep(i > 4096 ? 256 : 32);
+    if ((i & 1023) == 1023 && GlobalTimer() - t0 > static_cast<uint64_t>(timeout_ns)) return false;
+  }
+  return true;
+}
+
 // Waits until done[e] reaches gen; then a failed task traps when asked to
 // (no handler runs inside a command buffer to report it).
 DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace, int64_t timeout_ns) {
@@ -24,14 +35,10 @@ DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace,
     proto.event = kEvStreamWait;
     dev->stream_trace[e][0] = proto;
   }
-  const uint64_t t0 = GlobalTimer();
-  for (int i = 0; static_cast<int32_t>(LdAcquireSys(&dev->done[e]) - g) < 0; ++i) {
-    if (i > 64) __nanosleep(i > 4096 ? 256 : 32);
-    if ((i & 1023) == 1023 && GlobalTimer() - t0 > static_cast<uint64_t>(timeout_ns)) {
-      printf("dfccl: done wait of ticket %llu gave up after %lld ns (daemon gone?)\n",
-             static_cast<unsigned long long>(ticket), static_cast<long long>(timeout_ns));
-      __trap();
-    }
+  if (!AwaitDoneWord(dev, e, g, timeout_ns)) {
+    printf("dfccl: done wait of ticket %llu gave up after %lld ns (daemon gone?)\n",
+           static_cast<unsigned long long>(ticket), static_cast<long long>(timeout_ns));
+    __trap();
   }
   if (trace) {
     proto.t_ns = GlobalTimer();
@@ -57,14 +64,10 @@ DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
   const uint64_t t = atomicAdd(&dev->next_ticket, 1ull);
   const uint32_t e = t % kTaskRing, g = Gen(t);
   // The entry's previous ticket (t - kTaskRing) must be complete.
-  const uint64_t t0 = GlobalTimer();
-  for (int i = 0; t >= kTaskRing && static_cast<int32_t>(LdAcquireSys(&dev->done[e]) - (g - 1)) < 0; ++i) {
-    __nanosleep(256);
-    if ((i & 255) == 255 && GlobalTimer() - t0 > static_cast<uint64_t>(p.timeout_ns)) {
-      printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n", kTaskRing,
-             static_cast<long long>(p.timeout_ns));
-      __trap();
-    }
+  if (t >= kTaskRing && !AwaitDoneWord(dev, e, g - 1, p.timeout_ns)) {
+    printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n", kTaskRing,
+           static_cast<long long>(p.timeout_ns));
+    __trap();
   }
   d = site;
   d.ticket = t;

@@ -291,9 +291,9 @@ struct DeviceShared {
   // Counters and trace ring per block (the control block's row is `workers`);
   // device memory, copied out by the host on demand (no PCIe writes on the hot path).
   BlockStats stats[kMaxBlocks];
+  unsigned long long inline_done;       // tasks their submit kernels completed themselves (atomicAdd; read with stats)
   TraceRec trace[kMaxBlocks][kTracePerBlock];
   TraceRec stream_trace[kTaskRing][2];  // per ring entry: kEvStreamWait, kEvStreamWoke (written by the done wait)
-  unsigned long long inline_done;       // tasks their submit kernels completed themselves (atomicAdd)
 };
 
 // Kernel parameters of a submit kernel (and of the blocking form's, which also waits).

@@ -1,16 +1,13 @@
 // The proxy thread: the submit kernels' records, completions, failures the
 // device decided, the daemon's relaunch and grid changes, and the watchdog.
-#include <signal.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "device/daemon.h"
 #include "dfccl/check.h"
+#include "dfccl/host.h"
 #include "runtime/driver.h"
 #include "runtime/runtime.h"
 
@@ -182,17 +179,6 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
   }
 }
 
-// A process of this host (pid space) that has exited (a zombie counts as exited).
-static bool ProcessExited(int32_t pid) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
-}
-
 // Daemon-path instances pending on groups spanning processes: a peer process of this
 // host that exited fails them now (naming the rank), not only at the timeout.
 void Runtime::CheckPeersAlive(Device& d, Clock::time_point now) {
@@ -206,7 +192,7 @@ void Runtime::CheckPeersAlive(Device& d, Clock::time_point now) {
     auto [it, fresh] = dead.emplace(&c, -1);
     if (fresh)
       for (int r = 0; r < static_cast<int>(c.pids.size()) && it->second < 0; ++r)
-        if (ProcessExited(c.pids[r])) it->second = r;
+        if (c.pids[r] > 0 && !ProcessAlive(c.pids[r])) it->second = r;
     const int r = it->second;
     if (r < 0 || c.reported.count({ti.key_hash, ti.seq})) continue;
     std::ostringstream why;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "device/daemon.h"
 #include "dfccl/check.h"
+#include "dfccl/host.h"
 #include "runtime/driver.h"
 
 namespace dfccl::gpu {
@@ -121,12 +123,6 @@ class RelaxedCapture {
  private:
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
-
-uint64_t HashString(const std::string& s) {  // FNV-1a
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
 }  // namespace
 
 const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std::string& sig) {
@@ -364,11 +360,14 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     }
     completed += d->completed;
     failed += d->failed;
-    unsigned long long inl = 0;
-    read(*d, &inl, &d->dev->inline_done, sizeof(inl));
-    inline_done += static_cast<double>(inl);
-    std::vector<BlockStats> rows(kMaxBlocks);
-    read(*d, rows.data(), d->dev->stats, sizeof(BlockStats) * kMaxBlocks);
+    struct {  // DeviceShared::stats and inline_done, adjacent: one copy
+      BlockStats rows[kMaxBlocks];
+      unsigned long long inline_done;
+    } counters;
+    static_assert(offsetof(DeviceShared, inline_done) == offsetof(DeviceShared, stats) + sizeof(BlockStats) * kMaxBlocks);
+    read(*d, &counters, d->dev->stats, sizeof(counters));
+    const BlockStats* rows = counters.rows;
+    inline_done += static_cast<double>(counters.inline_done);
     for (int b = 0; b < kMaxBlocks; ++b) {
       const BlockStats& bs = rows[b];
       daemon_done += bs.tasks_done;

@@ -5,11 +5,11 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <sstream>
 
 #include "device/daemon.h"
 #include "dfccl/check.h"
+#include "dfccl/host.h"
 #include "dfccl/dtype.h"
 #include "runtime/driver.h"
 #include "runtime/runtime.h"
@@ -249,7 +249,7 @@ static uint64_t PidSpace() {
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
   const ssize_t n = readlink("/proc/self/ns/pid", ns.data(), ns.size());
   ns.resize(n > 0 ? n : 0);
-  return std::hash<std::string>{}(boot + "/" + ns);
+  return HashString(boot + "/" + ns);
 }
 
 // A blob: per slot a flag, per slot an IPC handle, then the exporter's pid and pid space.
