@@ -129,8 +129,10 @@ def _big(mesh8):
 def _soak(mesh8, instances, seed, nprogs=6, iters=10):
   """`nprogs` random programs (8 collectives x `iters` iterations each), compiled in the
   first pass, then run in pairs (two in flight) on fresh inputs until `instances`.  Memory
-  is the peak RSS over two passes through the programs (the live buffers differ per pair,
-  so one pass's peak varies by a few percent): passes 2-3 (after warm-up) against the last two."""
+  is the peak RSS of a pass through the programs (the live buffers differ per pair, so one
+  pass's peak varies by several percent): the largest of passes 2 to max(3, half the run)
+  (after warm-up) against the largest of the last two — a leak grows past the first half's
+  spread, noise does not."""
   rng = np.random.default_rng(seed)
   progs = []
   for p in range(nprogs):
@@ -153,13 +155,16 @@ def _soak(mesh8, instances, seed, nprogs=6, iters=10):
       done += _big(mesh8)
     rss.append(_rss_kib())
     if round_ == 3 * per_pass - 1:  # end of the third pass
-      warm = (max(rss[per_pass:]), _fds(), _os_threads())
+      warm = (None, _fds(), _os_threads())
     round_ += 1
   done += _big(mesh8)
   rss[-1] = max(rss[-1], _rss_kib())
   assert dc.stats()["cpu"]["instances_live"] == 0
-  end = (max(rss[-2 * per_pass:]), _fds(), _os_threads())
-  print(f"\nsoak: {done} instances; peak RSS over two passes after warm-up -> the last two: {warm[0]} -> {end[0]} KiB "
+  peaks = [max(rss[i:i + per_pass]) for i in range(0, len(rss), per_pass)]  # one per pass
+  warm = (max(peaks[1:max(3, len(peaks) // 2)]), *warm[1:])
+  end = (max(peaks[-2:]), _fds(), _os_threads())
+  print(f"\nsoak: {done} instances, {len(peaks)} passes; peak RSS after warm-up (passes 2-{max(3, len(peaks) // 2)}) "
+        f"-> the last two: {warm[0]} -> {end[0]} KiB "
         f"({100 * (end[0] - warm[0]) / warm[0]:+.1f}%), fds {warm[1]} -> {end[1]}, OS threads {warm[2]} -> {end[2]}")
   assert end[1] <= warm[1] and end[2] <= warm[2], (warm, end)
   return warm[0], end[0]
