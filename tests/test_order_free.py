@@ -187,3 +187,32 @@ def test_lowering_per_platform(mesh8, platform, want):
   f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
   txt = f.trace(jnp.ones((N, 16))).lower(lowering_platforms=(platform,)).as_text()
   assert re.findall(r"custom_call @(dfccl_\w+)", txt) == want
+
+
+@pytest.mark.parametrize("op", ["psum", "ppermute"])
+def test_handle_with_other_users_is_not_copied_in_flight(mesh8, op):
+  """A handle that also goes through an optimization barrier (a pipeline's way
+  of ordering its steps) still yields the transfer: XLA copies a buffer an
+  instruction updates in place when its value has another user, so done must
+  not update the start's result in place (the copy would read it before the
+  transfer landed).  One rank starts late so a copy taken early reads stale data."""
+  x = put(jnp.arange(8.0 * 4).reshape(8, 4) + 1, mesh8, P("x"))
+  perm = [(i, (i + 1) % N) for i in range(N)]
+
+  def body(v):
+    if op == "psum":
+      h, ref = dc.psum_start(v, "x", key="kept"), jax.lax.psum(v, "x")
+    else:
+      h, ref = dc.ppermute_start(v, "x", perm, key="kept"), jax.lax.ppermute(v, "x", perm)
+    h2, w = jax.lax.optimization_barrier((h, v * 3))  # the handle has two users
+    return dc.done(h2) - ref + 0 * jax.lax.optimization_barrier((h, w))[1]
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  import re
+  hlo = f.lower(x).compile().as_text()
+  copies = set(re.findall(r"%(\S+) = \S+ copy\(", hlo))
+  done_args = re.findall(r'custom-call\(%([^,)]+)[^\n]*custom_call_target="dfccl_done"', hlo)
+  assert done_args and not copies & set(done_args), (copies, done_args)
+  with dc.configured(fault_device=3, fault_start_delay_us=50e3):
+    for _ in range(3):
+      np.testing.assert_array_equal(np.asarray(f(x)), np.zeros((8, 4), np.float32))

@@ -502,11 +502,23 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
               device_ids=device_ids(mesh), perm=perm_arr)
 
 
-def _done_lowering(ctx, out, x_alias, ticket, *, key, site):
+def _done_lowering(ctx, out, x_alias, ticket, *, key, site, in_place=False):
+  """The done of a start: waits for the instance, then returns its result.
+
+  The runtime writes the start's output buffer until done, so no copy of that
+  buffer may be taken before done: XLA copies a buffer an instruction updates
+  in place when the value has another user (a handle passed through
+  `optimization_barrier`, returned, kept), and such a copy would read the
+  transfer before it landed while the original buffer, dead to XLA, could be
+  reused under the runtime's writes.  So done reads its operand and produces a
+  result of its own (the handlers copy after the wait); only the blocking
+  form's internal handle, whose one user is its done, is updated in place.
+  """
   if site in _TRIVIAL_SITES:  # its start had a group of one
     return [out]
   target = "dfccl_done_host" if site in _HOST_SITES else "dfccl_done"
-  rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 0}, has_side_effect=True)
+  rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 0} if in_place else None,
+                              has_side_effect=True)
   return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
 
 
@@ -519,7 +531,7 @@ def _collective_lowering(ctx, x, *init, **params):
   out, xa, t = _start_lowering(ctx.replace(avals_out=[out_aval, x_aval, t_aval]), x, *init,
                                site=site, **params)
   return _done_lowering(ctx.replace(avals_in=[out_aval, x_aval, t_aval], avals_out=[out_aval]),
-                        out, xa, t, key=params["key"], site=site)
+                        out, xa, t, key=params["key"], site=site, in_place=True)
 
 
 def _collective_lowering_cuda(ctx, x, *init, **params):

@@ -136,7 +136,7 @@ def _lowering(ctx, x, **params):
   (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
   out, xa, t = _start(ctx.replace(avals_out=[out_aval, x_aval, c._TICKET]), x, site=site, **params)
   return c._done_lowering(ctx.replace(avals_in=[out_aval, x_aval, c._TICKET], avals_out=[out_aval]),
-                          out, xa, t, key=params["key"], site=site)
+                          out, xa, t, key=params["key"], site=site, in_place=True)
 
 
 def _start_lowering(ctx, x, *, site, **params):

@@ -442,7 +442,7 @@ void AbortDevice(int64_t device, const std::string& failed_key) {
 
 // ---- done ----------------------------------------------------------------------
 void WaitCollectiveAsync(int64_t ticket, std::string_view key,
-                         std::function<void(const DoneStatus&)> callback) {
+                         std::function<void(const DoneStatus&)> callback, const void* out_seen) {
   Globals& g = G();
   std::shared_ptr<Task> t;
   {
@@ -463,8 +463,14 @@ void WaitCollectiveAsync(int64_t ticket, std::string_view key,
   // and the daemon has not claimed it: then this thread computes it.
   if (!t->done.load(std::memory_order_acquire) && !t->claimed.load(std::memory_order_acquire) && t->Ready())
     t->TryCompute();
-  auto finish = [t, callback = std::move(callback)] {
+  const bool moved = out_seen != nullptr && t->out != nullptr && out_seen != t->out;
+  auto finish = [t, moved, callback = std::move(callback)] {
     DoneStatus st{t->err_kind, t->error};
+    if (st.ok() && moved)
+      st = {ErrorCode::kInternal, "dfccl: collective '" + t->spec.key + "' (rank " +
+                                      std::to_string(t->spec.rank) + "): done was handed another buffer than "
+                                      "the one its start posted (the program copied the handle's result "
+                                      "while the transfer was in flight)"};
     if (st.code != ErrorCode::kOk) AbortDevice(t->spec.self_device, t->spec.key);
     callback(st);
   };

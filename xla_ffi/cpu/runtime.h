@@ -200,8 +200,11 @@ using DoneStatus = ::dfccl::Status;
 // completion thread, never on a daemon).  XLA's device thread is never blocked, so a
 // device whose executor reaches done(A) before start(B) still starts B.
 // After an error the device's other pending collectives are failed first.
+// `out_seen`, when given, is the result buffer done() was handed: it must be the
+// one the start posted (the runtime wrote it until now), else the wait reports a
+// broken invariant instead of a result XLA read before the transfer landed.
 void WaitCollectiveAsync(int64_t ticket, std::string_view key,
-                         std::function<void(const DoneStatus&)> callback);
+                         std::function<void(const DoneStatus&)> callback, const void* out_seen = nullptr);
 // The same, blocking (C++ tests).
 DoneStatus WaitCollective(int64_t ticket, std::string_view key);
 

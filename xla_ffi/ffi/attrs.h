@@ -10,7 +10,8 @@
 //   x_alias       aliases x: keeps the input alive until done consumes it
 //   ticket        s64[] identifies the started instance on this device (CPU; the
 //                 CUDA backend pairs start and done by a FIFO per (device, site))
-// dfccl_done(out, x_alias, ticket) -> out (aliased)
+// dfccl_done(out, x_alias, ticket) -> result
+//   (aliased to out only in the blocking form, whose handle has no other user)
 //   waits (host thread on CPU, stream on GPU) until the instance completed.
 // dfccl_collective(x, partition_id) -> out   (CUDA only)
 //   the blocking form: start and done in one call, dfccl_start's attributes.

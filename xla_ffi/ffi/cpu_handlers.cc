@@ -52,7 +52,8 @@ ffi::Error StartImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::AnyBuffer partiti
   });
 }
 
-// dfccl_done(out, x_alias, ticket) -> out (aliased).  Asynchronous: returns a
+// dfccl_done(out, x_alias, ticket) -> result (out itself when XLA aliased them,
+// as in the blocking form; else a copy taken after the wait).  Asynchronous: returns a
 // future that completes when every rank finished the instance (or it failed),
 // so XLA's device thread is never blocked and can still run this device's
 // other starts (a blocked thread could close a cycle with a peer device whose
@@ -74,7 +75,7 @@ ffi::Future DoneImpl(ffi::AnyBuffer out, ffi::AnyBuffer x_alias, ffi::AnyBuffer 
       if (!st.ok()) return promise.SetError(dfccl::FfiStatus(st));
       if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
       promise.SetAvailable();
-    });
+    }, bytes > 0 ? src : nullptr);
   });
   if (!error.success()) promise.SetError(std::move(error));
   return future;
@@ -98,5 +99,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCpuDone, DoneImpl,
                                   .Arg<ffi::AnyBuffer>()   // out
                                   .Arg<ffi::AnyBuffer>()   // x_alias
                                   .Arg<ffi::AnyBuffer>()   // ticket
-                                  .Ret<ffi::AnyBuffer>()   // out (aliased)
+                                  .Ret<ffi::AnyBuffer>()   // result (aliased to out in the blocking form)
                                   .Attrs<dfccl::DoneAttrs>());

@@ -137,7 +137,7 @@ ffi::Error CollectiveImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
   return Begin(stream, ordinal, x, init, *out, nullptr, attrs, true);
 }
 
-// Not aliased (XLA's choice): the result is copied after the wait.
+// The public done is not aliased (its handle may have other users: core.py): the result is copied after the wait.
 void CopyResult(cudaStream_t stream, const ffi::AnyBuffer& out_in, ffi::Result<ffi::AnyBuffer>& out) {
   if (out->untyped_data() != out_in.untyped_data())
     DFCCL_CHECK_CUDA(cudaMemcpyAsync(out->untyped_data(), out_in.untyped_data(), out_in.size_bytes(),
@@ -203,7 +203,7 @@ ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out
       .Arg<ffi::AnyBuffer>()           /* out (from start) */ \
       .Arg<ffi::AnyBuffer>()           /* x_alias */         \
       .Arg<ffi::AnyBuffer>()           /* ticket */          \
-      .Ret<ffi::AnyBuffer>()           /* out (aliased) */   \
+      .Ret<ffi::AnyBuffer>()           /* result */          \
       .Attrs<DoneAttrs>()
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl, DFCCL_START_BINDING, {ffi::Traits::kCmdBufferCompatible});
