@@ -179,3 +179,22 @@ def test_soak_ci(mesh8):
 def test_soak_full(mesh8):
   warm, end = _soak(mesh8, 10000, seed=1)
   assert end < warm * 1.05, (warm, end)
+
+
+def test_gpu_soak_worker_on_cpu(tmp_path):
+  """The GPU soak's worker (tests/gpu/soak_worker.py) on 4 CPU devices: its numpy
+  reference and its memory accounting, checked where CI runs."""
+  import json
+  import pathlib
+  import subprocess
+  import sys
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+  p = subprocess.run([sys.executable, str(root / "tests/gpu/soak_worker.py"), "--instances", "200"],
+                     capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+  line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+  assert line, (p.stdout[-2000:], p.stderr[-3000:])
+  r = json.loads(line[-1][7:])
+  assert p.returncode == 0 and r["ok"] and r["backend"] == "cpu" and r["ranks"] == 4, r
+  assert r["instances"] >= 200 and r["runtime_started"] >= 4 * r["instances"], r

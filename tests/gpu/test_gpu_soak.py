@@ -1,0 +1,42 @@
+"""The soak on GPUs (tests/gpu/soak_worker.py): random collectives in
+process-specific orders against numpy, memory flat — on one GPU (a group of one
+forced through the runtime) and on two processes sharing the GPU under MPS."""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from jax_dfccl.testing import gpus
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests/gpu/soak_worker.py"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(len(gpus()) < 1, reason="needs a GPU")]
+
+
+def _result(text):
+  lines = [l for l in text.splitlines() if l.startswith("RESULT ")]
+  assert lines, text[-3000:]
+  return json.loads(lines[-1][7:])
+
+
+def test_soak_one_gpu():
+  p = subprocess.run([sys.executable, str(WORKER), "--instances", "2000"], capture_output=True, text=True,
+                     timeout=400, cwd=ROOT)
+  r = _result(p.stdout)
+  assert p.returncode == 0 and r["ok"], r
+  assert r["runtime_started"] >= r["instances"] >= 2000  # every instance went through the runtime
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="needs CUDA MPS")
+def test_soak_two_processes(tmp_path):
+  cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", "2", "--timeout", "400", "--out", str(tmp_path), "--tail", "0",
+         "--", sys.executable, str(WORKER), "--instances", "2000"]
+  p = subprocess.run(cmd, capture_output=True, text=True, timeout=460, cwd=ROOT)
+  results = [_result((tmp_path / f"rank{r}.log").read_text()) for r in range(2)]
+  assert p.returncode == 0 and all(r["ok"] for r in results), results
+  assert all(r["ranks"] == 2 and r["runtime_started"] >= r["instances"] for r in results), results
