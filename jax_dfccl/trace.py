@@ -4,8 +4,9 @@ Enable recording with ``jax_dfccl.configure(trace=True)``; run the program;
 then ``jax_dfccl.export_trace("trace.json")`` and open it in ui.perfetto.dev.
 Each device is a track; each collective instance a slice from its first
 ``run`` to ``finish``, with instant events at ``preempt`` and ``resume``.  On
-GPU a second track per device shows when XLA's stream waited for each
-collective (from reaching its done to seeing it complete).
+GPU a second track per device shows XLA's stream: each submit kernel (from
+entering to publishing the task; the inline kernel runs the task's lane in it)
+and each wait (from reaching its done to seeing it complete).
 """
 from __future__ import annotations
 
@@ -37,7 +38,14 @@ def to_chrome_trace(recs) -> dict:
       if b is not None:
         events.append(dict(name=f"wait {name}", ph="X", pid=pid, tid=f"{dev} XLA stream", ts=b,
                            dur=max(us - b, 0.001), args={"seq": seq}))
-    elif ev in ("start",):
+    elif ev == "submit_enter":  # GPU: the submit kernel on XLA's stream, until it published the task
+      open_[(*ident, "submit")] = us
+    elif ev == "submit_published":
+      b = open_.pop((*ident, "submit"), None)
+      if b is not None:
+        events.append(dict(name=f"submit {name}", ph="X", pid=pid, tid=f"{dev} XLA stream", ts=b,
+                           dur=max(us - b, 0.001), args={"seq": seq}))
+    elif ev in ("start", "submit_matched"):
       events.append(dict(name=name, ph="i", s="t", pid=pid, tid=tid, ts=us, args={"event": ev}))
     elif ev in ("run", "resume"):
       open_[ident] = us

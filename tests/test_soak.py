@@ -198,3 +198,4 @@ def test_gpu_soak_worker_on_cpu(tmp_path):
   r = json.loads(line[-1][7:])
   assert p.returncode == 0 and r["ok"] and r["backend"] == "cpu" and r["ranks"] == 4, r
   assert r["instances"] >= 200 and r["runtime_started"] >= 4 * r["instances"], r
+  assert r["runtime_threads"][0] >= 1 and r["threads_new"] == {}, r  # the runtime's threads carry its names

@@ -1,7 +1,7 @@
 """Per-op device timeline of a chain of blocking 4 KiB psums over a group of one forced
 through the GPU runtime: wall time per op, handler calls per executed collective, host time per
 call; with --trace the daemon's trace records (stream_wait, start, run, finish, stream_woke) of the
-last ops, in microseconds.  python tools/device_timeline.py [--trace]"""
+last ops, in microseconds.  python tools/device_timeline.py [--trace] [--inline-us US]"""
 import os, sys, time, json
 import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
@@ -10,6 +10,8 @@ from jax_dfccl._src import backend
 d.config.runtime_for_groups_of_one = True
 TRACE = "--trace" in sys.argv
 d.config.trace = TRACE
+if "--inline-us" in sys.argv:  # the inline submit kernel's budget (0: the daemon runs every task)
+  d.config.submit_inline_us = float(sys.argv[sys.argv.index("--inline-us") + 1])
 mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
 NOPS = 32
 def body(v):
@@ -32,8 +34,24 @@ c1 = calls()
 n = c1[0] - c0[0]
 print(f"us/op wall {dt / NOPS * 1e6:.1f}  handler calls/op {n / (50 * NOPS):.2f}  host us/call {(c1[1]-c0[1])/max(n,1):.1f}  launch us/call {(c1[2]-c0[2])/max(n,1):.1f}")
 if TRACE:
-  recs = cu.trace_records()[-5 * 12:]
-  t0 = recs[0][4]
-  for r in recs:
-    print(r[1], r[2], r[3], round((r[4]-t0)/1e3, 2))
+  # Per op (key t/i of the last execution): the submit kernel's and the stream's events.
+  by_op = {}
+  for _, key, seq, ev, t in cu.trace_records():
+    by_op.setdefault(key, {})[ev] = t  # the latest execution's
+  ops = [by_op.get(f"t/{i}", {}) for i in range(NOPS)]
+  legs = [("submit_enter", "submit_matched"), ("submit_matched", "submit_published"),
+          ("submit_published", "stream_wait"), ("stream_wait", "stream_woke")]
+  print("median us per op:", end=" ")
+  for a, b in legs:
+    v = [o[b] - o[a] for o in ops[2:] if a in o and b in o]
+    print(f"{a}->{b} {np.median(v) / 1e3:.2f}" if v else f"{a}->{b} n/a", end="; ")
+  gaps = [n["submit_enter"] - o["stream_woke"] for o, n in zip(ops[2:], ops[3:])
+          if "stream_woke" in o and "submit_enter" in n]
+  print(f"stream_woke->next submit_enter {np.median(gaps) / 1e3:.2f}" if gaps else "")
+  period = [n["submit_enter"] - o["submit_enter"] for o, n in zip(ops[2:], ops[3:])
+            if "submit_enter" in o and "submit_enter" in n]
+  print(f"submit_enter period {np.median(period) / 1e3:.2f} us")
+  for i in (NOPS - 2, NOPS - 1):
+    t0 = min(ops[i].values()) if ops[i] else 0
+    print(f"t/{i}:", sorted((round((t - t0) / 1e3, 2), ev) for ev, t in ops[i].items()))
 s = cu.stats(); print({k: s[k] for k in ("started","preemptions","resumes","steps","launches","relaunches")})

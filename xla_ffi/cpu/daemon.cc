@@ -1,6 +1,7 @@
 // Daemon thread per CPU device: scheduler over pending tasks with preemption
 // and sticky spin budgets (see daemon.h).
 #include "cpu/daemon.h"
+#include "dfccl/host.h"
 
 #include <algorithm>
 #include <chrono>
@@ -57,7 +58,10 @@ void WakeAllDaemons() {
 }
 
 Daemon::Daemon(int64_t device) : device_(device) {
-  std::thread([this] { Loop(); }).detach();
+  std::thread([this] {
+    NameThisThread("dfccl-daemon");
+    Loop();
+  }).detach();
 }
 
 void Daemon::Submit(std::shared_ptr<Task> task, bool urgent) {

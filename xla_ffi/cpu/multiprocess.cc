@@ -418,7 +418,10 @@ void ShmAttach(const std::string& control, const std::vector<std::string>& arena
   me.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
   me.state.store(shm::kProcAlive, std::memory_order_release);
   w.attached.store(true, std::memory_order_release);
-  std::thread(BellLoop, &w).detach();
+  std::thread([wp = &w] {
+    NameThisThread("dfccl-bell");
+    BellLoop(wp);
+  }).detach();
 }
 
 void ShmDetach() {

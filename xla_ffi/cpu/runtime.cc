@@ -3,6 +3,7 @@
 // Lock order: Globals::comms_mu -> Communicator::mu (never the reverse); no
 // lock is held while calling Task::Complete or Daemon::Wake/Submit.
 #include "cpu/runtime.h"
+#include "dfccl/host.h"
 
 #include <algorithm>
 #include <chrono>
@@ -98,7 +99,10 @@ class Completer {
       queue_.push_back(std::move(f));
       if (!started_) {
         started_ = true;
-        std::thread([this] { Loop(); }).detach();
+        std::thread([this] {
+          NameThisThread("dfccl-done");
+          Loop();
+        }).detach();
       }
     }
     cv_.notify_one();

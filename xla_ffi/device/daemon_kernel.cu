@@ -337,6 +337,8 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   __shared__ int go, ndone, more;
   __shared__ uint64_t deadline;
   const int tid = threadIdx.x;
+  const uint64_t t_enter = p.trace && tid == 0 ? GlobalTimer() : 0;
+  uint64_t t_matched = 0;
   DaemonParams P{};
   P.dev = p.dev;
   P.host = p.host;
@@ -345,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   for (int l = tid; l < kMaxLanes; l += kThreads) ss[l] = LaneState{};
   if (tid == 0) {
     go = SubmitBegin(p, sd) == kMatchSlotted && sd.lanes <= kMaxLanes && sd.pool == 0;
+    if (p.trace) t_matched = GlobalTimer();
     ndone = 0;
     deadline = GlobalTimer() + static_cast<uint64_t>(p.inline_ns);
   }
@@ -375,6 +378,11 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     StVol(&p.dev->run[e].lanes_done, ndone);
   }
   SubmitPublish(p, sd);  // before the completion: the ring entry cannot be reused meanwhile
+  if (p.trace) {
+    StreamStamp(p.dev, sd, kEvSubmitEnter, t_enter);
+    StreamStamp(p.dev, sd, kEvSubmitMatched, t_matched);
+    StreamStamp(p.dev, sd, kEvSubmitPublished, GlobalTimer());
+  }
   if (go && ndone == sd.lanes) {
     Recorder none;
     __threadfence();

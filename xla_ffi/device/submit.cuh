@@ -23,6 +23,12 @@ DFCCL_DEV bool AwaitDoneWord(const DeviceShared* dev, uint32_t e, uint32_t g, in
   return true;
 }
 
+// With tracing on: the submit kernel's own event ev of ticket d.ticket, at time t_ns.
+DFCCL_DEV void StreamStamp(DeviceShared* dev, const TaskDesc& d, TraceEvent ev, uint64_t t_ns) {
+  dev->stream_trace[d.ticket % kTaskRing][ev - kEvStreamWait] =
+      TraceRec{t_ns, d.key_hash, d.ticket, static_cast<uint32_t>(d.seq), ev, 0};
+}
+
 // Waits until done[e] reaches gen; then a failed task traps when asked to
 // (no handler runs inside a command buffer to report it).
 DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace, int64_t timeout_ns) {
@@ -33,7 +39,7 @@ DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace,
     proto.seq = static_cast<uint32_t>(LdVol(&dev->desc[e].seq));
     proto.t_ns = GlobalTimer();
     proto.event = kEvStreamWait;
-    dev->stream_trace[e][0] = proto;
+    dev->stream_trace[e][kEvStreamWait - kEvStreamWait] = proto;
   }
   if (!AwaitDoneWord(dev, e, g, timeout_ns)) {
     printf("dfccl: done wait of ticket %llu gave up after %lld ns (daemon gone?)\n",
@@ -43,7 +49,7 @@ DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace,
   if (trace) {
     proto.t_ns = GlobalTimer();
     proto.event = kEvStreamWoke;
-    dev->stream_trace[e][1] = proto;
+    dev->stream_trace[e][kEvStreamWoke - kEvStreamWait] = proto;
   }
   if (trap && LdVol(&dev->status[e]) != kStatusOk) {
     printf("dfccl: collective (key hash %llx, sequence %llu) failed with status %u; the error names it on the host\n",

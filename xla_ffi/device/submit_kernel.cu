@@ -12,9 +12,16 @@ namespace dfccl::gpu {
 namespace {
 
 __global__ void SubmitKernel(SubmitParams p) {
+  const uint64_t t_enter = p.trace ? GlobalTimer() : 0;
   TaskDesc d;
   SubmitBegin(p, d);
+  const uint64_t t_matched = p.trace ? GlobalTimer() : 0;
   SubmitPublish(p, d);
+  if (p.trace) {
+    StreamStamp(p.dev, d, kEvSubmitEnter, t_enter);
+    StreamStamp(p.dev, d, kEvSubmitMatched, t_matched);
+    StreamStamp(p.dev, d, kEvSubmitPublished, GlobalTimer());
+  }
   if (p.wait) WaitDone(p.dev, d.ticket, p.trap, p.trace, p.timeout_ns);
 }
 

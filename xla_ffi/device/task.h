@@ -132,10 +132,17 @@ DFCCL_TASK_HD int64_t DirectUnitBytes(int32_t kind, int64_t msg_bytes, int32_t n
 }
 
 // kEvStreamWait/kEvStreamWoke: XLA's stream reached the done wait / saw the task done.
+// kEvSubmitEnter/Matched/Published: the submit kernel began, had arrived at the
+// instance (sequence number, ticket, match), had published the task (the inline
+// kernel: after running its lane).
 enum TraceEvent : uint16_t {
   kEvStart = 0, kEvRun = 1, kEvPreempt = 2, kEvResume = 3, kEvFinish = 4, kEvError = 5,
-  kEvStreamWait = 6, kEvStreamWoke = 7, kNumTraceEvents = 8
+  kEvStreamWait = 6, kEvStreamWoke = 7, kEvSubmitEnter = 8, kEvSubmitMatched = 9, kEvSubmitPublished = 10,
+  kNumTraceEvents = 11
 };
+// The events XLA's stream records per ring entry (DeviceShared::stream_trace):
+// slot s holds event kEvStreamWait + s.
+inline constexpr int kNumStreamEvents = kEvSubmitPublished - kEvStreamWait + 1;
 
 // One staging pool of a communicator: `nslots` instance slots, each holding, per
 // (source rank, lane), a ring of `depth` chunks of `chunk_bytes`.
@@ -293,7 +300,7 @@ struct DeviceShared {
   BlockStats stats[kMaxBlocks];
   unsigned long long inline_done;       // tasks their submit kernels completed themselves (atomicAdd; read with stats)
   TraceRec trace[kMaxBlocks][kTracePerBlock];
-  TraceRec stream_trace[kTaskRing][2];  // per ring entry: kEvStreamWait, kEvStreamWoke (written by the done wait)
+  TraceRec stream_trace[kTaskRing][kNumStreamEvents];  // per ring entry, slot s: event kEvStreamWait + s (XLA's stream)
 };
 
 // Kernel parameters of a submit kernel (and of the blocking form's, which also waits).

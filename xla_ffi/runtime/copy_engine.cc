@@ -1,6 +1,7 @@
 // The mover: readiness polling and the issue of copy-engine collectives
 // (protocol in copy_engine.h).
 #include "runtime/copy_engine.h"
+#include "dfccl/host.h"
 
 #include <algorithm>
 #include <atomic>
@@ -32,7 +33,10 @@ std::vector<std::pair<int64_t, int64_t>> Chunks(int64_t bytes, int64_t chunk_byt
 void CopyEngine::Submit(CeOp op) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    if (!thread_.joinable()) thread_ = std::thread([this] {
+      NameThisThread("dfccl-copy");
+      Loop();
+    });
     pending_.push_back(std::move(op));
   }
   cv_.notify_one();

@@ -445,7 +445,8 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
 
 std::vector<TraceOut> Runtime::Trace() {
   static const char* kNames[kNumTraceEvents] = {"start",  "run",   "preempt",     "resume",
-                                                "finish", "error", "stream_wait", "stream_woke"};
+                                                "finish", "error", "stream_wait", "stream_woke",
+                                                "submit_enter", "submit_matched", "submit_published"};
   std::lock_guard lk(mu_);
   std::vector<TraceOut> out;
   for (auto& [ord, d] : devices_) {
@@ -463,7 +464,7 @@ std::vector<TraceOut> Runtime::Trace() {
                                r.event < kNumTraceEvents ? kNames[r.event] : "?", r.t_ns});
       }
     }
-    std::vector<TraceRec> waits(static_cast<size_t>(kTaskRing) * 2);
+    std::vector<TraceRec> waits(static_cast<size_t>(kTaskRing) * kNumStreamEvents);
     CopyOut(*d, waits.data(), d->dev->stream_trace, waits.size() * sizeof(TraceRec));
     for (const TraceRec& r : waits) {
       if (r.t_ns == 0) continue;

@@ -59,7 +59,10 @@ Device& Runtime::GetDevice(int ordinal) {
   DFCCL_CHECK(ordinal >= 0 && ordinal < static_cast<int>(by_ordinal_.size()), "dfccl: GPU ordinal " << ordinal);
   by_ordinal_[ordinal].store(d.get(), std::memory_order_release);
   devices_[ordinal] = std::move(d);
-  if (!proxy_.joinable()) proxy_ = std::thread([this] { ProxyLoop(); });
+  if (!proxy_.joinable()) proxy_ = std::thread([this] {
+    NameThisThread("dfccl-proxy");
+    ProxyLoop();
+  });
   return ref;
 }
 
