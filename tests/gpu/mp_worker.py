@@ -6,7 +6,8 @@ fori_loop; with --case timeout, a collective one process never starts (the
 other must fail naming the key and the missing rank); with --case mismatch, the
 same key started with different shapes (both fail naming it and both ranks); with
 --case killed, rank 1 is killed (SIGKILL) while collectives are in flight (rank 0
-must fail naming the key and rank 1 within timeout_s + 1 s).  Prints one JSON line
+must fail naming the key and rank 1 within timeout_s + 1 s); with --case recover, the
+programs after a timeout run exact.  Prints one JSON line
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
@@ -166,6 +167,36 @@ elif case == "timeout":
     out["errors"] = errs[-2:]
   else:
     time.sleep(8)
+elif case == "recover":
+  # A collective rank 1 never starts times out on rank 0; afterwards both ranks run
+  # fresh programs, which must be exact (nothing stale in the match table or the
+  # ring, no reset()).  Outside command buffers: there the failure is an exception,
+  # inside one it traps the context (README, Limitations).
+  from jax._src import distributed as jd
+  client = jd.global_state.client
+  d.configure(timeout_s=2.0)
+  full, x = inputs(7)
+  check("warm", local(smap(lambda v: d.psum(v, "x", key="warm"))(x))[0], full.sum(0))
+  errors = []
+  if rank == 0:
+    for attempt in range(2):  # the failed program, then the next call that reports it
+      try:
+        smap(lambda v: d.psum(v, "x", key="lonely"))(x).block_until_ready()
+      except Exception as e:  # noqa: BLE001
+        errors.append(str(e)[:300])
+        break
+  client.wait_at_barrier("recover/after_failure", 60_000)
+  for it in range(3):
+    try:
+      got = local(smap(lambda v: d.psum(v * 2, "x", key="fresh") + d.pmax(v, "x", key="fresh_max"))(x))[0]
+      check(f"fresh_{it}", got, 2 * full.sum(0) + full.max(0))
+    except Exception as e:  # noqa: BLE001
+      errors.append(f"fresh_{it}: {str(e)[:300]}")
+      out["ok"] = False
+  out["errors"] = errors
+  if rank == 0:  # rank 0 must have seen the timeout, naming the key and rank 1
+    out["ok"] &= any("lonely" in e for e in errors + d.stats()["cuda"]["errors"])
+  client.wait_at_barrier("recover/done", 60_000)
 elif case == "mismatch":
   d.configure(timeout_s=20.0)
   full, x = inputs(4)

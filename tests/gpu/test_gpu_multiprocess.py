@@ -2,8 +2,8 @@
 (tools/mps_testbed.sh), one GPU per process in the mesh; each rank checks every
 collective against numpy (tests/gpu/mp_worker.py), programs that differ per
 process, re-entry in a loop, a collective one process never starts, a mismatch
-across processes, a peer killed mid-collective, send/recv between programs that
-differ per process."""
+across processes, a peer killed mid-collective, the programs after a timeout,
+send/recv between programs that differ per process."""
 from __future__ import annotations
 
 import json
@@ -57,6 +57,14 @@ def test_a_killed_peer_is_named_within_the_timeout(tmp_path):
   p, results = _run("killed", tmp_path, timeout=120, keep_going=True)
   assert results[0]["ok"], (p.stdout[-3000:], results)  # rank 1 was killed (no result)
   assert results[0]["seconds_after_kill"] <= 6.0
+
+
+def test_the_programs_after_a_timeout_are_exact(tmp_path, monkeypatch):
+  # Outside command buffers (inside one, a failure traps the context: README, Limitations).
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+  p, results = _run("recover", tmp_path, timeout=150)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
+  assert all(r["checks"][f"fresh_{i}"]["ok"] for r in results for i in range(3)), results
 
 
 def test_send_recv_between_process_programs(tmp_path):

@@ -83,7 +83,7 @@ void Runtime::StartHost(int ordinal, cudaStream_t stream, const CollectiveSpec& 
                      "dfccl: the GPU runtime was not configured (jax_dfccl._src.backend.load() passes every entry "
                      "of jax_dfccl.config to it)");
     Device& d = GetDevice(ordinal);
-    if (!d.error.ok()) d.error.Throw();
+    if (!d.error.ok()) ThrowDeviceError(d);
     uint64_t ticket = 0;
     try {
       ticket = SubmitCe(d, spec, sig, in, out);
@@ -102,8 +102,11 @@ void Runtime::DoneHost(int ordinal, cudaStream_t stream, int64_t site) {
   {
     auto lk = HandlerLock();
     Device& d = GetDevice(ordinal);
-    if (!d.error.ok()) d.error.Throw();
     auto& q = d.fifo[site];
+    if (!d.error.ok()) {  // this done still consumes its start (the pairing of later ones stays right)
+      if (!q.empty()) q.pop_front();
+      ThrowDeviceError(d);
+    }
     DFCCL_CHECK_CODE(!q.empty(), ErrorCode::kFailedPrecondition,
                      "dfccl: dfccl_done at site " << site << " has no pending start");
     e = Enqueue{&d, q.front() & ~kCeTicket};

@@ -218,6 +218,7 @@ void Runtime::SetCommError(Comm& c, ErrorCode code, const std::string& msg) {
     Device& d = *devices_[ord];
     if (d.error.ok()) {
       d.error = Status{code, msg};
+      d.error_once = true;
       d.has_error.store(true, std::memory_order_release);
     }
   }

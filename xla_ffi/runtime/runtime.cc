@@ -146,7 +146,7 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   DFCCL_CHECK(spec.self_device == GlobalOf(ordinal),
               "dfccl: device id " << spec.self_device << " is not local GPU " << ordinal);
   Device& d = GetDevice(ordinal);
-  if (!d.error.ok()) d.error.Throw();
+  if (!d.error.ok()) ThrowDeviceError(d);
   Comm& c = GetComm(spec.group_devices);
   DFCCL_CHECK_CODE(d.sites.size() < static_cast<size_t>(kMaxSites), ErrorCode::kResourceExhausted,
                    "dfccl: more than " << kMaxSites << " collective call sites on GPU " << ordinal);
@@ -208,7 +208,17 @@ void Runtime::Timed(Device& d, const char* what, F&& launch) {
 void Runtime::ThrowIfFailed(Device& d) {
   if (!d.has_error.load(std::memory_order_acquire)) return;
   auto lk = HandlerLock();
-  if (!d.error.ok()) d.error.Throw();
+  if (!d.error.ok()) ThrowDeviceError(d);
+}
+
+void Runtime::ThrowDeviceError(Device& d) {
+  const Status e = d.error;
+  if (d.error_once) {
+    d.error = Status{};
+    d.error_once = false;
+    d.has_error.store(false, std::memory_order_release);
+  }
+  e.Throw();
 }
 
 // The hot path: one kernel launch; the lock only when the daemon must be (re)launched.
@@ -485,6 +495,7 @@ void Runtime::Reset() {
   errors_.clear();
   for (auto& [ord, d] : devices_) {
     d->error = Status{};
+    d->error_once = false;
     d->has_error.store(false);
     d->seq.clear();
     d->fifo.clear();

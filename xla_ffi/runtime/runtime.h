@@ -129,6 +129,11 @@ struct Device {
   std::map<std::pair<Comm*, uint64_t>, int> key_ctr;       // DeviceShared::seq_ctr index per (communicator, key)
   Status error;                                            // recorded by the proxy/watchdog; thrown by the next handler call
   std::atomic<bool> has_error{false};                      // error is set (read without the lock on the hot path)
+  // A collective's failure (timeout, mismatch, a dead peer, an abort): thrown once,
+  // then cleared — the failed instance stays behind as a tombstone (its match
+  // entry failed, the host's failed map), so the device's next programs run.
+  // Anything else (a CUDA error, a broken invariant) stays until reset().
+  bool error_once = false;
   int64_t completed = 0, failed = 0;                       // tasks seen done by the proxy (stats())
 };
 
@@ -235,6 +240,8 @@ class Runtime {
   std::string InstanceName(const Comm& c, const std::string& key, uint64_t seq) const;
   void CheckPeersAlive(Device& d, Clock::time_point now);
   void SetCommError(Comm& c, ErrorCode code, const std::string& msg);
+  // Throws d.error (the caller holds the lock); a collective's failure is thrown once.
+  [[noreturn]] void ThrowDeviceError(Device& d);
   void StartCopyEngine(Device& d, Comm& c, Instance& inst, const CollectiveSpec& spec, const void* in, void* out,
                        uint64_t ticket);
   template <size_t N>
