@@ -7,7 +7,7 @@ collective waiting for peers.  Drop-in for the jax.lax collectives inside
 :func:`done`.
 """
 from jax_dfccl.config import config
-from jax_dfccl._src.backend import configure, configured, stats, reset, pending
+from jax_dfccl._src.backend import configure, configured, stats, reset, pending, raise_if_failed
 from jax_dfccl._src.plan import done, Handle
 from jax_dfccl._src.psum import psum, pmean, pmax, pmin, psum_start, pmean_start, pmax_start, pmin_start
 from jax_dfccl._src.all_gather import all_gather, all_gather_start
@@ -30,7 +30,7 @@ __all__ = [
     "all_to_all_start", "ppermute_start", "pbroadcast", "pbroadcast_start", "ragged_all_to_all",
     "ragged_all_to_all_start", "done", "Handle",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_psum",
-    "config", "configure", "configured", "stats", "reset", "pending", "export_trace", "patch_lax",
+    "config", "configure", "configured", "stats", "reset", "pending", "raise_if_failed", "export_trace", "patch_lax",
     "initialize", "send", "recv", "send_start", "recv_start",
     "DefaultKeyInBranchWarning",
 ]

@@ -105,6 +105,7 @@ def test_timeout_is_deadline_exceeded_and_recorded(mesh8):
     pass
   errs = dc.stats()["cpu"]["errors"]
   assert any("contract/lonely" in e and "[1 (device" in e for e in errs), errs
+  dc.raise_if_failed()  # on CPU the failed program raised it itself: nothing left to raise
   dc.reset()
   assert dc.stats()["cpu"]["errors"] == []
 
@@ -190,6 +191,25 @@ def test_unconfigured_runtime_runs_nothing():
   assert "FAILED_PRECONDITION" in out and "not configured" in out, out
 
 
+MODULE_FUNCTIONS = ("op_table", "registrations", "configure", "config", "stats", "trace_records", "pending",
+                    "raise_if_failed", "reset")
+
+
+def test_both_modules_export_the_contract_functions():
+  """docs/architecture.md "Extension-module contract": the functions both modules export."""
+  import importlib
+  doc = (ROOT / "docs/architecture.md").read_text()
+  table = doc[doc.index("## Extension-module contract"):]
+  table = table[:table.index("\n## ", 4)]
+  assert set(re.findall(r"^\| `(\w+)\(", table, re.M)) == set(MODULE_FUNCTIONS)
+  for name in ("jax_dfccl._dfccl_cpu", "jax_dfccl._dfccl_cuda"):
+    try:
+      m = importlib.import_module(name)
+    except ImportError:
+      continue
+    assert all(callable(getattr(m, f, None)) for f in MODULE_FUNCTIONS), name
+
+
 def test_cuda_module_contract_without_a_gpu():
   """The CUDA extension (when built) loads without a GPU: its config() reports exactly what Python
   set, rejects a value out of range without changing anything, and its stats() keys are the
@@ -210,4 +230,5 @@ def test_cuda_module_contract_without_a_gpu():
   assert m.config() == got
   s = m.stats()
   assert set(s) == set(backend.STATS_KEYS) | set(backend.STATS_EXTRAS["cuda"])
+  m.raise_if_failed()  # no GPU: no device, nothing recorded
   m.configure(dc.config.as_dict())

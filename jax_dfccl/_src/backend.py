@@ -208,6 +208,20 @@ def pending(wait_ms: int = 1000) -> str:
   return "\n".join(parts) if parts else "no collective in flight\n"
 
 
+def raise_if_failed():
+  """Raises the failure of a collective that already ran, if one was recorded.
+
+  A GPU collective that fails outside XLA's command buffers (a timeout, a
+  mismatch, a dead peer) leaves its program's result unwritten and is reported
+  by the device's next collective call; call this after ``block_until_ready``
+  on a step's results to learn it before using them.  The failure is raised
+  once; the programs after it run.  (Inside a command buffer the failure traps
+  the GPU's context instead; on CPU a failed collective fails its own program,
+  and this returns.)"""
+  for rt in load().values():
+    rt.raise_if_failed()
+
+
 def reset():
   """Drops failed/in-flight runtime state (after an injected fault)."""
   for rt in load().values():

@@ -168,35 +168,45 @@ elif case == "timeout":
   else:
     time.sleep(8)
 elif case == "recover":
-  # A collective rank 1 never starts times out on rank 0; afterwards both ranks run
-  # fresh programs, which must be exact (nothing stale in the match table or the
-  # ring, no reset()).  Outside command buffers: there the failure is an exception,
-  # inside one it traps the context (README, Limitations).
+  # Faults, each followed by fresh programs on both ranks that must be exact
+  # (nothing stale in the match table or the ring, no reset()): (a) rank 0 runs a
+  # collective rank 1 never starts (timeout); (b) rank 1 starts it late (the failed
+  # instance is a tombstone: it fails instead of waiting); (c) a mismatch.  Outside
+  # command buffers: there a failure is an exception (raise_if_failed after the
+  # step), inside one it traps the context (README, Limitations).
   from jax._src import distributed as jd
   client = jd.global_state.client
   d.configure(timeout_s=2.0)
   full, x = inputs(7)
   check("warm", local(smap(lambda v: d.psum(v, "x", key="warm"))(x))[0], full.sum(0))
-  errors = []
-  if rank == 0:
-    for attempt in range(2):  # the failed program, then the next call that reports it
+  out["errors"], out["fault_seconds"] = {}, {}
+
+  def fault(name, who, f, want):
+    err, t0 = "", time.perf_counter()
+    if rank in who:
       try:
-        smap(lambda v: d.psum(v, "x", key="lonely"))(x).block_until_ready()
+        f(x).block_until_ready()
+        d.raise_if_failed()
       except Exception as e:  # noqa: BLE001
-        errors.append(str(e)[:300])
-        break
-  client.wait_at_barrier("recover/after_failure", 60_000)
-  for it in range(3):
-    try:
-      got = local(smap(lambda v: d.psum(v * 2, "x", key="fresh") + d.pmax(v, "x", key="fresh_max"))(x))[0]
-      check(f"fresh_{it}", got, 2 * full.sum(0) + full.max(0))
-    except Exception as e:  # noqa: BLE001
-      errors.append(f"fresh_{it}: {str(e)[:300]}")
-      out["ok"] = False
-  out["errors"] = errors
-  if rank == 0:  # rank 0 must have seen the timeout, naming the key and rank 1
-    out["ok"] &= any("lonely" in e for e in errors + d.stats()["cuda"]["errors"])
-  client.wait_at_barrier("recover/done", 60_000)
+        err = str(e)[:300]
+      out["errors"][name] = err
+      out["fault_seconds"][name] = round(time.perf_counter() - t0, 2)
+      out["ok"] &= want in err
+    client.wait_at_barrier(f"recover/{name}", 60_000)
+    for it in range(2):
+      got = local(smap(lambda v: d.psum(v * 2, "x", key=f"fresh/{name}") + d.pmax(v, "x", key=f"fresh/{name}/max"))(x))[0]
+      d.raise_if_failed()
+      check(f"{name}_fresh_{it}", got, 2 * full.sum(0) + full.max(0))
+    client.wait_at_barrier(f"recover/{name}/fresh", 60_000)
+
+  lonely = smap(lambda v: d.psum(v, "x", key="lonely"))
+  try:
+    fault("timeout", {0}, lonely, "'lonely'")
+    fault("late_rank", {1}, lonely, "'lonely'")
+    fault("mismatch", {0, 1}, smap(lambda v: d.psum(v if rank == 0 else v[:, : elems // 2], "x", key="mm")[:, :1]),
+          "'mm'")
+  except Exception as e:  # noqa: BLE001 - a fresh program failed
+    out["ok"], out["error"] = False, str(e)[:400]
 elif case == "mismatch":
   d.configure(timeout_s=20.0)
   full, x = inputs(4)

@@ -130,6 +130,7 @@ NB_MODULE(_dfccl_cpu, m) {
   m.def("shm_unlink", [](const std::string& name) { dfccl::shm::UnlinkSegment(name); }, nb::arg("name"));
   m.def("shm_sweep", [] { return dfccl::shm::SweepDeadSegments(); },
         "Remove /dev/shm/dfccl.<pid>.* segments of dead creators; returns how many");
+  m.def("raise_if_failed", [] {}, "Nothing to raise: a failed CPU collective fails its own program");
   m.def("reset", [] {
     nb::gil_scoped_release r;
     Reset();

@@ -93,6 +93,8 @@ NB_MODULE(_dfccl_cuda, m) {
   });
 
   m.def("reset", [] { Runtime::Get().Reset(); });
+  m.def("raise_if_failed", [] { Runtime::Get().RaiseIfFailed(); }, nb::call_guard<nb::gil_scoped_release>(),
+        "Raise a collective failure recorded for a local GPU (once; a CUDA error every time)");
 
   m.def("pending", [](int wait_ms) { return Runtime::Get().Pending(wait_ms); }, nb::arg("wait_ms") = 1000,
         nb::call_guard<nb::gil_scoped_release>(), "Report of the collectives in flight");

@@ -211,6 +211,14 @@ void Runtime::ThrowIfFailed(Device& d) {
   if (!d.error.ok()) ThrowDeviceError(d);
 }
 
+void Runtime::RaiseIfFailed() {
+  auto lk = HandlerLock();
+  const auto now = Clock::now();
+  for (auto& [ord, d] : devices_) PollDevice(*d, now);
+  for (auto& [ord, d] : devices_)
+    if (!d->error.ok()) ThrowDeviceError(*d);
+}
+
 void Runtime::ThrowDeviceError(Device& d) {
   const Status e = d.error;
   if (d.error_once) {

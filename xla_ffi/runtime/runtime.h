@@ -204,6 +204,10 @@ class Runtime {
   // Collectives in flight, per device and path (runtime/inspect.cc); tries the lock for wait_ms.
   std::string Pending(int wait_ms);
   void Reset();
+  // Looks at every device's completions now and throws a recorded failure
+  // (jax_dfccl.raise_if_failed: outside command buffers a failure otherwise
+  // reaches Python at the device's next collective call).
+  void RaiseIfFailed();
 
  private:
   Runtime() = default;
