@@ -171,7 +171,8 @@ elif case == "recover":
   # Faults, each followed by fresh programs on both ranks that must be exact
   # (nothing stale in the match table or the ring, no reset()): (a) rank 0 runs a
   # collective rank 1 never starts (timeout); (b) rank 1 starts it late (the failed
-  # instance is a tombstone: it fails instead of waiting); (c) a mismatch.  Outside
+  # instance is a tombstone: it fails instead of waiting); (c) a mismatch; (d) a
+  # host callback that fails on one rank between a start and its done.  Outside
   # command buffers: there a failure is an exception (raise_if_failed after the
   # step), inside one it traps the context (README, Limitations).
   from jax._src import distributed as jd
@@ -181,9 +182,9 @@ elif case == "recover":
   check("warm", local(smap(lambda v: d.psum(v, "x", key="warm"))(x))[0], full.sum(0))
   out["errors"], out["fault_seconds"] = {}, {}
 
-  def fault(name, who, f, want):
+  def fault(name, runs, raises, f, want):
     err, t0 = "", time.perf_counter()
-    if rank in who:
+    if rank in runs:
       try:
         f(x).block_until_ready()
         d.raise_if_failed()
@@ -191,7 +192,7 @@ elif case == "recover":
         err = str(e)[:300]
       out["errors"][name] = err
       out["fault_seconds"][name] = round(time.perf_counter() - t0, 2)
-      out["ok"] &= want in err
+      out["ok"] &= (want in err) if rank in raises else not err
     client.wait_at_barrier(f"recover/{name}", 60_000)
     for it in range(2):
       got = local(smap(lambda v: d.psum(v * 2, "x", key=f"fresh/{name}") + d.pmax(v, "x", key=f"fresh/{name}/max"))(x))[0]
@@ -201,10 +202,23 @@ elif case == "recover":
 
   lonely = smap(lambda v: d.psum(v, "x", key="lonely"))
   try:
-    fault("timeout", {0}, lonely, "'lonely'")
-    fault("late_rank", {1}, lonely, "'lonely'")
-    fault("mismatch", {0, 1}, smap(lambda v: d.psum(v if rank == 0 else v[:, : elems // 2], "x", key="mm")[:, :1]),
-          "'mm'")
+    fault("timeout", {0}, {0}, lonely, "'lonely'")
+    fault("late_rank", {1}, {1}, lonely, "'lonely'")
+    fault("mismatch", {0, 1}, {0, 1},
+          smap(lambda v: d.psum(v if rank == 0 else v[:, : elems // 2], "x", key="mm")[:, :1]), "'mm'")
+
+    # A host callback that fails on rank 0 between a start and its done: rank 0's
+    # program fails; the collective itself completes (both ranks started it).
+    def boom(v):
+      if rank == 0:
+        raise RuntimeError("callback failed on purpose")
+      return v
+
+    def with_callback(v):
+      h = d.psum_start(v, "x", key="cb")
+      y = jax.pure_callback(boom, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+      return d.done(h) + 0 * y
+    fault("callback", {0, 1}, {0}, smap(with_callback), "CpuCallback error")  # XLA's error for a failed callback
   except Exception as e:  # noqa: BLE001 - a fresh program failed
     out["ok"], out["error"] = False, str(e)[:400]
 elif case == "mismatch":

@@ -65,7 +65,7 @@ def test_the_programs_after_a_fault_are_exact(tmp_path, monkeypatch):
   p, results = _run("recover", tmp_path, timeout=150)
   assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
   for r in results:  # every fault was named on the ranks it hit, and each was followed by exact programs
-    assert {k for k in r["checks"] if "_fresh_" in k} == {f"{f}_fresh_{i}" for f in ("timeout", "late_rank", "mismatch")
+    assert {k for k in r["checks"] if "_fresh_" in k} == {f"{f}_fresh_{i}" for f in ("timeout", "late_rank", "mismatch", "callback")
                                                           for i in range(2)}, r
 
 
