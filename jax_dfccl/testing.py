@@ -1,5 +1,5 @@
 """The chaos-order workload, shared by the tests, the demo, the benchmarks and
-the notebooks.
+the notebooks; and the soaks' process accounting (memory, threads by name, fds).
 
 Eight collectives of different kinds and sizes.  In the chaos program every
 rank starts them in its own order (``START[r]``) and waits for them in another
@@ -10,6 +10,9 @@ same program with blocking jax.lax collectives deadlocks on GPUs (NCCL matches
 collectives by issue order).
 """
 from __future__ import annotations
+
+import collections
+import os
 
 import jax
 import jax.numpy as jnp
@@ -138,3 +141,42 @@ def alternating_reference(axis: str, elems: int):
     return sum(jax.lax.psum(y * (i + 1), axis) if i % 2 == 0
                else jax.lax.all_gather(y * (i + 1), axis, tiled=True)[:elems] for i in range(NUM))
   return body
+
+
+# ---- process accounting (the soaks) ----------------------------------------------
+def _status_field(name: str) -> int:
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith(name + ":"))
+
+
+def rss_kib() -> int:
+  """This process's resident memory (KiB)."""
+  return _status_field("VmRSS")
+
+
+def os_threads() -> int:
+  """This process's OS threads."""
+  return _status_field("Threads")
+
+
+def open_fds() -> int:
+  """This process's open file descriptors."""
+  return len(os.listdir("/proc/self/fd"))
+
+
+def thread_names() -> collections.Counter:
+  """This process's threads by name: the runtimes name theirs "dfccl-..."
+  (XLA's pools start threads lazily, unnamed)."""
+  names = collections.Counter()
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      with open(f"/proc/self/task/{tid}/comm") as f:
+        names[f.read().strip()] += 1
+    except OSError:  # exited meanwhile
+      pass
+  return names
+
+
+def runtime_threads(names: collections.Counter) -> int:
+  """How many of `names` (thread_names()) are the runtimes' threads."""
+  return sum(c for n, c in names.items() if n.startswith("dfccl"))

@@ -24,6 +24,12 @@ def records() -> list[tuple]:
   return out
 
 
+# GPU: slices on a device's "XLA stream" track, by (first event, last event):
+# the submit kernel until it published the task, the stream blocked on its done.
+_STREAM_SLICES = {"submit_enter": ("submit_published", "submit"), "stream_wait": ("stream_woke", "wait")}
+_STREAM_ENDS = {end: (begin, label) for begin, (end, label) in _STREAM_SLICES.items()}
+
+
 def to_chrome_trace(recs) -> dict:
   events, open_ = [], {}
   t0 = recs[0][5] if recs else 0
@@ -31,19 +37,13 @@ def to_chrome_trace(recs) -> dict:
     us = (t - t0) / 1e3
     pid, tid, name = plat, int(dev), f"{key}#{seq}"
     ident = (plat, dev, key, seq)
-    if ev == "stream_wait":  # GPU: XLA's stream blocked on the collective (its own track)
-      open_[(*ident, "stream")] = us
-    elif ev == "stream_woke":
-      b = open_.pop((*ident, "stream"), None)
+    if ev in _STREAM_SLICES:
+      open_[(*ident, ev)] = us
+    elif ev in _STREAM_ENDS:
+      begin, label = _STREAM_ENDS[ev]
+      b = open_.pop((*ident, begin), None)
       if b is not None:
-        events.append(dict(name=f"wait {name}", ph="X", pid=pid, tid=f"{dev} XLA stream", ts=b,
-                           dur=max(us - b, 0.001), args={"seq": seq}))
-    elif ev == "submit_enter":  # GPU: the submit kernel on XLA's stream, until it published the task
-      open_[(*ident, "submit")] = us
-    elif ev == "submit_published":
-      b = open_.pop((*ident, "submit"), None)
-      if b is not None:
-        events.append(dict(name=f"submit {name}", ph="X", pid=pid, tid=f"{dev} XLA stream", ts=b,
+        events.append(dict(name=f"{label} {name}", ph="X", pid=pid, tid=f"{dev} XLA stream", ts=b,
                            dur=max(us - b, 0.001), args={"seq": seq}))
     elif ev in ("start", "submit_matched"):
       events.append(dict(name=name, ph="i", s="t", pid=pid, tid=tid, ts=us, args={"event": ev}))

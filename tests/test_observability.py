@@ -100,3 +100,18 @@ def test_pending_names_the_stuck_collective_and_its_ranks(mesh8):
   assert "not by [2 (device " in line and ", 7 (device " in line, line
   assert errors and "stuck/psum" in errors[0]
   assert "[cpu]" not in cpu_report()
+
+
+def test_trace_export_of_gpu_stream_events():
+  """GPU records (synthetic here): each submit kernel and each done wait become slices
+  on the device's XLA stream track; the daemon's run..finish a slice on its own."""
+  from jax_dfccl.trace import to_chrome_trace
+  us = 1000  # ns per µs
+  recs = [("cuda", 0, "k", 3, ev, t * us) for ev, t in
+          [("submit_enter", 0), ("submit_matched", 4), ("submit_published", 10), ("start", 11),
+           ("run", 12), ("stream_wait", 13), ("finish", 20), ("stream_woke", 21)]]
+  ev = {e["name"]: e for e in to_chrome_trace(recs)["traceEvents"] if e["ph"] == "X"}
+  assert set(ev) == {"submit k#3", "wait k#3", "k#3"}
+  assert (ev["submit k#3"]["ts"], ev["submit k#3"]["dur"], ev["submit k#3"]["tid"]) == (0, 10, "0 XLA stream")
+  assert (ev["wait k#3"]["ts"], ev["wait k#3"]["dur"]) == (13, 8)
+  assert (ev["k#3"]["ts"], ev["k#3"]["dur"], ev["k#3"]["tid"]) == (12, 8, 0)

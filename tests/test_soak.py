@@ -15,24 +15,11 @@ from jax.sharding import PartitionSpec as P
 
 import jax_dfccl as dc
 from conftest import put
+from jax_dfccl import testing as T
 
 N = 8
 OPS = ["psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pbroadcast"]
 DTYPES = [np.float32, jnp.bfloat16, np.int32, np.int8, np.float16]
-
-
-def _rss_kib():
-  with open("/proc/self/status") as f:
-    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
-def _os_threads():
-  with open("/proc/self/status") as f:
-    return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-
-
-def _fds():
-  return len(os.listdir("/proc/self/fd"))
 
 
 def _call(lib, op, v, key):
@@ -153,16 +140,16 @@ def _soak(mesh8, instances, seed, nprogs=6, iters=10):
     del ins, outs, got, want
     if round_ in (per_pass - 1, 3 * per_pass - 1):  # the large messages, in the warm-up and in the measured passes
       done += _big(mesh8)
-    rss.append(_rss_kib())
+    rss.append(T.rss_kib())
     if round_ == 3 * per_pass - 1:  # end of the third pass
-      warm = (None, _fds(), _os_threads())
+      warm = (None, T.open_fds(), T.os_threads())
     round_ += 1
   done += _big(mesh8)
-  rss[-1] = max(rss[-1], _rss_kib())
+  rss[-1] = max(rss[-1], T.rss_kib())
   assert dc.stats()["cpu"]["instances_live"] == 0
   peaks = [max(rss[i:i + per_pass]) for i in range(0, len(rss), per_pass)]  # one per pass
   warm = (max(peaks[1:max(3, len(peaks) // 2)]), *warm[1:])
-  end = (max(peaks[-2:]), _fds(), _os_threads())
+  end = (max(peaks[-2:]), T.open_fds(), T.os_threads())
   print(f"\nsoak: {done} instances, {len(peaks)} passes; peak RSS after warm-up (passes 2-{max(3, len(peaks) // 2)}) "
         f"-> the last two: {warm[0]} -> {end[0]} KiB "
         f"({100 * (end[0] - warm[0]) / warm[0]:+.1f}%), fds {warm[1]} -> {end[1]}, OS threads {warm[2]} -> {end[2]}")

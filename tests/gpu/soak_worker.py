@@ -36,41 +36,11 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_dfccl as d  # noqa: E402
+from jax_dfccl import testing as T  # noqa: E402
 
 OPS = ["psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pbroadcast"]
 DTYPES = [np.float32, jnp.bfloat16, np.int32, np.int8, np.float16]
 PER_PROGRAM = 8
-
-
-def _rss_kib():
-  with open("/proc/self/status") as f:
-    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
-def _threads():
-  with open("/proc/self/status") as f:
-    return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-
-
-def _thread_names():
-  """Threads by name: the runtimes name theirs "dfccl-..."; XLA's pools grow lazily."""
-  import collections
-  names = collections.Counter()
-  for tid in os.listdir("/proc/self/task"):
-    try:
-      with open(f"/proc/self/task/{tid}/comm") as f:
-        names[f.read().strip()] += 1
-    except OSError:  # exited meanwhile
-      pass
-  return names
-
-
-def _ours(names):
-  return sum(c for n, c in names.items() if n.startswith("dfccl"))
-
-
-def _fds():
-  return len(os.listdir("/proc/self/fd"))
 
 
 class Soak:
@@ -234,16 +204,16 @@ def main():
       del ins, outs
       if round_ % per_pass == per_pass - 1 and round_ // per_pass in (0, 2):  # the warm-up and a measured pass
         done += s.big()
-      rss.append(_rss_kib())
+      rss.append(T.rss_kib())
       dev_mem.append(device_bytes())
-      threads.append(_threads())
+      threads.append(T.os_threads())
       if round_ == 3 * per_pass - 1:
-        warm = (_fds(), _threads(), held(d.stats()[s.backend]), _thread_names())
+        warm = (T.open_fds(), T.os_threads(), held(d.stats()[s.backend]), T.thread_names())
       round_ += 1
   except AssertionError as e:
     result["ok"], result["error"] = False, str(e)[:500]
   st = d.stats()[s.backend]
-  rss, dev_mem = rss or [_rss_kib()], dev_mem or [device_bytes()]
+  rss, dev_mem = rss or [T.rss_kib()], dev_mem or [device_bytes()]
   peaks = [max(rss[i:i + per_pass]) for i in range(0, len(rss), per_pass)]
   dpeaks = [max(dev_mem[i:i + per_pass]) for i in range(0, len(dev_mem), per_pass)]
   mid = max(3, len(peaks) // 2)
@@ -254,19 +224,19 @@ def main():
       seconds=round(time.perf_counter() - t_start, 1),
       rss_kib=[w_rss, e_rss], rss_growth=(e_rss - w_rss) / w_rss,
       device_bytes=[w_dev, e_dev], device_growth=(e_dev - w_dev) / max(w_dev, 1),
-      fds=[warm[0] if warm else None, _fds()], threads=[warm[1] if warm else None, _threads()],
+      fds=[warm[0] if warm else None, T.open_fds()], threads=[warm[1] if warm else None, T.os_threads()],
       threads_per_pass=[max(threads[i:i + per_pass]) for i in range(0, len(threads), per_pass)],
       runtime_held=[warm[2] if warm else None, held(st)],
       pending=int(st["pending"]), failed=int(st["failed"]))
-  names = _thread_names()
+  names = T.thread_names()
   if warm:
-    result["runtime_threads"] = [_ours(warm[3]), _ours(names)]
+    result["runtime_threads"] = [T.runtime_threads(warm[3]), T.runtime_threads(names)]
     result["threads_new"] = dict(names - warm[3])  # by name: XLA's and the runtimes'
   # Threads: the runtimes' (named dfccl-...) must not grow; XLA's pools may start
   # threads lazily (reported in threads_new).  Device memory: XLA's in use is a few
   # MiB here, so growth is allowed max(growth, 1 MiB).
   grew = (result["rss_growth"] >= args.growth or e_dev - w_dev > max(args.growth * w_dev, 1 << 20)
-          or (warm and (_fds() > warm[0] or _ours(names) > _ours(warm[3]) or held(st) > warm[2])))
+          or (warm and (T.open_fds() > warm[0] or T.runtime_threads(names) > T.runtime_threads(warm[3]) or held(st) > warm[2])))
   # Every instance reached the runtime (a group of one is forced through it).
   result["ok"] &= not grew and result["runtime_started"] >= done and result["pending"] == 0
   print("RESULT " + json.dumps(result), flush=True)
