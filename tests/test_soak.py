@@ -176,8 +176,7 @@ def test_gpu_soak_worker_on_cpu(tmp_path):
   import subprocess
   import sys
   root = pathlib.Path(__file__).resolve().parents[1]
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}  # jax_dfccl: as this process finds it
   p = subprocess.run([sys.executable, str(root / "tests/gpu/soak_worker.py"), "--instances", "200"],
                      capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
   line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
