@@ -176,7 +176,10 @@ def test_gpu_soak_worker_on_cpu(tmp_path):
   import subprocess
   import sys
   root = pathlib.Path(__file__).resolve().parents[1]
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}  # jax_dfccl: as this process finds it
+  # jax_dfccl from where this process found it (an installed package, a source tree, a link farm).
+  where = os.path.abspath(os.path.dirname(os.path.dirname(dc.__file__)))
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+         "PYTHONPATH": os.pathsep.join([where, os.environ.get("PYTHONPATH", "")])}
   p = subprocess.run([sys.executable, str(root / "tests/gpu/soak_worker.py"), "--instances", "200"],
                      capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
   line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
