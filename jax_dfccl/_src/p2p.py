@@ -53,25 +53,18 @@ p2p_p.def_impl(c._no_impl)
 p2p_start_p.def_impl(c._no_impl)
 
 
-def _derive(params, tag):
-  p = dict(params)
-  p["key"] = f"{params['key']}/{tag}"
-  p["key_hash"] = keys.hash64(f"{params['key_hash']}/{tag}")
-  return p
-
-
 def _jvp(primals, tangents, **params):
   (x,), (t,) = primals, tangents
   y = p2p_p.bind(x, **params)
   if type(t) is ad.Zero:
     return y, ad.Zero(core.get_aval(y).to_tangent_aval())
-  return y, p2p_p.bind(t, **_derive(params, "jvp"))
+  return y, p2p_p.bind(t, **keys.derive(params, "jvp"))
 
 
 def _transpose(ct, x, **params):
   # The peer's transpose communicates whatever our cotangent is: never skip.
   ct = ad.instantiate_zeros(ct)
-  inv = _derive(params, "T")
+  inv = keys.derive(params, "T")
   inv["perm"] = tuple((d, s) for s, d in params["perm"])
   return [p2p_p.bind(ct, **inv)]
 

@@ -1,6 +1,7 @@
 // Host helpers both runtimes share: a string hash that is the same in every
 // process and build (FNV-1a: signatures, group names and pid spaces compared
-// across processes), and the liveness of a process of this host.
+// across processes), the names of the runtimes' threads, and the liveness of a
+// process of this host.
 #pragma once
 
 #include <pthread.h>
@@ -19,13 +20,13 @@ inline uint64_t HashString(std::string_view s) {
   return h;
 }
 
-// Whether pid (of this host's pid namespace) is a live process; a zombie, or a
-// pid <= 0, is not.
 // Names the calling thread (what `top -H` and /proc/<pid>/task/*/comm show; at
 // most 15 characters): the runtimes' threads are "dfccl-..." so a process can
 // tell them from XLA's.
 inline void NameThisThread(const char* name) { pthread_setname_np(pthread_self(), name); }
 
+// Whether pid (of this host's pid namespace) is a live process; a zombie, or a
+// pid <= 0, is not.
 inline bool ProcessAlive(int32_t pid) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
