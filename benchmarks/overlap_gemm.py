@@ -15,6 +15,8 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
               weight tile multicast to both; no split)
   fused_auto  overlap_cluster_m = 0: the host picks 1x1 (with the split) when
               the last wave is split or the tiles fit in one wave, else 2x1
+  fused_nopdl fused_1x1 with jax_dfccl.config.overlap_pdl = False (plain
+              stream order: no launch before the previous kernel's end)
 
 Timing as in overlap.py (a chain of dependent ops per program, programs
 called back to back), but the variants of a shape take turns rep by rep
@@ -43,7 +45,7 @@ import os
 import statistics
 import sys
 
-VARIANTS = ["xla_dot", "fused_1x1", "fused_dp", "fused_2x1", "fused_auto"]
+VARIANTS = ["xla_dot", "fused_1x1", "fused_dp", "fused_2x1", "fused_auto", "fused_nopdl"]
 
 
 def build(kind, M, N, K, names, iters):
@@ -62,13 +64,13 @@ def build(kind, M, N, K, names, iters):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
 
-  def fused(cluster_m, split=True):
+  def fused(cluster_m, split=True, pdl=True):
     if kind == "ag":
       body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
     else:
       body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
     f = jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
-    with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split):
+    with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_pdl=pdl):
       lowered = f.lower(x, w)
     if "dfccl_overlap_" not in lowered.as_text():
       raise RuntimeError("fused kernel not used")
@@ -76,7 +78,7 @@ def build(kind, M, N, K, names, iters):
 
   makers = {"xla_dot": lambda: (jax.jit(chain(jnp.dot, iters)), (x, w)),
             "fused_1x1": lambda: fused(1), "fused_dp": lambda: fused(1, False), "fused_2x1": lambda: fused(2),
-            "fused_auto": lambda: fused(0)}
+            "fused_auto": lambda: fused(0), "fused_nopdl": lambda: fused(1, pdl=False)}
   return {v: makers[v] for v in names}, (m, n, k)
 
 
@@ -132,8 +134,12 @@ def chain_profile(f, a, trace_dir):
   ks = [e for e in evs if e[0] == name]
   gaps = [b[1] - (a_[1] + a_[2]) for a_, b in zip(ks, ks[1:])]
   between = collections.Counter(e[0][:60] for e in evs if e[0] != name)
+  # Start to start: with programmatic launch a kernel starts (and waits) before its predecessor
+  # ends, so its duration includes that wait and the gap is negative; the period is the cost.
+  periods = [b[1] - a_[1] for a_, b in zip(ks, ks[1:])]
   return {"kernel": name[:120], "kernel_us": statistics.median(e[2] for e in ks),
-          "gap_us": statistics.median(gaps) if gaps else None, "other_activities": dict(between)}
+          "gap_us": statistics.median(gaps) if gaps else None,
+          "period_us": statistics.median(periods) if periods else None, "other_activities": dict(between)}
 
 
 def main():
@@ -223,11 +229,13 @@ def main():
     lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | {'x'.join(map(str, r['gemm']))} | "
                  + " | ".join(cells) + f" | {ratio} |")
   if args.profile:
-    lines += ["", "Traced chains: GEMM kernel us / GPU idle gap between consecutive GEMMs us (median)", "",
+    lines += ["", "Traced chains: GEMM kernel us / GPU idle gap between consecutive GEMMs us / start-to-start"
+              " period us (median)", "",
               "| op | M | N | K | " + " | ".join(args.variants) + " |", "|---|---|---|---|" + "---|" * len(args.variants)]
     for r in rows:
       pr = r.get("profile", {})
-      cells = [f"{pr[v]['kernel_us']:.1f} / {pr[v]['gap_us']:.1f}" if pr.get(v) and pr[v]["gap_us"] is not None
+      cells = [f"{pr[v]['kernel_us']:.1f} / {pr[v]['gap_us']:.1f} / {pr[v]['period_us']:.1f}"
+               if pr.get(v) and pr[v]["gap_us"] is not None
                else "-" for v in args.variants]
       lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
   with open(base + ".md", "w") as fh:

@@ -158,6 +158,15 @@ class Config:
   #: count, the SMs and K (xla_ffi/overlap/handlers.cc, Schedule); False:
   #: whole tiles only.  Read at trace time.
   overlap_split_last_wave: bool = True
+  #: Fused GEMMs: launched with programmatic stream serialization, so that a
+  #: launch and its prologue (barriers, descriptor prefetch) overlap the end of
+  #: the stream's previous kernel; each CTA that takes no more tiles lets the
+  #: stream's next kernel launch, whose CTAs fill the SMs the last wave leaves
+  #: (every such kernel waits for this one's completion before it touches
+  #: memory).  1x1 clusters only (with 2x1 clusters it was slower).  On one
+  #: H200 it saves 1-3 us per GEMM at M <= 2048.  False: plain stream order.
+  #: Read at trace time.
+  overlap_pdl: bool = True
   #: CPU across processes (:func:`jax_dfccl.initialize`): bytes of each
   #: process's shared staging arena (a POSIX shared-memory segment mapped by
   #: every process of the job; tmpfs pages are used only once touched).  Every

@@ -25,9 +25,13 @@ def records() -> list[tuple]:
 
 
 # GPU: slices on a device's "XLA stream" track, by (first event, last event):
-# the submit kernel until it published the task, the stream blocked on its done.
-_STREAM_SLICES = {"submit_enter": ("submit_published", "submit"), "stream_wait": ("stream_woke", "wait")}
+# the submit kernel until it published the task, the inline submit kernel's run
+# of the lane (xla_ffi/device/task.h, "inline"), the stream blocked on its done;
+# and the inline kernel's single steps as instants there.
+_STREAM_SLICES = {"submit_enter": ("submit_published", "submit"), "inline_lane": ("lane_fenced", "lane"),
+                  "stream_wait": ("stream_woke", "wait")}
 _STREAM_ENDS = {end: (begin, label) for begin, (end, label) in _STREAM_SLICES.items()}
+_STREAM_INSTANTS = ("lane_entered", "lane_ready", "lane_polled", "lane_combined", "inline_completed")
 
 
 def to_chrome_trace(recs) -> dict:
@@ -47,6 +51,8 @@ def to_chrome_trace(recs) -> dict:
                            dur=max(us - b, 0.001), args={"seq": seq}))
     elif ev in ("start", "submit_matched"):
       events.append(dict(name=name, ph="i", s="t", pid=pid, tid=tid, ts=us, args={"event": ev}))
+    elif ev in _STREAM_INSTANTS:
+      events.append(dict(name=f"{ev} {name}", ph="i", s="t", pid=pid, tid=f"{dev} XLA stream", ts=us))
     elif ev in ("run", "resume"):
       open_[ident] = us
     elif ev in ("preempt", "finish", "error"):

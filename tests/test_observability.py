@@ -115,3 +115,34 @@ def test_trace_export_of_gpu_stream_events():
   assert (ev["submit k#3"]["ts"], ev["submit k#3"]["dur"], ev["submit k#3"]["tid"]) == (0, 10, "0 XLA stream")
   assert (ev["wait k#3"]["ts"], ev["wait k#3"]["dur"]) == (13, 8)
   assert (ev["k#3"]["ts"], ev["k#3"]["dur"], ev["k#3"]["tid"]) == (12, 8, 0)
+
+
+def test_trace_export_of_the_inline_kernels_steps():
+  """An inline submit kernel's lane (inline_lane..lane_fenced) is a slice inside its submit slice on
+  the XLA stream track, its single steps instants there; no done wait (it completed the task)."""
+  from jax_dfccl.trace import to_chrome_trace
+  us = 1000
+  recs = [("cuda", 1, "k", 0, ev, t * us) for ev, t in
+          [("submit_enter", 0), ("submit_matched", 4), ("inline_lane", 5), ("lane_polled", 6),
+           ("lane_combined", 7), ("lane_fenced", 8), ("submit_published", 9), ("inline_completed", 11)]]
+  evs = to_chrome_trace(recs)["traceEvents"]
+  sl = {e["name"]: e for e in evs if e["ph"] == "X"}
+  assert set(sl) == {"submit k#0", "lane k#0"}
+  assert (sl["lane k#0"]["ts"], sl["lane k#0"]["dur"], sl["lane k#0"]["tid"]) == (5, 3, "1 XLA stream")
+  assert (sl["submit k#0"]["ts"], sl["submit k#0"]["dur"]) == (0, 9)
+  inst = sorted((e["ts"], e["name"]) for e in evs if e["ph"] == "i" and e["tid"] == "1 XLA stream")
+  assert inst == [(6, "lane_polled k#0"), (7, "lane_combined k#0"), (11, "inline_completed k#0")]
+
+
+def test_trace_event_names_are_the_device_enum():
+  """The runtime's event names (task.h kTraceEventNames) follow the TraceEvent enum, one by one."""
+  import pathlib
+  import re
+  text = (pathlib.Path(__file__).resolve().parents[1] / "xla_ffi" / "device" / "task.h").read_text()
+  enum = re.search(r"enum TraceEvent : uint16_t \{(.*?)\};", text, re.S).group(1)
+  ids = {n: int(v) for n, v in re.findall(r"kEv(\w+) = (\d+)", enum)}
+  names = re.findall(r'"(\w+)"', re.search(r"kTraceEventNames\[kNumTraceEvents\] = \{(.*?)\};", text, re.S).group(1))
+  n_events = int(re.search(r"kNumTraceEvents = (\d+)", enum).group(1))
+  assert len(names) == n_events == len(ids)
+  snake = lambda s: re.sub(r"(?<!^)(?=[A-Z])", "_", s).lower()  # noqa: E731
+  assert [snake(n) for n, _ in sorted(ids.items(), key=lambda kv: kv[1])] == names

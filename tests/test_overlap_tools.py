@@ -24,7 +24,7 @@ def _bench():
 
 def _cfg(**kw):
   base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20,
-              overlap_cluster_m=1, overlap_split_last_wave=True)
+              overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True)
   base.update(kw)
   return types.SimpleNamespace(**base)
 
@@ -56,6 +56,24 @@ def test_mode_split_bit():
   assert og._mode(_cfg(overlap_split_last_wave=False), "ag", 2, 0) == 1 | 2 | 32
   assert og._mode(_cfg(overlap_split_last_wave=False, overlap_cluster_m=2), "rs", 2, 8 << 20) == 1 | 2 | 4 | 16 | 32
   assert og._mode(_cfg(), "ag", 2, 0) & 32 == 0
+
+
+def test_mode_pdl_bit():
+  assert og.MODE_NO_PDL == 128
+  assert og._mode(_cfg(overlap_pdl=False), "ag", 2, 0) == 1 | 2 | 128
+  assert og._mode(_cfg(overlap_pdl=False, overlap_split_last_wave=False), "rs", 4, 0) == 1 | 2 | 32 | 128
+  assert og._mode(_cfg(), "rs", 2, 0) & 128 == 0
+
+
+def test_mode_constants_match_protocol_h():
+  """The Python mode bits are the enum of xla_ffi/overlap/protocol.h (the kernels' side)."""
+  import re
+  text = (ROOT / "xla_ffi" / "overlap" / "protocol.h").read_text()
+  enum = dict((name, int(v)) for name, v in re.findall(r"\bkMode(\w+) = (\d+)", text))
+  py = {"MailboxOnly": og.MODE_MAILBOX_ONLY, "ClusterM2": og.MODE_CLUSTER_M2, "NoSplit": og.MODE_NO_SPLIT,
+        "ClusterAuto": og.MODE_CLUSTER_AUTO, "NoPdl": og.MODE_NO_PDL}
+  assert {k: enum[k] for k in py} == py
+  assert enum["CopyEngine"] == 1 and enum["CtaFence"] == 2 and enum["RsCopyEngine"] == 4  # _mode's literals
 
 
 def _lower_for_cuda(kind):

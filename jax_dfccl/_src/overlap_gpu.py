@@ -23,8 +23,9 @@ trace time); ``overlap_copy_engine`` (AG rows moved by the copy engine instead
 of the SM push kernel), ``overlap_cta_fence`` (RS: one system fence per CTA
 and tile) ``overlap_rs_copy_engine_min_bytes`` (RS partial blocks at least
 that large moved by the copy engine), ``overlap_cluster_m`` (the GEMM's
-2x1-cluster variant) and ``overlap_split_last_wave`` (a partial last wave's
-tiles split along k) travel as the `mode` attribute.
+2x1-cluster variant), ``overlap_split_last_wave`` (a partial last wave's
+tiles split along k) and ``overlap_pdl`` (programmatic dependent launch of the
+GEMM) travel as the `mode` attribute.
 
 Diagnostics (benchmarks/overlap_diag.py): ``profile(True)`` makes the kernels
 record CUDA-event times and a per-tile device timeline of every fused launch,
@@ -50,7 +51,7 @@ from jax_dfccl._src import core as dcore
 
 __all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_scatter", "errors",
            "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY", "MODE_CLUSTER_M2",
-           "MODE_NO_SPLIT", "MODE_CLUSTER_AUTO"]
+           "MODE_NO_SPLIT", "MODE_CLUSTER_AUTO", "MODE_NO_PDL"]
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANKS = 8
@@ -61,6 +62,7 @@ MODE_MAILBOX_ONLY = 8    # protocol.h kModeMailboxOnly
 MODE_CLUSTER_M2 = 16     # protocol.h kModeClusterM2 (config overlap_cluster_m == 2)
 MODE_NO_SPLIT = 32       # protocol.h kModeNoSplit (config overlap_split_last_wave False)
 MODE_CLUSTER_AUTO = 64   # protocol.h kModeClusterAuto (config overlap_cluster_m == 0)
+MODE_NO_PDL = 128        # protocol.h kModeNoPdl (config overlap_pdl False)
 _lock = threading.Lock()
 _mod: list = []  # [module or None] once tried
 
@@ -246,7 +248,8 @@ def _mode(cfg, kind, nranks, block_bytes) -> int:
   if isinstance(cluster_m, bool) or cluster_m not in (0, 1, 2):
     raise ValueError(f"jax_dfccl.config.overlap_cluster_m must be 0 (auto), 1 or 2, got {cluster_m!r}")
   return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
-          | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0) | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT)
+          | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0)
+          | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap_pdl else MODE_NO_PDL)
           | _diag_bits[0])
 
 

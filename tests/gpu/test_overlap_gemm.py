@@ -130,3 +130,39 @@ def test_split_last_wave_against_whole_tiles(M, N, K, kind, dtype):
   x2, w2 = _inputs(M, N, K, dtype, seed=M + 7)  # fresh inputs through the same programs
   _close(g_sk(x2, w2), jnp.dot(x2.astype(jnp.float32), w2.astype(jnp.float32)), dtype, f"{kind} split fresh")
   _og().check()
+
+
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "stream_order"])
+@pytest.mark.parametrize("between", [False, True], ids=["back_to_back", "xla_op_between"])
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+def test_dependent_chain(kind, between, pdl):
+  """Each fused GEMM reads the previous one's output (config overlap_pdl: launched before that kernel
+  ended, it must wait for it): a chain of 6, directly or through an XLA kernel, against the same
+  chain of f32 dots of the rounded inputs, every step rounded alike."""
+  og = _og()
+  import jax_dfccl
+  M, K, steps = 1000, 520, 6  # 8 m tiles x 3 n tiles: a partial wave (a split on 132 SMs)
+  x, w = _inputs(M, K, K, jnp.bfloat16, seed=11)
+  op = (lambda a, b: og.all_gather_matmul(a, b, "one", 1)[0]) if kind == "ag" else (  # noqa: E731
+      lambda a, b: og.matmul_reduce_scatter(a, b, "one", 1))
+  nxt = (lambda y: (y * 0.75).astype(jnp.bfloat16)) if between else (lambda y: y)  # noqa: E731
+
+  def chain(x, w):
+    for _ in range(steps):
+      x = nxt(op(x, w))
+    return x
+
+  mesh = Mesh(np.array(gpus()[:1]), ("one",))
+  f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
+  with jax_dfccl.configured(overlap_pdl=pdl):
+    lowered = f.lower(x, w)
+  text = lowered.as_text()
+  assert text.count(f"dfccl_overlap_{kind}") >= steps
+  assert bool(int(re.search(r"mode = (\d+)", text).group(1)) & og.MODE_NO_PDL) == (not pdl)
+  g = lowered.compile()
+  ref = x
+  for _ in range(steps):
+    ref = nxt(jnp.dot(ref.astype(jnp.float32), w.astype(jnp.float32)).astype(jnp.bfloat16))
+  for it in range(3):
+    _close(g(x, w), ref, jnp.bfloat16, f"{kind} chain pdl={pdl} between={between} iter {it}")
+  _og().check()

@@ -155,6 +155,7 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
     s.c_send = 1;
     result = kMoved;
   }
+  if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneReady - kEvLaneEntered] = GlobalTimer();
   Spinner spin(P.spin_ns << min(s.sticky, P.sticky_max));
   while (true) {
     bool ok = true;
@@ -169,6 +170,7 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
     if (__syncthreads_and(ok)) break;
     if (!spin.KeepSpinning()) { s.sticky >>= 1; return result | kPreempted; }
   }
+  if (P.stamps && threadIdx.x == 0) P.stamps[kEvLanePolled - kEvLaneEntered] = GlobalTimer();
   for (int u = threadIdx.x; u < nu; u += kThreads) {
     uint2 v[kMaxRanks];
     for (int r = 0; r < n; ++r) {
@@ -183,6 +185,7 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
     }
     Op::template CombineUnit<T, R>(d, v, lane_off + 8 * static_cast<int64_t>(u));
   }
+  if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneCombined - kEvLaneEntered] = GlobalTimer();
   s.c_recv = 1;
   s.sticky = min(s.sticky + 1, P.sticky_max);
   return kDone | kMoved;
@@ -192,12 +195,14 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
 // thread 0 writes it back.
 template <class Op, class T, class R>
 __device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& shared_state, int lane, const DaemonParams& P) {
+  if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneEntered - kEvLaneEntered] = GlobalTimer();
   LaneState s = shared_state;
   const int r = d.direct     ? LaneBodyDirect<Op, T, R>(d, s, lane, P)
                 : d.pool == 0 ? LaneBodyLL<Op, T, R>(d, s, lane, P)
                               : LaneBody<Op, T, R>(d, s, lane, P);
   if (r & kDone) __threadfence();  // every thread's output stores, before the task can complete
   __syncthreads();
+  if (P.stamps && threadIdx.x == 0 && (r & kDone)) P.stamps[kEvLaneFenced - kEvLaneEntered] = GlobalTimer();
   if (threadIdx.x == 0) shared_state = s;
   __syncthreads();
   return r;

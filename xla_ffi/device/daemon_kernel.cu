@@ -90,7 +90,10 @@ __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t 
   __threadfence();
   // The entry as recorded (by the submit kernel, or later by the control warp:
   // then the worker's copy may predate it).
-  Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks, kLockBudgetNs);
+  // The slot as this copy of the task has it (with its epoch: a worker runs a
+  // task only then); -1: the entry's (an aborted task may have none yet).
+  Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks,
+        d.epoch != 0 ? d.slot : -1, d.pool);
   StVol(&P.dev->status[e], status);
   __threadfence_system();  // orders every earlier write of the task before done (a relaxed store suffices after it)
   StVol(&P.dev->done[e], g);
@@ -336,15 +339,18 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   __shared__ LaneState ss[kMaxLanes];
   __shared__ int go, ndone, more;
   __shared__ uint64_t deadline;
+  __shared__ uint64_t stamps[kLaneStamps];
   const int tid = threadIdx.x;
   const uint64_t t_enter = p.trace && tid == 0 ? GlobalTimer() : 0;
-  uint64_t t_matched = 0;
+  uint64_t t_matched = 0, t_lane = 0;
   DaemonParams P{};
   P.dev = p.dev;
   P.host = p.host;
   P.spin_ns = p.spin_ns;
   P.sticky_max = p.sticky_max;
+  P.stamps = p.trace ? stamps : nullptr;
   for (int l = tid; l < kMaxLanes; l += kThreads) ss[l] = LaneState{};
+  if (tid < kLaneStamps) stamps[tid] = 0;
   if (tid == 0) {
     go = SubmitBegin(p, sd) == kMatchSlotted && sd.lanes <= kMaxLanes && sd.pool == 0;
     if (p.trace) t_matched = GlobalTimer();
@@ -352,6 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     deadline = GlobalTimer() + static_cast<uint64_t>(p.inline_ns);
   }
   __syncthreads();
+  if (p.trace && tid == 0) t_lane = GlobalTimer();
   if (go) {
     while (true) {
       for (int l = 0; l < sd.lanes; ++l) {
@@ -378,18 +385,26 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     StVol(&p.dev->run[e].lanes_done, ndone);
   }
   SubmitPublish(p, sd);  // before the completion: the ring entry cannot be reused meanwhile
-  if (p.trace) {
-    StreamStamp(p.dev, sd, kEvSubmitEnter, t_enter);
-    StreamStamp(p.dev, sd, kEvSubmitMatched, t_matched);
-    StreamStamp(p.dev, sd, kEvSubmitPublished, GlobalTimer());
-  }
-  if (go && ndone == sd.lanes) {
+  const uint64_t t_published = p.trace ? GlobalTimer() : 0;
+  const bool completed = go && ndone == sd.lanes;
+  if (completed) {  // (RunLane fenced every thread's output; CompleteTask fences again, cumulatively)
     Recorder none;
-    __threadfence();
     CompleteTask(P, sd, e, false, none);
     atomicAdd(&p.dev->inline_done, 1ull);
   }
-  if (p.wait) WaitDone(p.dev, sd.ticket, p.trap, p.trace, p.timeout_ns);
+  if (p.trace) {
+    StreamStamp(p.dev, sd, kEvSubmitEnter, t_enter);
+    StreamStamp(p.dev, sd, kEvSubmitMatched, t_matched);
+    StreamStamp(p.dev, sd, kEvSubmitPublished, t_published);
+    if (go) {
+      StreamStamp(p.dev, sd, kEvInlineLane, t_lane);
+      for (int i = 0; i < kLaneStamps; ++i)
+        if (stamps[i] != 0) StreamStamp(p.dev, sd, static_cast<TraceEvent>(kEvLaneEntered + i), stamps[i]);
+    }
+    if (completed) StreamStamp(p.dev, sd, kEvInlineCompleted, GlobalTimer());
+  }
+  // A task this kernel completed itself is done (status ok): no wait on its done word.
+  if (p.wait && !completed) WaitDone(p.dev, sd.ticket, p.trap, p.trace, p.timeout_ns);
 }
 
 }  // namespace

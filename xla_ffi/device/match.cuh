@@ -11,7 +11,8 @@
 //    one, never reserved ahead for an instance a rank has not started, and freed
 //    by the last rank to complete; an instance without a slot only waits, it
 //    holds nothing another instance needs.
-//  - the bucket lock guards only short, non-blocking sections (no wait on a peer
+//  - the bucket lock (taken by Arrive and ClaimSlot; Leave needs none) guards
+//    only short, non-blocking sections (no wait on a peer
 //    inside); a holder that cannot finish is a dead process, which the host's
 //    timeout reports.
 #pragma once
@@ -50,8 +51,10 @@ DFCCL_DEV void UnlockBucket(MatchTable* t, int b, bool sys) {
   else StReleaseGpu(&t->lock[b], 0u);
 }
 
-// Under the bucket lock: a free slot of `pool` for entry `m`, with its epoch.
-DFCCL_DEV void TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots) {
+// Under the bucket lock: a free slot of `pool` for entry `m`, with its epoch
+// (also returned in *slot_out, *epoch_out; *slot_out stays as it was if none is free).
+DFCCL_DEV void TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots, int32_t* slot_out = nullptr,
+                        uint32_t* epoch_out = nullptr) {
   for (int w = 0; w * 64 < nslots; ++w) {
     unsigned long long v = LdVol(&t->free_bits[pool][w]);
     while (v != 0ull) {
@@ -60,8 +63,11 @@ DFCCL_DEV void TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nsl
       const unsigned long long old = atomicAnd_system(&t->free_bits[pool][w], ~mask);
       if (old & mask) {
         const int slot = w * 64 + bit;
-        m->epoch = atomicAdd_system(&t->epoch[pool][slot], 1u) + 1u;
+        const uint32_t epoch = atomicAdd_system(&t->epoch[pool][slot], 1u) + 1u;
+        m->epoch = epoch;
         m->slot = slot;
+        if (slot_out) *slot_out = slot;
+        if (epoch_out) *epoch_out = epoch;
         return;
       }
       v = old & ~mask;
@@ -91,6 +97,7 @@ DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status,
   const bool sys = d.nranks > 1;
   if (!LockBucket(t, b, sys, budget_ns)) return kMatchRetry;
   volatile MatchEntry* m = nullptr;
+  bool created = false;
   uint64_t ids[kMatchWays];
 #pragma unroll
   for (int w = 0; w < kMatchWays; ++w) ids[w] = LdVol(&t->entry[b][w].id);  // all loads in flight at once
@@ -115,21 +122,24 @@ DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status,
     m->first_rank = d.rank;
     m->pool = d.pool;
     m->id = id;  // readers of id hold the lock
+    created = true;
   }
   m = &t->entry[b][way];
   const uint32_t bit = 1u << d.rank;
-  const uint32_t m_failed = m->failed, m_arrived = m->arrived;  // loads issued together
-  const uint64_t m_sig = m->sig;
-  const int32_t m_pool = m->pool, m_first = m->first_rank;
-  int32_t slot = m->slot;
+  // A new entry holds what was just stored (no round trip to read it back).
+  const uint32_t m_failed = created ? 0u : m->failed, m_arrived = created ? 0u : m->arrived;  // loads issued together
+  const uint64_t m_sig = created ? d.sig_hash : m->sig;
+  const int32_t m_pool = created ? d.pool : m->pool, m_first = created ? d.rank : m->first_rank;
+  int32_t slot = created ? -1 : m->slot;
+  const uint32_t m_epoch = created ? 0u : m->epoch;  // the slot's, once it has one (set together, under the lock)
   uint32_t failed = m_failed;
   if (!failed && (m_arrived & bit)) failed = PackStatus(kStatusTwice, d.rank, d.rank);
   if (!failed && (m_sig != d.sig_hash || m_pool != d.pool)) failed = PackStatus(kStatusMismatch, m_first, d.rank);
   if (!failed && fail) failed = fail;
   if (failed && !m_failed) m->failed = failed;
   m->arrived = m_arrived | bit;
-  if (!failed && slot < 0) { TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots); slot = m->slot; }
-  const uint32_t epoch = m->epoch;
+  uint32_t epoch = m_epoch;
+  if (!failed && slot < 0) TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &slot, &epoch);
   UnlockBucket(t, b, sys);
   d.match = b * kMatchWays + way;
   StVol(&dd->match, d.match);
@@ -167,27 +177,30 @@ DFCCL_DEV void Fail(const TaskDesc& d, uint32_t why) {
 }
 
 // The rank's task of the instance completed (ok or aborted): the last of the
-// group's ranks frees the slot and the entry.
-DFCCL_DEV void Leave(MatchTable* t, int match, int nranks, int64_t budget_ns) {
+// group's ranks frees the slot and the entry.  `slot`/`pool`: the instance's,
+// as the task got them (every rank gets the entry's one slot), or -1 when the
+// task never got one (then read from the entry).
+DFCCL_DEV void Leave(MatchTable* t, int match, int nranks, int32_t task_slot = -1,
+                     int32_t task_pool = 0) {
   if (match < 0) return;
   MatchEntry* m = EntryOf(t, match);
   const bool sys = nranks > 1;
   // acq_rel: this rank's use of the slot happens before the last rank frees it
   // (a group of one: nobody else counts).
   if (sys && AddAcqRelSys(&m->done, 1u) + 1u != static_cast<uint32_t>(nranks)) return;
-  const int b = match / kMatchWays;
-  // Every rank has completed, so nobody else touches the entry: the lock only
-  // orders the release against a concurrent Arrive scanning the bucket.
-  const bool locked = LockBucket(t, b, sys, budget_ns);
+  // Every rank has completed, so nobody else touches the entry and no rank
+  // arrives at this instance again: no lock.  The slot goes back first, then
+  // the entry, by its one store (a release of id = 0): an Arrive that finds the
+  // way free (under its bucket's lock) writes every field anew.
   volatile MatchEntry* vm = m;
-  const int32_t slot = vm->slot;
+  const int32_t slot = task_slot >= 0 ? task_slot : vm->slot;
   if (slot >= 0) {
-    vm->slot = -1;
-    atomicOr_system(&t->free_bits[vm->pool][slot / 64], 1ull << (slot % 64));
+    const int32_t pool = task_slot >= 0 ? task_pool : vm->pool;
+    atomicOr_system(&t->free_bits[pool][slot / 64], 1ull << (slot % 64));
   }
-  vm->id = 0;
-  if (locked) UnlockBucket(t, b, sys);
-  else __threadfence_system();
+  uint64_t* id = const_cast<uint64_t*>(&vm->id);
+  if (sys) StReleaseSys(id, 0ull);
+  else StReleaseGpu(id, 0ull);
 }
 
 }  // namespace dfccl::gpu

@@ -65,8 +65,10 @@ DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace,
 // result (MatchResult); the task is not published yet.
 DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
   DeviceShared* dev = p.dev;
-  const TaskDesc& site = dev->site[p.site];
-  const uint64_t seq = atomicAdd(&dev->seq_ctr[site.key_ctr], 1ull);
+  // The site's static part first (host-written once, long before): its loads
+  // are in flight with the two atomics, not behind the acquire of the wait.
+  d = dev->site[p.site];
+  const uint64_t seq = atomicAdd(&dev->seq_ctr[d.key_ctr], 1ull);
   const uint64_t t = atomicAdd(&dev->next_ticket, 1ull);
   const uint32_t e = t % kTaskRing, g = Gen(t);
   // The entry's previous ticket (t - kTaskRing) must be complete.
@@ -75,7 +77,6 @@ DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
            static_cast<long long>(p.timeout_ns));
     __trap();
   }
-  d = site;
   d.ticket = t;
   d.seq = seq;
   d.in = p.in;

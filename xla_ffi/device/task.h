@@ -54,7 +54,8 @@
 //               submit kernel) polls done[e] with ld.acquire.sys; one word per ring
 //               entry, generations only grow, so an out-of-order completion of
 //               another task never releases it early.  The last rank of an instance
-//               to complete frees its slot and entry (under the bucket lock).
+//               to complete frees its slot, then its entry (a release store of
+//               id = 0; no lock: no rank touches the entry any more).
 //  data         a sender stores a chunk into the receiver's staging, __syncthreads,
 //               fence.sys, then st.release.sys of the arrival flag; the receiver
 //               ld.acquire.sys the flag, __syncthreads, then reads staging with
@@ -134,15 +135,29 @@ DFCCL_TASK_HD int64_t DirectUnitBytes(int32_t kind, int64_t msg_bytes, int32_t n
 // kEvStreamWait/kEvStreamWoke: XLA's stream reached the done wait / saw the task done.
 // kEvSubmitEnter/Matched/Published: the submit kernel began, had arrived at the
 // instance (sequence number, ticket, match), had published the task (the inline
-// kernel: after running its lane).
+// kernel: after running its lane).  The inline kernel's steps in between:
+// kEvInlineLane (its lane loop begins), kEvLaneEntered (the lane function was
+// reached through the step dispatch), kEvLaneReady (its prologue read the
+// communicator and sent), kEvLanePolled (it saw every source's lines),
+// kEvLaneCombined (its output stored), kEvLaneFenced (the output fence passed:
+// the lane is done), and kEvInlineCompleted (it completed the task:
+// match-table leave, done words).
 enum TraceEvent : uint16_t {
   kEvStart = 0, kEvRun = 1, kEvPreempt = 2, kEvResume = 3, kEvFinish = 4, kEvError = 5,
   kEvStreamWait = 6, kEvStreamWoke = 7, kEvSubmitEnter = 8, kEvSubmitMatched = 9, kEvSubmitPublished = 10,
-  kNumTraceEvents = 11
+  kEvInlineLane = 11, kEvLaneEntered = 12, kEvLaneReady = 13, kEvLanePolled = 14, kEvLaneCombined = 15,
+  kEvLaneFenced = 16, kEvInlineCompleted = 17, kNumTraceEvents = 18
 };
+// Their names (the host's trace records; one table for the runtime and its tests).
+inline constexpr const char* kTraceEventNames[kNumTraceEvents] = {
+    "start", "run", "preempt", "resume", "finish", "error", "stream_wait", "stream_woke", "submit_enter",
+    "submit_matched", "submit_published", "inline_lane", "lane_entered", "lane_ready", "lane_polled",
+    "lane_combined", "lane_fenced", "inline_completed"};
 // The events XLA's stream records per ring entry (DeviceShared::stream_trace):
 // slot s holds event kEvStreamWait + s.
-inline constexpr int kNumStreamEvents = kEvSubmitPublished - kEvStreamWait + 1;
+inline constexpr int kNumStreamEvents = kEvInlineCompleted - kEvStreamWait + 1;
+// Slots of DaemonParams::stamps (a lane's own steps, kEvLaneEntered + i).
+inline constexpr int kLaneStamps = kEvLaneFenced - kEvLaneEntered + 1;
 
 // One staging pool of a communicator: `nslots` instance slots, each holding, per
 // (source rank, lane), a ring of `depth` chunks of `chunk_bytes`.
@@ -339,6 +354,8 @@ struct DaemonParams {
   int32_t trace;
   int64_t idle_ns;       // quit after this long with nothing pending
   int64_t stall_ns;      // quit after this long without progress while tasks are pending
+  uint64_t* stamps;      // null (the daemon); the inline kernel with trace on: the lane's
+                         // kLaneStamps step times (shared memory, thread 0 writes)
 };
 
 }  // namespace dfccl::gpu

@@ -146,18 +146,6 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
   if (warp_idx == 0 && cute::elect_one_sync())
     for (int b = 0; b < l.nranks; ++b) Mainloop::prefetch_tma_descriptors(p.ml[b]);
   if (thread_idx < kMaxRanks) ss.extra.ready_ok[thread_idx] = 0;
-  if (blockIdx.x == 0 && thread_idx == 0) {
-    // Announce this instance to the peers in their own memory (protocol.h): all
-    // prior work of this stream, the previous instance included, is complete.
-    const uint64_t t_start = l.tl != nullptr ? GlobalTimer() : 0;
-    for (int q = 0; q < l.nranks && !l.no_comm; ++q)
-      if (q != l.rank && l.peer_ready[q] != nullptr) StReleaseSys(l.peer_ready[q] + l.rank, l.seq);
-    if (l.tl != nullptr) {
-      uint64_t* lr = l.tl + size_t(total) * kTlWords + size_t(kTlLaunch) * kTlSide;
-      lr[0] = t_start;
-      lr[1] = GlobalTimer();
-    }
-  }
 
   typename C::Pipeline::Params pp;
   if (warp_group == 0 && warp_idx == 0) pp.role = C::Pipeline::ThreadCategory::Producer;
@@ -180,6 +168,23 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
   if constexpr (CM > 1) {  // every barrier of the cluster initialized before any remote arrival or multicast
     cute::cluster_arrive_relaxed();
     cute::cluster_wait();
+  }
+  // Launched with programmatic stream serialization (GemmLaunch::pdl), this
+  // prologue overlaps the tail of the stream's previous kernel; nothing above
+  // touches global memory.  From here on that kernel is complete and its
+  // writes are visible (without the attribute the wait returns at once).
+  GridDependencyWait();
+  if (blockIdx.x == 0 && thread_idx == 0) {
+    // Announce this instance to the peers in their own memory (protocol.h): all
+    // prior work of this stream, the previous instance included, is complete.
+    const uint64_t t_start = l.tl != nullptr ? GlobalTimer() : 0;
+    for (int q = 0; q < l.nranks && !l.no_comm; ++q)
+      if (q != l.rank && l.peer_ready[q] != nullptr) StReleaseSys(l.peer_ready[q] + l.rank, l.seq);
+    if (l.tl != nullptr) {
+      uint64_t* lr = l.tl + size_t(total) * kTlWords + size_t(kTlLaunch) * kTlSide;
+      lr[0] = t_start;
+      lr[1] = GlobalTimer();
+    }
   }
 
   Mainloop collective;
@@ -207,7 +212,14 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
       }
       ++sstate;
       u = __shfl_sync(0xffffffffu, u, 0);
-      if (u >= units) break;
+      if (u >= units) {
+        // This CTA takes no more work: the stream's next kernel may launch once
+        // every CTA got here (it waits for this grid's completion before it
+        // reads or writes memory: GridDependencyWait there), its CTAs filling
+        // the SMs ours leave during the last wave.
+        GridDependentsLaunch();
+        break;
+      }
       const Piece pc = UnitPiece<CM>(l, u, k_tiles);
       const TileCoord tc = Decode<CM>(l, pc.tile, mt, nt, int(crank));
       // AG: each CTA waits for the rows of its own m tile (none below the
@@ -432,21 +444,29 @@ cudaError_t PreloadGemm() {
 
 // Launch configuration of variant CM with `grid` CTAs on `stream`: dynamic
 // shared memory and, for CM > 1, the cluster shape (`attr` must outlive it).
+// With `pdl`, programmatic stream serialization: the kernel may launch while the
+// stream's previous kernel still runs (it waits for it in GridDependencyWait).
+// `attr` holds two entries and must outlive the launch.
 template <class T, int CM>
-cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr) {
+cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool pdl = false) {
   using C = GemmCfg<T, CM>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
   cfg.blockDim = dim3(C::kThreads, 1, 1);
   cfg.dynamicSmemBytes = sizeof(typename C::SharedStorage);
   cfg.stream = stream;
+  cfg.attrs = attr;
   if constexpr (CM > 1) {
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = CM;
-    attr->val.clusterDim.y = 1;
-    attr->val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attr[cfg.numAttrs].val.clusterDim.x = CM;
+    attr[cfg.numAttrs].val.clusterDim.y = 1;
+    attr[cfg.numAttrs].val.clusterDim.z = 1;
+    ++cfg.numAttrs;
+  }
+  if (pdl) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++cfg.numAttrs;
   }
   return cfg;
 }
@@ -454,8 +474,8 @@ cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribu
 // CTAs of the 2x1 cluster variant that can be resident at once (after PreloadGemm).
 template <class T>
 cudaError_t GemmClusterCtas(int* ctas) {
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = LaunchConfig<T, 2>(2, nullptr, &attr);
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = LaunchConfig<T, 2>(2, nullptr, attr);
   int clusters = 0;
   const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, 2>, &cfg);
   *ctas = 2 * clusters;
@@ -510,8 +530,8 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     }
     for (int b = 0; b < l.nranks; ++b) p.ml[b] = c.ml[b];
   }
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM>(l.grid, stream, &attr);
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM>(l.grid, stream, attr, l.pdl != 0);
   return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM>, p);
 }
 

@@ -278,6 +278,10 @@ void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, 
   if (mode & kModeClusterAuto) gl.cluster_m = s.sk_units == 0 && tiles > avail && dev.cluster_ctas >= 2 ? 2 : 1;
   if (gl.cluster_m != 1) s = Sched{Units(gl.nranks, mtiles, ntiles, gl.cluster_m), 0, 0};
   gl.units = s.units;
+  // Programmatic launch on 1x1 clusters only: with 2x1 clusters it made the
+  // GEMM slower (one H200, the GEMM alone: 0.460 vs 0.368 ms for 4096x7168x4096,
+  // overlap_gemm_2026-12-02_h200_pdl.md); stream order there.
+  gl.pdl = (mode & kModeNoPdl) || gl.cluster_m != 1 ? 0 : 1;
   gl.sk_units = s.sk_units;
   gl.sk_tiles = s.sk_tiles;
   if (s.sk_units > 0) EnsureSplit(rs, dev, gl, stream);
@@ -319,7 +323,9 @@ Prologue Begin(cudaStream_t stream, const std::string& key, const Group& g, size
   DFCCL_CHECK_CODE(err == 0, ::dfccl::ErrorCode::kDeadlineExceeded, "an earlier call failed: " << Describe(c, err));
   const uint32_t seq = ++c.ranks[g.rank].seq;
   // Our previous instance is complete in stream order: peers may write again.
-  dfccl::gpu::StreamOps::Write32(stream, &c.mbox->ready[g.rank], seq);
+  // (A group of one has no peers to tell; the stream memop would also keep the
+  // GEMM from launching before the previous kernel's end: GemmLaunch::pdl.)
+  if (c.nranks > 1) dfccl::gpu::StreamOps::Write32(stream, &c.mbox->ready[g.rank], seq);
   Prologue p{&c, &c.ranks[g.rank], seq, {}, {}, {}};
   for (int r = 0; r < c.nranks; ++r) {  // written by each rank's InitRank under c.mu
     p.peer_buf[r] = c.ranks[r].init ? c.mbox->recv[r] : 0;

@@ -101,7 +101,8 @@ enum Mode : int32_t {
   kModeMailboxOnly = 8,
   kModeClusterM2 = 16,
   kModeNoSplit = 32,
-  kModeClusterAuto = 64  // config overlap_cluster_m=0: the host picks 1x1 or 2x1 per launch (handlers.cc)
+  kModeClusterAuto = 64,  // config overlap_cluster_m=0: the host picks 1x1 or 2x1 per launch (handlers.cc)
+  kModeNoPdl = 128        // config overlap_pdl=False: the GEMM launches without programmatic serialization
 };
 
 // Profile timeline (globaltimer ns, written only when GemmLaunch::tl is set):
@@ -172,6 +173,7 @@ struct GemmLaunch {
   int32_t no_comm = 0;  // diagnostic: no waits, no remote stores (GEMM cost alone; results invalid)
   int32_t thread_fences = 0;  // RS: every storing thread fences (else one fence per CTA)
   uint64_t* tl = nullptr;     // profile timeline (see kTlWords) or null
+  int32_t pdl = 0;            // programmatic dependent launch (gemm.cuh: LaunchConfig, GridDependencyWait)
   void* send = nullptr;               // RS copy engine: peer block's partials go here (local)
   uint32_t* done_counter = nullptr;   // RS copy engine: +1 per finished peer tile (never reset)
   // Known to the host once every rank initialized (else 0 / null: mailbox and host words).

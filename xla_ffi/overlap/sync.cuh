@@ -30,6 +30,13 @@ __device__ __forceinline__ void StRelaxedSys(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Programmatic dependent launch (gemm.cuh): wait until the stream's previous
+// kernel completed and its memory is visible (at once when launched without
+// the attribute); allow the stream's next kernel to launch once every CTA of
+// this grid has called it or exited.
+__device__ __forceinline__ void GridDependencyWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void GridDependentsLaunch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // A timed-out or failed op never completes (protocol.h): the kernel dies, so
 // the XLA execution holding it fails instead of returning a garbage result.
 __device__ __forceinline__ void FailOp() {

@@ -462,9 +462,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
 }
 
 std::vector<TraceOut> Runtime::Trace() {
-  static const char* kNames[kNumTraceEvents] = {"start",  "run",   "preempt",     "resume",
-                                                "finish", "error", "stream_wait", "stream_woke",
-                                                "submit_enter", "submit_matched", "submit_published"};
+  const auto& kNames = kTraceEventNames;
   std::lock_guard lk(mu_);
   std::vector<TraceOut> out;
   for (auto& [ord, d] : devices_) {
