@@ -192,20 +192,30 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
 }
 
 // Every thread works on a register copy of the lane state (block-uniform);
-// thread 0 writes it back.
-template <class Op, class T, class R>
-__device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& shared_state, int lane, const DaemonParams& P) {
+// thread 0 writes it back.  kLLOnly: the lane is known to be a pool-0 one (the
+// inline submit kernel, which instantiates it per (Op, T, R) and inlines it).
+template <class Op, class T, class R, bool kLLOnly>
+__device__ __forceinline__ int RunLaneBody(const TaskDesc& d, LaneState& shared_state, int lane,
+                                           const DaemonParams& P) {
   if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneEntered - kEvLaneEntered] = GlobalTimer();
   LaneState s = shared_state;
-  const int r = d.direct     ? LaneBodyDirect<Op, T, R>(d, s, lane, P)
-                : d.pool == 0 ? LaneBodyLL<Op, T, R>(d, s, lane, P)
-                              : LaneBody<Op, T, R>(d, s, lane, P);
+  int r;
+  if constexpr (kLLOnly) r = LaneBodyLL<Op, T, R>(d, s, lane, P);
+  else r = d.direct ? LaneBodyDirect<Op, T, R>(d, s, lane, P)
+           : d.pool == 0 ? LaneBodyLL<Op, T, R>(d, s, lane, P)
+                         : LaneBody<Op, T, R>(d, s, lane, P);
   if (r & kDone) __threadfence();  // every thread's output stores, before the task can complete
   __syncthreads();
   if (P.stamps && threadIdx.x == 0 && (r & kDone)) P.stamps[kEvLaneFenced - kEvLaneEntered] = GlobalTimer();
   if (threadIdx.x == 0) shared_state = s;
   __syncthreads();
   return r;
+}
+
+// The daemon's lane step (reached through a function pointer: one call site).
+template <class Op, class T, class R>
+__device__ __noinline__ int RunLane(const TaskDesc& d, LaneState& shared_state, int lane, const DaemonParams& P) {
+  return RunLaneBody<Op, T, R, false>(d, shared_state, lane, P);
 }
 
 // Building blocks of the collective traits (collectives/<op>.cuh): who sends

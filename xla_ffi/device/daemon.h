@@ -17,7 +17,10 @@ cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream);
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream);
 // The blocking form's inline submit kernel (daemon_kernel.cu; LaunchSubmit picks
-// it when p.inline_ns > 0): one block that runs the matched task itself for a while.
+// it when p.inline_ns > 0 and p.inline_kernel is set): one block that runs the
+// matched task itself for a while.  One kernel per (op kind, element type,
+// reduce op): InlineSubmitKernelFor gives a call site's (the fields of its TaskDesc).
+const void* InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce);
 cudaError_t LaunchInlineSubmit(const SubmitParams& p, cudaStream_t stream);
 cudaError_t PreloadInlineSubmit();
 

@@ -40,7 +40,7 @@ cudaError_t PreloadSubmitKernels() {
 }
 
 cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream) {
-  if (p.inline_ns > 0 && p.wait) return LaunchInlineSubmit(p, stream);
+  if (p.inline_ns > 0 && p.wait && p.inline_kernel != nullptr) return LaunchInlineSubmit(p, stream);
   SubmitKernel<<<1, 1, 0, stream>>>(p);
   return cudaGetLastError();
 }

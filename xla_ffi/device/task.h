@@ -136,8 +136,8 @@ DFCCL_TASK_HD int64_t DirectUnitBytes(int32_t kind, int64_t msg_bytes, int32_t n
 // kEvSubmitEnter/Matched/Published: the submit kernel began, had arrived at the
 // instance (sequence number, ticket, match), had published the task (the inline
 // kernel: after running its lane).  The inline kernel's steps in between:
-// kEvInlineLane (its lane loop begins), kEvLaneEntered (the lane function was
-// reached through the step dispatch), kEvLaneReady (its prologue read the
+// kEvInlineLane (its lane loop begins), kEvLaneEntered (it entered the lane
+// code), kEvLaneReady (its prologue read the
 // communicator and sent), kEvLanePolled (it saw every source's lines),
 // kEvLaneCombined (its output stored), kEvLaneFenced (the output fence passed:
 // the lane is done), and kEvInlineCompleted (it completed the task:
@@ -333,6 +333,7 @@ struct SubmitParams {
   int64_t inline_ns;     // > 0 (blocking form, pool 0): the submit kernel runs the matched task itself this long
   int64_t spin_ns;       // the lanes' spin budget then (DaemonParams::spin_ns)
   int32_t sticky_max, pad;
+  const void* inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
 };
 
 // Kernel parameters of a done wait (daemon ring).

@@ -171,6 +171,7 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   // One lane only: a block that runs several lanes in turn is slower than the
   // daemon's blocks in parallel (measured: 64 KiB, 8 lanes, 4x slower on an H200).
   site->ll = t.pool == 0 && t.lanes == 1;
+  if (site->ll) site->inline_kernel = InlineSubmitKernelFor(t.kind, t.dtype, t.reduce);
   t.site = site->index;
   t.sig_hash = HashString(sig);
   {
@@ -248,6 +249,7 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
   p.timeout_ns = f.timeout_ns;
   if (blocking && site.ll) {  // the submit kernel may run it itself (device/task.h, "inline")
     p.inline_ns = inline_ns_.load(std::memory_order_relaxed);
+    p.inline_kernel = site.inline_kernel;
     p.spin_ns = spin_ns_.load(std::memory_order_relaxed);
     p.sticky_max = sticky_max_.load(std::memory_order_relaxed);
   }
