@@ -5,6 +5,11 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_force_host_platform_device_count=8").strip()
 
+# On GPUs, the test process takes device memory as it needs it instead of XLA's
+# default 75% up front: the multi-process GPU tests start 2-4 more processes on
+# the same GPU (each with its own fraction), also after other GPU tests ran here.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
