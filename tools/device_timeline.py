@@ -1,7 +1,7 @@
 """Per-op device timeline of a chain of blocking 4 KiB psums over a group of one forced
 through the GPU runtime: wall time per op, handler calls per executed collective, host time per
-call; with --trace the daemon's trace records (stream_wait, start, run, finish, stream_woke) of the
-last ops, in microseconds.  python tools/device_timeline.py [--trace] [--inline-us US]"""
+call; with --trace the trace records of the last ops (the submit kernel's and the inline kernel's
+steps, the stream's done wait, the daemon's start/run/finish), in microseconds.  python tools/device_timeline.py [--trace] [--inline-us US]"""
 import os, sys, time, json
 import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
@@ -42,16 +42,18 @@ if TRACE:
   # The inline kernel runs the lane between submit_matched and submit_published (inline_lane ..
   # lane_fenced) and, having completed the task itself, does not wait (no stream_wait/woke).
   legs = [("submit_enter", "submit_matched"), ("submit_matched", "inline_lane"), ("inline_lane", "lane_entered"),
-          ("lane_entered", "lane_ready"), ("lane_ready", "lane_polled"), ("lane_polled", "lane_combined"), ("lane_combined", "lane_fenced"), ("lane_fenced", "submit_published"),
+          ("lane_entered", "lane_ready"), ("lane_ready", "lane_polled"), ("lane_polled", "lane_combined"),
+          ("lane_combined", "lane_fenced"), ("lane_fenced", "submit_published"),
           ("submit_matched", "submit_published"), ("submit_published", "inline_completed"),
           ("submit_published", "stream_wait"), ("stream_wait", "stream_woke")]
   print("median us per op:", end=" ")
   for a, b in legs:
     v = [o[b] - o[a] for o in ops[2:] if a in o and b in o]
     print(f"{a}->{b} {np.median(v) / 1e3:.2f}" if v else f"{a}->{b} n/a", end="; ")
-  last = lambda o: max(o.values())  # noqa: E731  (the op's last event: stream_woke or inline_completed)
-  gaps = [n["submit_enter"] - last(o) for o, n in zip(ops[2:], ops[3:]) if o and "submit_enter" in n]
-  print(f"last event->next submit_enter {np.median(gaps) / 1e3:.2f}" if gaps else "")
+  # The stream's last event of an op (not the daemon's ingest `start`, which may come later).
+  last = lambda o: o.get("stream_woke", o.get("inline_completed"))  # noqa: E731
+  gaps = [n["submit_enter"] - last(o) for o, n in zip(ops[2:], ops[3:]) if last(o) and "submit_enter" in n]
+  print(f"stream's last event->next submit_enter {np.median(gaps) / 1e3:.2f}" if gaps else "")
   period = [n["submit_enter"] - o["submit_enter"] for o, n in zip(ops[2:], ops[3:])
             if "submit_enter" in o and "submit_enter" in n]
   print(f"submit_enter period {np.median(period) / 1e3:.2f} us")

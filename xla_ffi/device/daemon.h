@@ -20,7 +20,7 @@ cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream);
 // it when p.inline_ns > 0 and p.inline_kernel is set): one block that runs the
 // matched task itself for a while.  One kernel per (op kind, element type,
 // reduce op): InlineSubmitKernelFor gives a call site's (the fields of its TaskDesc).
-const void* InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce);
+InlineSubmitFn InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce);
 cudaError_t LaunchInlineSubmit(const SubmitParams& p, cudaStream_t stream);
 cudaError_t PreloadInlineSubmit();
 

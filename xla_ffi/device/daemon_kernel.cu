@@ -425,20 +425,20 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
 
 }  // namespace
 
-using InlineFn = void (*)(SubmitParams);
-
-const void* InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce) {
-  return reinterpret_cast<const void*>(ForLaneTypes<InlineFn>(
-      kind, dtype, reduce, [&]<class Op, class T, class R>() -> InlineFn { return &InlineSubmitKernel<Op, T, R>; }));
+InlineSubmitFn InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce) {
+  return ForLaneTypes<InlineSubmitFn>(kind, dtype, reduce, [&]<class Op, class T, class R>() -> InlineSubmitFn {
+    return &InlineSubmitKernel<Op, T, R>;
+  });
 }
 
 cudaError_t LaunchInlineSubmit(const SubmitParams& p, cudaStream_t stream) {
   if (p.inline_kernel == nullptr) return cudaErrorInvalidDeviceFunction;
-  reinterpret_cast<InlineFn>(const_cast<void*>(p.inline_kernel))<<<1, kThreads, 0, stream>>>(p);
+  p.inline_kernel<<<1, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-// Every instantiation (op kinds x element types x reduce ops of the tables).
+// Every instantiation (op kinds x element types x reduce ops of the tables; an op
+// that does not reduce has one kernel for all reduce ops, loaded again: harmless).
 cudaError_t PreloadInlineSubmit() {
   static constexpr int32_t kinds[] = {
 #define DFCCL_X(E, name, id, reduces, rule, Trait) static_cast<int32_t>(OpKind::E),

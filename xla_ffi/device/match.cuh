@@ -52,9 +52,8 @@ DFCCL_DEV void UnlockBucket(MatchTable* t, int b, bool sys) {
 }
 
 // Under the bucket lock: a free slot of `pool` for entry `m`, with its epoch
-// (also returned in *slot_out, *epoch_out; *slot_out stays as it was if none is free).
-DFCCL_DEV void TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots, int32_t* slot_out = nullptr,
-                        uint32_t* epoch_out = nullptr) {
+// (both into the entry).  Returns the slot and sets *epoch, or -1 if none is free.
+DFCCL_DEV int32_t TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots, uint32_t* epoch) {
   for (int w = 0; w * 64 < nslots; ++w) {
     unsigned long long v = LdVol(&t->free_bits[pool][w]);
     while (v != 0ull) {
@@ -63,16 +62,15 @@ DFCCL_DEV void TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nsl
       const unsigned long long old = atomicAnd_system(&t->free_bits[pool][w], ~mask);
       if (old & mask) {
         const int slot = w * 64 + bit;
-        const uint32_t epoch = atomicAdd_system(&t->epoch[pool][slot], 1u) + 1u;
-        m->epoch = epoch;
+        *epoch = atomicAdd_system(&t->epoch[pool][slot], 1u) + 1u;
+        m->epoch = *epoch;
         m->slot = slot;
-        if (slot_out) *slot_out = slot;
-        if (epoch_out) *epoch_out = epoch;
-        return;
+        return slot;
       }
       v = old & ~mask;
     }
   }
+  return -1;
 }
 
 // The instance's slot into the task: its copy d and the ring's descriptor dd
@@ -139,7 +137,7 @@ DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status,
   if (failed && !m_failed) m->failed = failed;
   m->arrived = m_arrived | bit;
   uint32_t epoch = m_epoch;
-  if (!failed && slot < 0) TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &slot, &epoch);
+  if (!failed && slot < 0) slot = TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch);
   UnlockBucket(t, b, sys);
   d.match = b * kMatchWays + way;
   StVol(&dd->match, d.match);
@@ -156,7 +154,8 @@ DFCCL_DEV int ClaimSlot(TaskDesc& d, TaskDesc* dd, uint32_t* status, int64_t bud
   const bool sys = d.nranks > 1;
   if (LdVol(&m->slot) < 0 && LdVol(&m->failed) == 0) {  // cheap look before taking the lock
     if (!LockBucket(t, b, sys, budget_ns)) return kMatchArrived;
-    if (m->slot < 0 && !m->failed) TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots);
+    uint32_t epoch;  // read back below with the slot (another rank may have claimed it)
+    if (m->slot < 0 && !m->failed) TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch);
     UnlockBucket(t, b, sys);
   }
   const uint32_t failed = LdVol(&m->failed);
@@ -177,11 +176,10 @@ DFCCL_DEV void Fail(const TaskDesc& d, uint32_t why) {
 }
 
 // The rank's task of the instance completed (ok or aborted): the last of the
-// group's ranks frees the slot and the entry.  `slot`/`pool`: the instance's,
-// as the task got them (every rank gets the entry's one slot), or -1 when the
-// task never got one (then read from the entry).
-DFCCL_DEV void Leave(MatchTable* t, int match, int nranks, int32_t task_slot = -1,
-                     int32_t task_pool = 0) {
+// group's ranks frees the slot and the entry.  task_slot / task_pool: the
+// instance's slot and pool as the task got them (every rank gets the entry's one
+// slot), or task_slot -1 when the task never got one (then read from the entry).
+DFCCL_DEV void Leave(MatchTable* t, int match, int nranks, int32_t task_slot, int32_t task_pool) {
   if (match < 0) return;
   MatchEntry* m = EntryOf(t, match);
   const bool sys = nranks > 1;

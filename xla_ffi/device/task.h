@@ -319,6 +319,9 @@ struct DeviceShared {
 };
 
 // Kernel parameters of a submit kernel (and of the blocking form's, which also waits).
+struct SubmitParams;
+using InlineSubmitFn = void (*)(SubmitParams);  // an inline submit kernel (device/daemon.h)
+
 struct SubmitParams {
   DeviceShared* dev;
   HostShared* host;      // device address of the mapped block
@@ -333,7 +336,7 @@ struct SubmitParams {
   int64_t inline_ns;     // > 0 (blocking form, pool 0): the submit kernel runs the matched task itself this long
   int64_t spin_ns;       // the lanes' spin budget then (DaemonParams::spin_ns)
   int32_t sticky_max, pad;
-  const void* inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
+  InlineSubmitFn inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
 };
 
 // Kernel parameters of a done wait (daemon ring).

@@ -92,7 +92,7 @@ struct Site {
   int64_t msg_bytes = 0;
   bool large = false;
   bool ll = false;  // one lane of pool 0 (LL): the blocking form may run inline (config.submit_inline_us)
-  const void* inline_kernel = nullptr;  // then its inline submit kernel (device/daemon.h)
+  InlineSubmitFn inline_kernel = nullptr;  // then its inline submit kernel (device/daemon.h)
 };
 
 struct TaskInfo {
