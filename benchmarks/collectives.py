@@ -96,6 +96,9 @@ def chain(fn, n_ops, mode):
 _progress = {"t": time.perf_counter(), "what": "start"}
 
 
+PIPELINED = [False]  # --pipelined: also time the unrolled chain with 8 calls enqueued before blocking
+
+
 def stall_reporter(every_s):
   """Prints jax_dfccl.pending() whenever no benchmark step finished for `every_s` seconds."""
   import threading  # noqa: PLC0415
@@ -133,11 +136,18 @@ def bench_ops(sizes, ops_names, reps):
           except Exception as e:  # noqa: BLE001
             row[f"{impl}/{mode}/error"] = repr(e)[:200]
           _progress.update(t=time.perf_counter(), what=f"{op} {nbytes} B {impl} {mode}")
+        if PIPELINED[0]:  # the unrolled chain with calls enqueued back to back (host work hidden)
+          try:
+            t = common.pipelined_time(chain(fns[op], n_ops, "unrolled"), x, reps=reps) / n_ops
+            row[f"{impl}/pipelined/us"] = t * 1e6
+          except Exception as e:  # noqa: BLE001
+            row[f"{impl}/pipelined/error"] = repr(e)[:200]
       rows.append(row)
       u = lambda k: row.get(k, float("nan"))  # noqa: E731
       print(f"{op:13s} {nbytes:>11d} B  dfccl {u('dfccl/unrolled/us'):9.1f} / {u('dfccl/fori_loop/us'):9.1f} us"
             f"  lax {u('jax.lax/unrolled/us'):9.1f} / {u('jax.lax/fori_loop/us'):9.1f} us"
-            f"  busbw dfccl {u('dfccl/unrolled/busbw_GBs'):6.1f} lax {u('jax.lax/unrolled/busbw_GBs'):6.1f} GB/s",
+            f"  busbw dfccl {u('dfccl/unrolled/busbw_GBs'):6.1f} lax {u('jax.lax/unrolled/busbw_GBs'):6.1f} GB/s"
+            f"  pipelined dfccl {u('dfccl/pipelined/us'):7.1f} lax {u('jax.lax/pipelined/us'):7.1f} us",
             flush=True)
   return rows, how
 
@@ -220,7 +230,11 @@ def main():
   ap.add_argument("--tag", default="h200x2", help="suffix of the result files' names")
   ap.add_argument("--stall-report", type=float, default=60,
                   help="print jax_dfccl.pending() when a step takes longer than this (s); 0: never")
+  ap.add_argument("--pipelined", action="store_true",
+                  help="also time the unrolled chain with 8 calls enqueued back to back before blocking "
+                  "(per-call host work hidden behind the device: the device-bound time per op)")
   a = ap.parse_args()
+  PIPELINED[0] = a.pipelined
   if a.stall_report > 0:
     stall_reporter(a.stall_report)
   if a.config:
@@ -262,12 +276,13 @@ def main():
   payload = {"header": common.header(), "config": a.config, "implementation": how, "n_devices": N, "dtype": "bfloat16",
              "rows": rows, "chaos": chaos, "pytree_psum": pytree, "lax_chaos_subprocess": hang}
   md = ["| op | bytes/device | ops | dfccl unrolled us | dfccl fori us | lax unrolled us | lax fori us |"
-        " dfccl busbw GB/s | lax busbw GB/s |", "|---|---|---|---|---|---|---|---|---|"]
+        " dfccl busbw GB/s | lax busbw GB/s | dfccl pipelined us | lax pipelined us |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    g = lambda k: f"{r[k]:.1f}" if k in r else "err"  # noqa: E731
+    g = lambda k: f"{r[k]:.1f}" if k in r else "err" if k.rsplit("/", 1)[0] + "/error" in r else "-"  # noqa: E731
     md.append(f"| {r['op']} | {r['bytes']} | {r['n_ops']} | {g('dfccl/unrolled/us')} | {g('dfccl/fori_loop/us')} | "
               f"{g('jax.lax/unrolled/us')} | {g('jax.lax/fori_loop/us')} | {g('dfccl/unrolled/busbw_GBs')} | "
-              f"{g('jax.lax/unrolled/busbw_GBs')} |")
+              f"{g('jax.lax/unrolled/busbw_GBs')} | {g('dfccl/pipelined/us')} | {g('jax.lax/pipelined/us')} |")
   md.append("")
   for k, v in chaos.items():
     md.append(f"- chaos {k}: {v}")

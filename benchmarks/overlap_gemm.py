@@ -6,9 +6,12 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
   xla_dot     jnp.dot under jax.jit (what t_gemm measures in overlap.py)
   fused_1x1   the fused kernel of xla_ffi/overlap over a one-GPU axis (a group
               of one rank: no communication, the GEMM with its scheduler and
-              epilogue), one CTA per tile, default configuration (a partial
-              last wave's tiles split along k where the host's heuristic
-              picks it)
+              epilogue), one CTA per tile, default configuration (the tile
+              width picked per shape, a partial last wave's tiles split
+              along k where the host's heuristic picks it)
+  fused_t128, fused_t192, fused_t256
+              fused_1x1 with jax_dfccl.config.overlap_tile_n forced to that
+              width (128-row tiles)
   fused_dp    the same with jax_dfccl.config.overlap_split_last_wave = False
               (whole tiles only: the previous schedule)
   fused_2x1   overlap_cluster_m = 2 (pairs of tiles on 2x1 clusters, the
@@ -45,7 +48,8 @@ import os
 import statistics
 import sys
 
-VARIANTS = ["xla_dot", "fused_1x1", "fused_dp", "fused_2x1", "fused_auto", "fused_nopdl"]
+VARIANTS = ["xla_dot", "fused_1x1", "fused_t128", "fused_t192", "fused_t256", "fused_dp", "fused_2x1", "fused_auto",
+            "fused_nopdl"]
 
 
 def build(kind, M, N, K, names, iters):
@@ -64,13 +68,14 @@ def build(kind, M, N, K, names, iters):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
 
-  def fused(cluster_m, split=True, pdl=True):
+  def fused(cluster_m, split=True, pdl=True, tile_n=0):
     if kind == "ag":
       body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
     else:
       body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
     f = jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
-    with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_pdl=pdl):
+    with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_pdl=pdl,
+                              overlap_tile_n=tile_n):
       lowered = f.lower(x, w)
     if "dfccl_overlap_" not in lowered.as_text():
       raise RuntimeError("fused kernel not used")
@@ -78,7 +83,9 @@ def build(kind, M, N, K, names, iters):
 
   makers = {"xla_dot": lambda: (jax.jit(chain(jnp.dot, iters)), (x, w)),
             "fused_1x1": lambda: fused(1), "fused_dp": lambda: fused(1, False), "fused_2x1": lambda: fused(2),
-            "fused_auto": lambda: fused(0), "fused_nopdl": lambda: fused(1, pdl=False)}
+            "fused_auto": lambda: fused(0), "fused_nopdl": lambda: fused(1, pdl=False),
+            "fused_t128": lambda: fused(1, tile_n=128), "fused_t192": lambda: fused(1, tile_n=192),
+            "fused_t256": lambda: fused(1, tile_n=256)}
   return {v: makers[v] for v in names}, (m, n, k)
 
 

@@ -107,6 +107,13 @@ class Config:
   #: wave is split (overlap_split_last_wave) or the tiles fit in one wave,
   #: else 2.  Read (and checked) at trace time.
   overlap_cluster_m: int = 1
+  #: Fused GEMMs: the tile width (columns of a 128-row tile): 128, 192 or
+  #: 256, or 0 (default): the host picks one per shape from the waves each
+  #: width takes on the SMs, a partial last wave's split included, and a
+  #: per-width cost of a column (xla_ffi/overlap/handlers.cc, ChooseTileN;
+  #: narrower tiles fill the SMs better on small GEMMs, wider ones stream
+  #: fewer operand bytes per flop).  Read (and checked) at trace time.
+  overlap_tile_n: int = 0
   # ---- GPU daemon tuning (runtime/config.h reads them; benchmarks and tools set them) ----
   #: GPU: cap of the proxy's backoff between relaunches of a daemon that quit
   #: while tasks were pending (it doubles from 20 us).

@@ -24,7 +24,7 @@ def _bench():
 
 def _cfg(**kw):
   base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20,
-              overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True)
+              overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True, overlap_tile_n=0)
   base.update(kw)
   return types.SimpleNamespace(**base)
 
@@ -65,6 +65,16 @@ def test_mode_pdl_bit():
   assert og._mode(_cfg(), "rs", 2, 0) & 128 == 0
 
 
+def test_mode_tile_bits():
+  """overlap_tile_n: 0 leaves the choice to the host; a width is forced as 1 + its index in TILE_NS."""
+  assert og._mode(_cfg(), "ag", 2, 0) >> og.MODE_TILE_SHIFT == 0
+  for i, t in enumerate(og.TILE_NS):
+    assert og._mode(_cfg(overlap_tile_n=t), "ag", 2, 0) == 1 | 2 | ((i + 1) << og.MODE_TILE_SHIFT)
+  for bad in (64, 100, True, 512):
+    with pytest.raises(ValueError, match="overlap_tile_n"):
+      og._mode(_cfg(overlap_tile_n=bad), "rs", 2, 0)
+
+
 def test_mode_constants_match_protocol_h():
   """The Python mode bits are the enum of xla_ffi/overlap/protocol.h (the kernels' side)."""
   import re
@@ -73,6 +83,9 @@ def test_mode_constants_match_protocol_h():
   py = {"MailboxOnly": og.MODE_MAILBOX_ONLY, "ClusterM2": og.MODE_CLUSTER_M2, "NoSplit": og.MODE_NO_SPLIT,
         "ClusterAuto": og.MODE_CLUSTER_AUTO, "NoPdl": og.MODE_NO_PDL}
   assert {k: enum[k] for k in py} == py
+  assert enum["TileShift"] == og.MODE_TILE_SHIFT and enum["TileMask"] == 3 << og.MODE_TILE_SHIFT
+  widths = re.search(r"kTileNs\[\] = \{([^}]*)\}", text).group(1)
+  assert tuple(int(v) for v in widths.split(",")) == og.TILE_NS
   assert enum["CopyEngine"] == 1 and enum["CtaFence"] == 2 and enum["RsCopyEngine"] == 4  # _mode's literals
 
 

@@ -20,7 +20,7 @@
 #   memcheck  (only if listed in OVERLAP_STEPS) compute-sanitizer of a tiny fused-op program
 #             (one GPU: the one-rank GEMM, both cluster shapes, two split last waves), one run per tool in
 #             OVERLAP_SANITIZERS (default memcheck; also racecheck, synccheck), each within the
-#             time left (at most 120 s)
+#             time left (at most OVERLAP_SAN_S, default 120 s)
 # OVERLAP_STEPS (default tests,timeline,bench) picks the steps, OVERLAP_TAG (default
 # h200x2) names the results.  The kernels' settings come from jax_dfccl.config.
 set -u
@@ -92,7 +92,7 @@ else
   log "benchmark skipped (no time left)"
 fi
 
-mt=$(( $(left) - 5 )); (( mt > 120 )) && mt=120
+mt=$(( $(left) - 5 )); (( mt > ${OVERLAP_SAN_S:-120} )) && mt=${OVERLAP_SAN_S:-120}
 if step memcheck && (( mt >= 45 )) && command -v compute-sanitizer >/dev/null; then
   cat > "$OUT/overlap_memcheck.py" <<'PYEOF'
 import numpy as np, jax, jax.numpy as jnp, jax_dfccl
@@ -103,22 +103,26 @@ x = jnp.ones((136, 72), jnp.bfloat16); w = jnp.ones((72, 40), jnp.bfloat16)
 if len(jax.devices()) < 2:  # one GPU: the GEMM alone (a one-rank group), 1x1 and 2x1 clusters
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
   x = jnp.ones((392, 72), jnp.bfloat16)  # 4 m tiles: the 2x1 variant's last pair is whole
-  for cm in (1, 2):
-    jax_dfccl.configure(overlap_cluster_m=cm)
+  w = jnp.ones((72, 200), jnp.bfloat16)  # 200 columns: a partial last tile column at every width
+  for cm, tn in ((1, 256), (2, 256), (1, 128), (2, 192)):
+    jax_dfccl.configure(overlap_cluster_m=cm, overlap_tile_n=tn)
     for name, op in (("ag", lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]),
                      ("rs", lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1))):
       for rows in (392, 264):  # 264: 3 m tiles, the last pair's second tile below the matrix
         f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
         y = np.asarray(f(x[:rows], w).astype(jnp.float32))
-        print(name, "cluster", cm, y.shape, "max", y.max(), "min", y.min(), "errors:", og.errors(), flush=True)
-  jax_dfccl.configure(overlap_cluster_m=1)  # split last wave (132 SMs): 25 tiles in 4 chunks; 132 + 33 in 2
-  for (m, n, k) in ((600, 1040, 1000), (1300, 3600, 512)):
-    for name, op in (("ag", lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]),
-                     ("rs", lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1))):
-      f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
-      for _ in range(2):  # the second instance: flags from the first still there
-        y = np.asarray(f(jnp.ones((m, k), jnp.bfloat16), jnp.ones((k, n), jnp.bfloat16)).astype(jnp.float32))
-      print(name, "split", y.shape, "all", k, bool((y == k).all()), "errors:", og.errors(), flush=True)
+        print(name, "cluster", cm, "tile_n", tn, y.shape, "all", 72, bool((y == 72).all()), "errors:", og.errors(),
+              flush=True)
+  # split last wave (132 SMs): 25 tiles in 4 chunks; 132 + 33 in 2 (at 256 columns; other counts at 128, 192)
+  for tn in (0, 128, 192):
+    jax_dfccl.configure(overlap_cluster_m=1, overlap_tile_n=tn)
+    for (m, n, k) in ((600, 1040, 1000), (1300, 3600, 512)):
+      for name, op in (("ag", lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]),
+                       ("rs", lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1))):
+        f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
+        for _ in range(2):  # the second instance: flags from the first still there
+          y = np.asarray(f(jnp.ones((m, k), jnp.bfloat16), jnp.ones((k, n), jnp.bfloat16)).astype(jnp.float32))
+        print(name, "split", "tile_n", tn, y.shape, "all", k, bool((y == k).all()), "errors:", og.errors(), flush=True)
   raise SystemExit(0)
 mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
 put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
@@ -130,7 +134,7 @@ for name, op, xs, ws, os_ in (("ag", ov.all_gather_matmul, P("tp"), P(None, "tp"
   print(name, y.shape, "max", y.max(), "min", y.min(), "errors:", og.errors(), flush=True)
 PYEOF
   for tool in ${OVERLAP_SANITIZERS:-memcheck}; do
-    mt=$(( $(left) - 5 )); (( mt > 120 )) && mt=120; (( mt >= 45 )) || break
+    mt=$(( $(left) - 5 )); (( mt > ${OVERLAP_SAN_S:-120} )) && mt=${OVERLAP_SAN_S:-120}; (( mt >= 45 )) || break
     log "compute-sanitizer $tool (timeout $mt s)"
     XLA_PYTHON_CLIENT_PREALLOCATE=false \
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \

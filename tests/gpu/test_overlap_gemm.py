@@ -57,8 +57,8 @@ def _close(got, ref, dtype, what):
   assert np.isfinite(got).all() and err < TOL[dtype], f"{what}: max rel error {err:.3g}"
 
 
-def _run(kind, cluster_m, x, w, split=True):
-  """The fused op traced under overlap_cluster_m / overlap_split_last_wave (read at trace time)."""
+def _run(kind, cluster_m, x, w, split=True, tile_n=0):
+  """The fused op traced under overlap_cluster_m / overlap_split_last_wave / overlap_tile_n (read at trace time)."""
   og = _og()
   import jax_dfccl
   mesh = Mesh(np.array(gpus()[:1]), ("one",))
@@ -67,26 +67,44 @@ def _run(kind, cluster_m, x, w, split=True):
   else:
     body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
-  with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split):
+  with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_tile_n=tile_n):
     lowered = f.lower(x, w)
   text, compiled = lowered.as_text(), lowered.compile()
   assert f"dfccl_overlap_{kind}" in text, "fused kernel not used"
   mode = int(re.search(r"mode = (\d+)", text).group(1))
   assert bool(mode & og.MODE_CLUSTER_M2) == (cluster_m == 2), mode
   assert bool(mode & og.MODE_NO_SPLIT) == (not split), mode
+  assert (mode >> og.MODE_TILE_SHIFT) & 3 == (og.TILE_NS.index(tile_n) + 1 if tile_n else 0), mode
   return compiled
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+# Every tile width with bf16; f16 with the widths whose epilogue differs (a 64-column last piece; whole pieces).
+DTYPE_TILES = [(jnp.bfloat16, 128), (jnp.bfloat16, 192), (jnp.bfloat16, 256), (jnp.float16, 192),
+               (jnp.float16, 256)]
+
+
+@pytest.mark.parametrize("dtype,tile_n", DTYPE_TILES, ids=[f"{'bf16' if d == jnp.bfloat16 else 'f16'}-t{t}"
+                                                          for d, t in DTYPE_TILES])
 @pytest.mark.parametrize("cluster_m", [1, 2], ids=["1x1", "2x1"])
 @pytest.mark.parametrize("kind", ["ag", "rs"])
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_one_rank_gemm(M, N, K, kind, cluster_m, dtype):
+def test_one_rank_gemm(M, N, K, kind, cluster_m, dtype, tile_n):
   x, w = _inputs(M, N, K, dtype, seed=M + N + K)
   ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
-  g = _run(kind, cluster_m, x, w)
+  g = _run(kind, cluster_m, x, w, tile_n=tile_n)
   for it in range(3):  # repeated instances on one channel (tile counter base, flags by instance)
-    _close(g(x, w), ref, dtype, f"{kind} {M}x{N}x{K} cluster {cluster_m} iter {it}")
+    _close(g(x, w), ref, dtype, f"{kind} {M}x{N}x{K} cluster {cluster_m} tile_n {tile_n} iter {it}")
+  _og().check()
+
+
+def test_tile_widths_alternate_on_one_channel():
+  """Launches of one op with different tile widths (and so tile grids) share a channel: RS flags and the
+  split's partials are indexed per tile of the launch's own grid; alternating them stays exact."""
+  x, w = _inputs(600, 1040, 1000, jnp.bfloat16, seed=9)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  gs = [_run("rs", 1, x, w, tile_n=t) for t in (0, 128, 192, 256)]
+  for it in range(8):
+    _close(gs[it % 4](x, w), ref, jnp.bfloat16, f"alternating widths iter {it}")
   _og().check()
 
 
@@ -116,14 +134,15 @@ def test_auto_cluster(M, N, K, kind):
 SPLIT_SHAPES = [(1300, 3600, 704), (200, 17000, 1000), (600, 1040, 1000)]
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype,tile_n", DTYPE_TILES, ids=[f"{'bf16' if d == jnp.bfloat16 else 'f16'}-t{t}"
+                                                          for d, t in DTYPE_TILES])
 @pytest.mark.parametrize("kind", ["ag", "rs"])
 @pytest.mark.parametrize("M,N,K", SPLIT_SHAPES)
-def test_split_last_wave_against_whole_tiles(M, N, K, kind, dtype):
+def test_split_last_wave_against_whole_tiles(M, N, K, kind, dtype, tile_n):
   """Split allowed and not: both match the f32 reference, on repeated instances (flags by instance)."""
   x, w = _inputs(M, N, K, dtype, seed=3 * M + N + K)
   ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
-  g_sk, g_dp = _run(kind, 1, x, w, split=True), _run(kind, 1, x, w, split=False)
+  g_sk, g_dp = _run(kind, 1, x, w, split=True, tile_n=tile_n), _run(kind, 1, x, w, split=False, tile_n=tile_n)
   for it in range(3):
     _close(g_sk(x, w), ref, dtype, f"{kind} {M}x{N}x{K} split iter {it}")
     _close(g_dp(x, w), ref, dtype, f"{kind} {M}x{N}x{K} whole tiles iter {it}")

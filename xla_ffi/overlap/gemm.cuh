@@ -18,10 +18,13 @@
 // Every row block is its own (mb x n x k) problem with its own TMA descriptor
 // for A, so row blocks need not be multiples of the tile; TMA zero-fills out of
 // bounds and the epilogue predicates its stores.
-// Two variants (template parameter CM, GemmLaunch::cluster_m): CM = 1 one CTA
-// per tile; CM = 2 clusters of 2x1 CTAs computing a pair of m tiles of one
-// row block and n tile, the W tile multicast to both (gemm_sched.cuh: units,
-// their order and the handoff of a unit between the cluster's CTAs).  CM = 1
+// Variants (template parameters): the tile width TN (GemmLaunch::tile_n, one
+// of kTileNs; tiles are kTileM x TN, so the stage count follows from the
+// shared memory: 4 stages at 256, 6 at 128), and the cluster shape CM
+// (GemmLaunch::cluster_m): CM = 1 one CTA per tile; CM = 2 clusters of 2x1
+// CTAs computing a pair of m tiles of one row block and n tile, the W tile
+// multicast to both (gemm_sched.cuh: units, their order and the handoff of a
+// unit between the cluster's CTAs).  CM = 1
 // may split a partial last wave's tiles into k chunks, one unit each; the
 // last chunk adds the others' f32 partials and runs the tile's epilogue as
 // usual (gemm_sched.cuh, GemmLaunch::sk_units).
@@ -43,10 +46,16 @@
 
 namespace dfccl::overlap {
 
-template <class T, int CM>
+template <class T, int CM, int TN>
 struct GemmCfg {
   static_assert(CM == 1 || CM == 2, "cluster shape 1x1 or 2x1");
-  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>;
+  static_assert(TN % 64 == 0 && TN >= kTileNMin && TN <= kTileNMax, "tile width: a multiple of 64 in 128..256");
+  static constexpr int kTileN = TN;
+  // The epilogue moves the tile in pieces of up to 128 columns (the staging
+  // tile's width); a thread's accumulator values [64h, 64h + 64) hold the
+  // columns [128h, 128h + 128) (see the epilogue).
+  static constexpr int kPieces = (TN + 127) / 128;
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<TN>, cute::_64>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::_1, cute::_1>;
   struct Extra {  // our shared memory beside the mainloop's (carved out of the stages)
     typename cutlass::PipelineAsync<4>::SharedStorage sched;
@@ -123,11 +132,12 @@ __device__ __forceinline__ void ClusterSyncBeforeExit() {
   }
 }
 
-template <class T, int CM>
-__global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
-    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T, CM>::Params p) {
+template <class T, int CM, int TN>
+__global__ void __launch_bounds__(GemmCfg<T, CM, TN>::kThreads, 1)
+    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T, CM, TN>::Params p) {
   using namespace cute;
-  using C = GemmCfg<T, CM>;
+  using C = GemmCfg<T, CM, TN>;
+  constexpr int kTileN = C::kTileN;
   using Mainloop = typename C::Mainloop;
   const GemmLaunch& l = p.l;
   extern __shared__ __align__(128) char smem_raw[];
@@ -333,12 +343,13 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
     // row pieces (local HBM or, for a peer's partial, NVLink).  The own RS
     // block adds the peers' partials (16-byte loads) in f32 on the way.
     // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
-    // values [64h, 64h + 64) of a thread hold columns [128h, 128h + 128).
+    // a thread holds TN / 2 values, [64h, 64h + 64) the columns [128h, 128h +
+    // 128) (TN = 192: the second piece is 64 columns wide, values [64, 96)).
     CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      ConsumerBarrier(C::kMmaThreads);  // the previous half / tile was read out
+    for (int h = 0; h < C::kPieces; ++h) {
+      ConsumerBarrier(C::kMmaThreads);  // the previous piece / tile was read out
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 64 * h; i < 64 * h + 64; i += 2) {
+      for (int i = 64 * h; i < 64 * h + 64 && i < kTileN / 2; i += 2) {
         const auto c0 = tCcD(i);
         const int r = get<0>(c0), c = get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
         const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
@@ -429,17 +440,42 @@ __global__ void __launch_bounds__(GemmCfg<T, CM>::kThreads, 1)
 // device to be idle -- including a side stream's wait kernel that spins until
 // this very GEMM has made progress (RS copy engine): a deadlock until the wait
 // times out.
-template <class T, int CM>
+template <class T, int CM, int TN>
 cudaError_t PreloadVariant() {
   cudaFuncAttributes a;
-  const cudaError_t e = cudaFuncSetAttribute(OverlapGemmKernel<T, CM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(sizeof(typename GemmCfg<T, CM>::SharedStorage)));
-  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T, CM>);
+  const cudaError_t e = cudaFuncSetAttribute(OverlapGemmKernel<T, CM, TN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(sizeof(typename GemmCfg<T, CM, TN>::SharedStorage)));
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T, CM, TN>);
 }
+
+// The one dispatch over the variants: f<CM, TN>() for a launch's cluster shape
+// and tile width (cudaErrorInvalidValue for others).
+template <class F>
+cudaError_t ForVariant(int cluster_m, int tile_n, F&& f) {
+  auto by_width = [&](auto cm) -> cudaError_t {
+    constexpr int CM = decltype(cm)::value;
+    switch (tile_n) {
+      case 128: return f.template operator()<CM, 128>();
+      case 192: return f.template operator()<CM, 192>();
+      case 256: return f.template operator()<CM, 256>();
+      default: return cudaErrorInvalidValue;
+    }
+  };
+  switch (cluster_m) {
+    case 1: return by_width(std::integral_constant<int, 1>{});
+    case 2: return by_width(std::integral_constant<int, 2>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 template <class T>
 cudaError_t PreloadGemm() {
-  const cudaError_t e = PreloadVariant<T, 1>();
-  return e != cudaSuccess ? e : PreloadVariant<T, 2>();
+  for (int cm : {1, 2})
+    for (int tn : kTileNs) {
+      const cudaError_t e = ForVariant(cm, tn, [&]<int CM, int TN>() { return PreloadVariant<T, CM, TN>(); });
+      if (e != cudaSuccess) return e;
+    }
+  return cudaSuccess;
 }
 
 // Launch configuration of variant CM with `grid` CTAs on `stream`: dynamic
@@ -447,9 +483,9 @@ cudaError_t PreloadGemm() {
 // With `pdl`, programmatic stream serialization: the kernel may launch while the
 // stream's previous kernel still runs (it waits for it in GridDependencyWait).
 // `attr` holds two entries and must outlive the launch.
-template <class T, int CM>
+template <class T, int CM, int TN>
 cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool pdl = false) {
-  using C = GemmCfg<T, CM>;
+  using C = GemmCfg<T, CM, TN>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
   cfg.blockDim = dim3(C::kThreads, 1, 1);
@@ -471,23 +507,31 @@ cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribu
   return cfg;
 }
 
-// CTAs of the 2x1 cluster variant that can be resident at once (after PreloadGemm).
+// CTAs of the 2x1 cluster variants that can be resident at once, the least
+// over the tile widths (after PreloadGemm).
 template <class T>
 cudaError_t GemmClusterCtas(int* ctas) {
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<T, 2>(2, nullptr, attr);
-  int clusters = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, 2>, &cfg);
-  *ctas = 2 * clusters;
-  return e;
+  *ctas = 1 << 30;
+  for (int tn : kTileNs) {
+    const cudaError_t e = ForVariant(2, tn, [&]<int CM, int TN>() {
+      cudaLaunchAttribute attr[2];
+      const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN>(2, nullptr, attr);
+      int clusters = 0;
+      const cudaError_t r = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, CM, TN>, &cfg);
+      *ctas = std::min(*ctas, 2 * clusters);
+      return r;
+    });
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 // Host: builds the per-block TMA descriptors (cached for the last operands of
 // each device: XLA reuses buffer addresses, so steady-state calls encode
 // nothing) and launches on `stream` (CM = 2: clusters of 2x1 CTAs, grid even).
-template <class T, int CM>
+template <class T, int CM, int TN>
 cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
-  using C = GemmCfg<T, CM>;
+  using C = GemmCfg<T, CM, TN>;
   using Mainloop = typename C::Mainloop;
   static_assert(sizeof(typename C::SharedStorage) <= 232448, "shared memory over the sm90 limit");
   static_assert(sizeof(typename C::Params) <= 32000, "kernel parameters too large (CUDA >= 12.1 allows 32 KiB)");
@@ -510,7 +554,7 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     Cached& c = cache[dev & 63];
     if (!c.attr) {  // per device (normally done by PreloadGemm already)
-      e = PreloadVariant<T, CM>();
+      e = PreloadVariant<T, CM, TN>();
       if (e != cudaSuccess) return e;
       c.attr = true;
     }
@@ -531,18 +575,13 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     for (int b = 0; b < l.nranks; ++b) p.ml[b] = c.ml[b];
   }
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM>(l.grid, stream, attr, l.pdl != 0);
-  return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM>, p);
+  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN>(l.grid, stream, attr, l.pdl != 0);
+  return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM, TN>, p);
 }
 
-// The one dispatch over the cluster shape (GemmLaunch::cluster_m).
 template <class T>
 cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
-  switch (l.cluster_m) {
-    case 1: return LaunchVariant<T, 1>(l, stream);
-    case 2: return LaunchVariant<T, 2>(l, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return ForVariant(l.cluster_m, l.tile_n, [&]<int CM, int TN>() { return LaunchVariant<T, CM, TN>(l, stream); });
 }
 
 }  // namespace dfccl::overlap

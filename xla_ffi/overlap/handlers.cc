@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <iterator>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -41,7 +42,7 @@ struct RankState {
   uint32_t seq = 0;
   uint32_t rs_ce_rounds = 0;  // RS copy-engine launches so far (done counter target / tiles)
   uint32_t tiles_taken = 0;  // GEMM tile counter value after all launches so far (units + clusters each)
-  float* sk_partials = nullptr;  // split last wave: [SMs][kTileM * kTileN] f32 (allocated at its first use)
+  float* sk_partials = nullptr;  // split last wave: [SMs][kTileM * kTileNMax] f32 (allocated at its first use)
   uint32_t* sk_flags = nullptr;  // split last wave: [SMs] instance numbers
 };
 
@@ -254,10 +255,40 @@ Sched Schedule(int tiles, int avail, int k_tiles, int32_t mode) {
   return s;
 }
 
+// Effective waves of `tiles` whole tiles on `avail` CTAs under Schedule: the
+// whole waves, plus the last one's cost (a fraction when it is split).
+double Waves(const Sched& s, int tiles, int avail) {
+  const int full = tiles / avail;
+  if (s.sk_units > 0) return full + kSkCost * s.sk_tiles / double(s.sk_units);
+  return full + (tiles % avail != 0 ? 1.0 : 0.0);
+}
+
+// Tile width of a launch (GemmLaunch::tile_n): forced by the mode bits, else
+// the width of kTileNs with the least estimated time: effective waves (with
+// the split of Schedule) x the tile's work (its width) x the relative cost
+// of a column of that width (narrower tiles stream more operand bytes per
+// flop).  n is the GEMM's column count.  Depends only on the shape, the mode
+// and the SMs, so every rank of a group picks the same.
+constexpr double kTileCost[] = {1.08, 1.03, 1.0};  // per column, for kTileNs
+int ChooseTileN(int nranks, int mtiles, int n, int k, int avail, int32_t mode) {
+  const int forced = (mode & kModeTileMask) >> kModeTileShift;
+  if (forced > 0) return kTileNs[forced - 1];
+  const int k_tiles = (k + 63) / 64;
+  int best = kTileNMax;
+  double best_t = 0;
+  for (size_t i = 0; i < std::size(kTileNs); ++i) {
+    const int tn = kTileNs[i], tiles = nranks * mtiles * ((n + tn - 1) / tn);
+    const Sched s = Schedule(tiles, std::max(1, avail), k_tiles, mode);
+    const double t = Waves(s, tiles, std::max(1, avail)) * tn * kTileCost[i];
+    if (i == 0 || t < best_t) best = tn, best_t = t;
+  }
+  return best;
+}
+
 // Split-tile workspace of a rank (one slot per SM: sk_units <= avail <= SMs).
 void EnsureSplit(RankState& rs, const DeviceState& dev, GemmLaunch& gl, cudaStream_t stream) {
   if (rs.sk_partials == nullptr) {
-    OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.sk_partials), size_t(dev.sms) * kTileM * kTileN * sizeof(float)));
+    OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.sk_partials), size_t(dev.sms) * kTileM * kTileNMax * sizeof(float)));
     OV_CUDA(cudaMalloc(reinterpret_cast<void**>(&rs.sk_flags), size_t(dev.sms) * sizeof(uint32_t)));
     OV_CUDA(cudaMemsetAsync(rs.sk_flags, 0, size_t(dev.sms) * sizeof(uint32_t), stream));
   }
@@ -270,8 +301,9 @@ void EnsureSplit(RankState& rs, const DeviceState& dev, GemmLaunch& gl, cudaStre
 // wave is split or the tiles fit in one wave, else 2x1 (one H200, the GEMM
 // alone: 2x1 within the run-to-run spread of 1x1 on the multi-wave benchmark
 // shapes, 0-3% ahead on most in overlap_gemm_2026-12-01_h200_configs_rot.md).
-void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, int mtiles, int ntiles, int32_t mode,
+void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, int mtiles, int32_t mode,
               cudaStream_t stream) {
+  const int ntiles = (gl.n + gl.tile_n - 1) / gl.tile_n;
   const int k_tiles = (gl.k + 63) / 64, tiles = gl.nranks * mtiles * ntiles;
   Sched s = Schedule(tiles, std::max(1, avail), k_tiles, mode);  // 1x1 units
   gl.cluster_m = ClusterM(mode);
@@ -394,7 +426,9 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     for (int r = 0; r < P; ++r) ce = ce && pro.peer_buf[r] != 0 && pro.peer_flags[r] != 0;
     const int push_ctas = ce ? 0 : std::min<int>(16, (P - 1) * mtiles * 4);  // 4: pieces per chunk (push.cu)
     pl.grid = push_ctas;
-    const int tiles = P * int(mtiles) * ((n + kTileN - 1) / kTileN);
+    const int avail = dev.sms - (push ? std::max(push_ctas, 1) : 0);
+    const int tile_n = ChooseTileN(P, int(mtiles), n, K, avail, mode);
+    const int tiles = P * int(mtiles) * ((n + tile_n - 1) / tile_n);
     uint64_t* tl = TimelineAlloc(stream, size_t(tiles) * kTlWords + size_t(kMaxRanks) * kTlSide);
     if (push) {
       OV_CUDA(cudaEventRecord(dev.start, stream));
@@ -418,14 +452,13 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     gl.kind = kAllGatherGemm; gl.rank = g.rank; gl.nranks = P; gl.mb = m; gl.n = n; gl.k = K;
     for (int b = 0; b < P; ++b)
       gl.a[b] = b == g.rank ? x.untyped_data() : static_cast<char*>(pro.rs->buf) + size_t(b) * m * K * esz;
-    gl.w = w.untyped_data(); gl.out = out->untyped_data();
+    gl.w = w.untyped_data(); gl.out = out->untyped_data(); gl.tile_n = tile_n;
     gl.local_flags = pro.rs->flags; gl.tile_counter = pro.rs->counter; gl.mbox = pro.c->mbox;
     gl.seq = pro.seq; gl.timeout_ns = uint64_t(timeout_ns); gl.no_comm = no_comm; gl.tl = tl;
     PeerAddresses(pro, P, mode, gl);
     // Copy engine: one SM stays free for the side stream's wait / signal kernels
     // (the persistent GEMM's CTAs wait for flags those kernels raise).
-    PlanGemm(gl, *pro.rs, dev, dev.sms - (push ? std::max(push_ctas, 1) : 0), int(mtiles), (n + kTileN - 1) / kTileN,
-             mode, stream);
+    PlanGemm(gl, *pro.rs, dev, avail, int(mtiles), mode, stream);
     gl.tile_base = pro.rs->tiles_taken;
     pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
@@ -458,10 +491,11 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     const int mb = M / P;
     const LaunchFn launch = Dispatch(x.element_type());
     const size_t esz = 2;
-    const int per_block = ((mb + kTileM - 1) / kTileM) * ((N + kTileN - 1) / kTileN);
+    const int mtiles = (mb + kTileM - 1) / kTileM;
     DeviceState& dev = Device(ordinal);
+    // Flags for the narrowest tiles (the most per block), whatever this call picks.
     auto pro = Begin(stream, ChannelKey(key, g, x.element_type()), g, size_t(P) * mb * N * esz,
-                     size_t(P) * per_block, 1 + P, uint64_t(timeout_ns));
+                     size_t(P) * mtiles * ((N + kTileNMin - 1) / kTileNMin), 1 + P, uint64_t(timeout_ns));
     const bool no_comm = prof::NoComm();
     // Copy engine (2 ranks, every rank's buffers known): the peer block goes to
     // our own (unused) recv slot, the side stream moves it once complete.
@@ -470,6 +504,10 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     GemmLaunch gl;
     gl.kind = kGemmReduceScatter; gl.rank = g.rank; gl.nranks = P; gl.mb = mb; gl.n = N; gl.k = k;
     for (int b = 0; b < P; ++b) gl.a[b] = static_cast<const char*>(x.untyped_data()) + size_t(b) * mb * k * esz;
+    // Copy engine: one SM stays free for the side stream's wait / signal kernels.
+    const int avail = dev.sms - (ce ? 1 : 0);
+    gl.tile_n = ChooseTileN(P, mtiles, N, k, avail, mode);
+    const int per_block = mtiles * ((N + gl.tile_n - 1) / gl.tile_n);
     gl.w = w.untyped_data(); gl.out = out->untyped_data(); gl.local_recv = pro.rs->buf;
     gl.local_flags = pro.rs->flags; gl.tile_counter = pro.rs->counter; gl.mbox = pro.c->mbox;
     gl.seq = pro.seq; gl.timeout_ns = uint64_t(timeout_ns); gl.no_comm = no_comm;
@@ -491,9 +529,7 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
       Keep(key, "|copy", p0, Mark(dev.side));
       OV_CUDA(cudaEventRecord(dev.done, dev.side));
     }
-    // Copy engine: one SM stays free for the side stream's wait / signal kernels.
-    PlanGemm(gl, *pro.rs, dev, dev.sms - (ce ? 1 : 0), (mb + kTileM - 1) / kTileM, (N + kTileN - 1) / kTileN, mode,
-             stream);
+    PlanGemm(gl, *pro.rs, dev, avail, mtiles, mode, stream);
     gl.tile_base = pro.rs->tiles_taken;
     pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);

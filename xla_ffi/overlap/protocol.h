@@ -84,7 +84,13 @@ namespace dfccl::overlap {
 
 constexpr int kMaxRanks = 8;
 constexpr int kTileM = 128;  // GEMM tile rows == AG arrival-chunk rows
-constexpr int kTileN = 256;
+// GEMM tile columns: one of kTileNs per launch (GemmLaunch::tile_n), chosen by
+// the host per shape (handlers.cc, ChooseTileN) or forced by the mode bits
+// below.  Every rank of a group computes the same choice from the shape, so
+// the RS flags (one per tile) mean the same tiles on every rank.  Buffers
+// sized per tile (RS flags, split partials) are sized for the extreme one.
+constexpr int kTileNs[] = {128, 192, 256};
+constexpr int kTileNMin = 128, kTileNMax = 256;
 
 enum Kind : int32_t { kAllGatherGemm = 0, kGemmReduceScatter = 1 };
 
@@ -102,7 +108,11 @@ enum Mode : int32_t {
   kModeClusterM2 = 16,
   kModeNoSplit = 32,
   kModeClusterAuto = 64,  // config overlap_cluster_m=0: the host picks 1x1 or 2x1 per launch (handlers.cc)
-  kModeNoPdl = 128        // config overlap_pdl=False: the GEMM launches without programmatic serialization
+  kModeNoPdl = 128,       // config overlap_pdl=False: the GEMM launches without programmatic serialization
+  // config overlap_tile_n: bits 8..9 hold 0 (the host picks per shape) or
+  // 1 + the index of the forced width in kTileNs.
+  kModeTileShift = 8,
+  kModeTileMask = 768
 };
 
 // Profile timeline (globaltimer ns, written only when GemmLaunch::tl is set):
@@ -158,17 +168,18 @@ struct GemmLaunch {
   uint64_t timeout_ns = 0;
   int32_t grid = 0;                     // cluster_m = 2: even
   int32_t cluster_m = 1;                // 1: one CTA per tile; 2: 2x1 clusters on tile pairs (gemm_sched.cuh)
+  int32_t tile_n = kTileNMax;           // tile columns, one of kTileNs (tiles are kTileM x tile_n)
   int32_t units = 0;                    // work units: nranks x ceil(m tiles / cluster_m) x n tiles, or with
                                         // a split last wave (cluster_m = 1): tiles - sk_tiles + sk_units
   // Split last wave (gemm_sched.cuh): the last sk_tiles tiles of the order
   // are split into s = sk_units / sk_tiles equal k ranges, one unit each
   // (chunk-major); 0: none.  Chunks 0 .. s-2 leave their f32 accumulator in
-  // sk_partials[unit - (units - sk_units)] (kTileM x kTileN floats) and raise
+  // sk_partials[unit - (units - sk_units)] (kTileM x tile_n floats) and raise
   // sk_flags[same] = seq (release, GPU scope); the last chunk owns the tile:
   // it adds the partials and runs the tile's epilogue (its store, signal or
   // fold), so a tile's signal still covers the whole tile.
   int32_t sk_units = 0, sk_tiles = 0;
-  float* sk_partials = nullptr;         // local [sk_units][kTileM * kTileN]
+  float* sk_partials = nullptr;         // local [sk_units][kTileM * tile_n]
   uint32_t* sk_flags = nullptr;         // local [sk_units], instance numbers (never reset)
   int32_t no_comm = 0;  // diagnostic: no waits, no remote stores (GEMM cost alone; results invalid)
   int32_t thread_fences = 0;  // RS: every storing thread fences (else one fence per CTA)
