@@ -255,32 +255,41 @@ Sched Schedule(int tiles, int avail, int k_tiles, int32_t mode) {
   return s;
 }
 
-// Effective waves of `tiles` whole tiles on `avail` CTAs under Schedule: the
-// whole waves, plus the last one's cost (a fraction when it is split).
-double Waves(const Sched& s, int tiles, int avail) {
-  const int full = tiles / avail;
-  if (s.sk_units > 0) return full + kSkCost * s.sk_tiles / double(s.sk_units);
-  return full + (tiles % avail != 0 ? 1.0 : 0.0);
+// Estimated time of a launch (us) at one tile width: every wave costs a fixed
+// part (prologue, epilogue) and the k iterations of its units; a split last
+// wave costs its chunk's iterations and the partials' store and add.  The
+// constants are least-squares fits, per width, of the GEMM alone on one H200
+// over the 22 shapes of benchmarks/overlap_gemm.py (every width forced,
+// overlap_gemm_2026-12-02_h200_tiles.json; the estimate is within 4% of each
+// measurement there).  Only their ratios matter for the choice.
+struct TileCost {
+  double wave_us, iter_us, split_us;
+};
+constexpr TileCost kTileCost[] = {{1.92, 0.4025, 2.27}, {2.48, 0.6186, 6.35}, {1.29, 0.8286, 10.37}};  // kTileNs
+static_assert(std::size(kTileCost) == std::size(kTileNs), "a cost per tile width");
+double EstimateUs(const Sched& s, int tiles, int avail, int k_tiles, const TileCost& c) {
+  const int full = tiles / avail, rem = tiles % avail;
+  if (s.sk_units > 0)
+    return (full + 1) * c.wave_us + (full * k_tiles + double(k_tiles) * s.sk_tiles / s.sk_units) * c.iter_us +
+           c.split_us;
+  return (full + (rem != 0 ? 1 : 0)) * (c.wave_us + k_tiles * c.iter_us);
 }
 
 // Tile width of a launch (GemmLaunch::tile_n): forced by the mode bits, else
-// the width of kTileNs with the least estimated time: effective waves (with
-// the split of Schedule) x the tile's work (its width) x the relative cost
-// of a column of that width (narrower tiles stream more operand bytes per
-// flop).  n is the GEMM's column count.  Depends only on the shape, the mode
-// and the SMs, so every rank of a group picks the same.
-constexpr double kTileCost[] = {1.08, 1.03, 1.0};  // per column, for kTileNs
+// the width of kTileNs with the least EstimateUs (with the split Schedule
+// picks for it).  n is the GEMM's column count.  Depends only on the shape,
+// the mode and the SMs, so every rank of a group picks the same.
 int ChooseTileN(int nranks, int mtiles, int n, int k, int avail, int32_t mode) {
   const int forced = (mode & kModeTileMask) >> kModeTileShift;
   if (forced > 0) return kTileNs[forced - 1];
   const int k_tiles = (k + 63) / 64;
+  avail = std::max(1, avail);
   int best = kTileNMax;
-  double best_t = 0;
+  double best_us = 0;
   for (size_t i = 0; i < std::size(kTileNs); ++i) {
     const int tn = kTileNs[i], tiles = nranks * mtiles * ((n + tn - 1) / tn);
-    const Sched s = Schedule(tiles, std::max(1, avail), k_tiles, mode);
-    const double t = Waves(s, tiles, std::max(1, avail)) * tn * kTileCost[i];
-    if (i == 0 || t < best_t) best = tn, best_t = t;
+    const double us = EstimateUs(Schedule(tiles, avail, k_tiles, mode), tiles, avail, k_tiles, kTileCost[i]);
+    if (i == 0 || us < best_us) best = tn, best_us = us;
   }
   return best;
 }
