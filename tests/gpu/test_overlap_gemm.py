@@ -5,7 +5,7 @@ of one rank: no peers, so no pushes, waits or remote stores), which leaves the
 GEMM itself -- tile scheduler, TMA loads with zero fill, the 1x1 and 2x1
 cluster variants, predicated epilogues -- checked against a float32 jnp.dot of
 the same rounded inputs, on shapes whose M, N, K are not multiples of the
-128x256x64 tile and whose m-tile counts are odd (the second tile of the last
+128-row tiles of any width (128, 192, 256) and whose m-tile counts are odd (the second tile of the last
 2x1 pair lies below the matrix), and the split of a partial last wave
 (xla_ffi/overlap/handlers.cc, Schedule; on 132 SMs): one partial wave split
 into 4 chunks (600x1040x1000: 25 tiles of 16 k iterations, 100 units) or 2
