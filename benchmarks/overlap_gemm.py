@@ -91,6 +91,15 @@ def build(kind, M, N, K, names, iters):
   return {v: makers[v] for v in names}, (m, n, k)
 
 
+def default_plan(kind, m, n, k):
+  """The default configuration's launch plan of this one-rank GEMM (tile width, split; handlers.cc PlanLaunch)."""
+  import jax
+
+  from jax_dfccl._src import overlap_gpu as og
+  sms = getattr(jax.devices()[0], "core_count", None) or 132
+  return og.module().plan(1, m, n, k, sms, sms, og._mode(og._config(), kind, 1, 0))
+
+
 def interleaved(fns, iters, reps, min_rep_s):
   """{name: ms per op} for {name: (fn, args)}: per rep every variant once, in turn (rep r starts with
   the r-th variant: none always follows the same one); median over reps."""
@@ -186,6 +195,10 @@ def main():
         iters, _ = plan(kind, M, N, K)
         makers, (m, n, k) = build(kind, M, N, K, args.variants, iters)
         row = {"kind": kind, "M": M, "N": N, "K": K, "gemm": [m, n, k], "ms": {}, "tflops": {}}
+        try:
+          row["plan"] = default_plan(kind, m, n, k)
+        except Exception as e:  # noqa: BLE001
+          row.setdefault("errors", {})["plan"] = f"{type(e).__name__}: {e}"[:300]
         built = {}
         for v, make in makers.items():
           try:
@@ -228,9 +241,11 @@ def main():
            f"`{meta['command']}` (jax {meta['jax']}); ms per op (TFLOP/s), bfloat16, per-rank GEMM of TP=2.", "",
            ("Variants in turns rep by rep, " if args.interleave else "Variants one after another, ")
            + f"median of {args.reps} reps of at least {args.min_rep_ms:g} ms.", "",
-           "| op | M | N | K | GEMM m x n x k | " + " | ".join(args.variants) + " | fused_1x1 / xla_dot |"
+           "`plan`: the default configuration's tile width and, where a partial last wave is split, its tiles x"
+           " chunks (xla_ffi/overlap/handlers.cc PlanLaunch).", "",
+           "| op | M | N | K | GEMM m x n x k | plan | " + " | ".join(args.variants) + " | fused_1x1 / xla_dot |"
            + (" fused_auto / xla_dot |" if "fused_auto" in args.variants else ""),
-           "|---|---|---|---|---|" + "---|" * (len(args.variants) + 1 + ("fused_auto" in args.variants))]
+           "|---|---|---|---|---|---|" + "---|" * (len(args.variants) + 1 + ("fused_auto" in args.variants))]
   for r in rows:
     cells = [f"{r['ms'][v]:.3f} ({r['tflops'][v]:.0f})" if r["ms"].get(v) else "err" for v in args.variants]
     ratio = (f"{r['ms']['fused_1x1'] / r['ms']['xla_dot']:.3f}"
@@ -238,7 +253,10 @@ def main():
     if "fused_auto" in args.variants:
       ratio += (f" | {r['ms']['fused_auto'] / r['ms']['xla_dot']:.3f}"
                 if r["ms"].get("fused_auto") and r["ms"].get("xla_dot") else " | -")
-    lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | {'x'.join(map(str, r['gemm']))} | "
+    pl = r.get("plan")
+    plan_cell = "-" if not pl else f"{pl['tile_n']}" + (
+        f", {pl['sk_tiles']}x{pl['sk_units'] // pl['sk_tiles']}" if pl["sk_units"] else "")
+    lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | {'x'.join(map(str, r['gemm']))} | {plan_cell} | "
                  + " | ".join(cells) + f" | {ratio} |")
   if args.profile:
     lines += ["", "Traced chains: GEMM kernel us / GPU idle gap between consecutive GEMMs us / start-to-start"

@@ -23,6 +23,19 @@ NB_MODULE(_dfccl_overlap, m) {
     return out;
   });
 
+  // The plan of a launch (handlers.h PlanLaunch): tests and benchmarks.
+  m.def(
+      "plan",
+      [](int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode) {
+        const dfccl::overlap::LaunchPlan p = dfccl::overlap::PlanLaunch(nranks, rows, n, k, avail, cluster_ctas, mode);
+        nb::dict d;
+        d["tile_n"] = p.tile_n; d["cluster_m"] = p.cluster_m; d["tiles"] = p.tiles; d["units"] = p.units;
+        d["sk_units"] = p.sk_units; d["sk_tiles"] = p.sk_tiles; d["grid"] = p.grid; d["pdl"] = p.pdl;
+        return d;
+      },
+      nb::arg("nranks"), nb::arg("rows"), nb::arg("n"), nb::arg("k"), nb::arg("avail"), nb::arg("cluster_ctas"),
+      nb::arg("mode"));
+
   // Diagnostics (benchmarks/overlap_diag.py); see handlers.h.
   m.def("_set_diag", &dfccl::overlap::SetDiag, nb::arg("no_comm"), nb::arg("profile"));
   m.def("_profile_results", [] {

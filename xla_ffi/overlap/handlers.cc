@@ -213,10 +213,10 @@ int Units(int nranks, int mtiles, int ntiles, int cm) { return nranks * ((mtiles
 
 // Grid of the persistent GEMM: at most `avail` CTAs (the SMs left to it) and
 // one per unit; cm = 2 whole clusters only, no more than are resident at once.
-int GemmGrid(const DeviceState& dev, int avail, int units, int cm) {
+int GemmGrid(int cluster_ctas, int avail, int units, int cm) {
   if (cm == 1) return std::max(1, std::min(avail, units));
-  DFCCL_CHECK(dev.cluster_ctas >= 2, "dfccl overlap: no 2x1 cluster of the GEMM fits on the device");
-  return std::max(2, std::min({avail, 2 * units, dev.cluster_ctas}) & ~1);
+  DFCCL_CHECK(cluster_ctas >= 2, "dfccl overlap: no 2x1 cluster of the GEMM fits on the device");
+  return std::max(2, std::min({avail, 2 * units, cluster_ctas}) & ~1);
 }
 
 // Work units of one launch (gemm_sched.cuh): whole tiles, and with a split
@@ -308,28 +308,48 @@ void EnsureSplit(RankState& rs, const DeviceState& dev, GemmLaunch& gl, cudaStre
   gl.sk_flags = rs.sk_flags;
 }
 
-// Cluster shape, units and grid of a launch; the split-tile workspace when
-// used.  kModeClusterAuto (config overlap_cluster_m = 0): 1x1 when the last
-// wave is split or the tiles fit in one wave, else 2x1 (one H200, the GEMM
-// alone: 2x1 within the run-to-run spread of 1x1 on the multi-wave benchmark
-// shapes, 0-3% ahead on most in overlap_gemm_2026-12-01_h200_configs_rot.md).
-void PlanGemm(GemmLaunch& gl, RankState& rs, const DeviceState& dev, int avail, int mtiles, int32_t mode,
-              cudaStream_t stream) {
-  const int ntiles = (gl.n + gl.tile_n - 1) / gl.tile_n;
-  const int k_tiles = (gl.k + 63) / 64, tiles = gl.nranks * mtiles * ntiles;
-  Sched s = Schedule(tiles, std::max(1, avail), k_tiles, mode);  // 1x1 units
-  gl.cluster_m = ClusterM(mode);
-  if (mode & kModeClusterAuto) gl.cluster_m = s.sk_units == 0 && tiles > avail && dev.cluster_ctas >= 2 ? 2 : 1;
-  if (gl.cluster_m != 1) s = Sched{Units(gl.nranks, mtiles, ntiles, gl.cluster_m), 0, 0};
-  gl.units = s.units;
+}  // namespace
+
+// Tile width, cluster shape, units and grid of a launch (handlers.h).
+// kModeClusterAuto (config overlap_cluster_m = 0): 1x1 when the last wave is
+// split or the tiles fit in one wave, else 2x1 (one H200, the GEMM alone: 2x1
+// within the run-to-run spread of 1x1 on the multi-wave benchmark shapes, 0-3%
+// ahead on most in overlap_gemm_2026-12-01_h200_configs_rot.md).
+LaunchPlan PlanLaunch(int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode) {
+  LaunchPlan p;
+  avail = std::max(1, avail);
+  const int mtiles = (rows + kTileM - 1) / kTileM;
+  p.tile_n = ChooseTileN(nranks, mtiles, n, k, avail, mode);
+  const int ntiles = (n + p.tile_n - 1) / p.tile_n;
+  const int k_tiles = (k + 63) / 64, tiles = nranks * mtiles * ntiles;
+  Sched s = Schedule(tiles, avail, k_tiles, mode);  // 1x1 units
+  p.cluster_m = ClusterM(mode);
+  if (mode & kModeClusterAuto) p.cluster_m = s.sk_units == 0 && tiles > avail && cluster_ctas >= 2 ? 2 : 1;
+  if (p.cluster_m != 1) s = Sched{Units(nranks, mtiles, ntiles, p.cluster_m), 0, 0};
+  p.tiles = tiles;
+  p.units = s.units;
+  p.sk_units = s.sk_units;
+  p.sk_tiles = s.sk_tiles;
   // Programmatic launch on 1x1 clusters only: with 2x1 clusters it made the
   // GEMM slower (one H200, the GEMM alone: 0.460 vs 0.368 ms for 4096x7168x4096,
   // overlap_gemm_2026-12-02_h200_pdl.md); stream order there.
-  gl.pdl = (mode & kModeNoPdl) || gl.cluster_m != 1 ? 0 : 1;
-  gl.sk_units = s.sk_units;
-  gl.sk_tiles = s.sk_tiles;
-  if (s.sk_units > 0) EnsureSplit(rs, dev, gl, stream);
-  gl.grid = GemmGrid(dev, avail, gl.units, gl.cluster_m);
+  p.pdl = (mode & kModeNoPdl) || p.cluster_m != 1 ? 0 : 1;
+  p.grid = GemmGrid(cluster_ctas, avail, p.units, p.cluster_m);
+  return p;
+}
+
+namespace {
+
+// A launch's plan into its GemmLaunch; the split-tile workspace when used.
+void ApplyPlan(const LaunchPlan& p, GemmLaunch& gl, RankState& rs, const DeviceState& dev, cudaStream_t stream) {
+  gl.tile_n = p.tile_n;
+  gl.cluster_m = p.cluster_m;
+  gl.units = p.units;
+  gl.sk_units = p.sk_units;
+  gl.sk_tiles = p.sk_tiles;
+  gl.pdl = p.pdl;
+  gl.grid = p.grid;
+  if (p.sk_units > 0) EnsureSplit(rs, dev, gl, stream);
 }
 
 
@@ -438,9 +458,9 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     for (int r = 0; r < P; ++r) ce = ce && pro.peer_buf[r] != 0 && pro.peer_flags[r] != 0;
     const int push_ctas = ce ? 0 : std::min<int>(16, (P - 1) * mtiles * 4);  // 4: pieces per chunk (push.cu)
     pl.grid = push_ctas;
-    const int avail = dev.sms - (push ? std::max(push_ctas, 1) : 0);
-    const int tile_n = ChooseTileN(P, int(mtiles), n, K, avail, mode);
-    const int tiles = P * int(mtiles) * ((n + tile_n - 1) / tile_n);
+    const LaunchPlan plan =
+        PlanLaunch(P, m, n, K, dev.sms - (push ? std::max(push_ctas, 1) : 0), dev.cluster_ctas, mode);
+    const int tiles = plan.tiles;
     uint64_t* tl = TimelineAlloc(stream, size_t(tiles) * kTlWords + size_t(kMaxRanks) * kTlSide);
     if (push) {
       OV_CUDA(cudaEventRecord(dev.start, stream));
@@ -464,13 +484,13 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     gl.kind = kAllGatherGemm; gl.rank = g.rank; gl.nranks = P; gl.mb = m; gl.n = n; gl.k = K;
     for (int b = 0; b < P; ++b)
       gl.a[b] = b == g.rank ? x.untyped_data() : static_cast<char*>(pro.rs->buf) + size_t(b) * m * K * esz;
-    gl.w = w.untyped_data(); gl.out = out->untyped_data(); gl.tile_n = tile_n;
+    gl.w = w.untyped_data(); gl.out = out->untyped_data();
     gl.local_flags = pro.rs->flags; gl.tile_counter = pro.rs->counter; gl.mbox = pro.c->mbox;
     gl.seq = pro.seq; gl.timeout_ns = uint64_t(timeout_ns); gl.no_comm = no_comm; gl.tl = tl;
     PeerAddresses(pro, P, mode, gl);
     // Copy engine: one SM stays free for the side stream's wait / signal kernels
     // (the persistent GEMM's CTAs wait for flags those kernels raise).
-    PlanGemm(gl, *pro.rs, dev, avail, int(mtiles), mode, stream);
+    ApplyPlan(plan, gl, *pro.rs, dev, stream);
     gl.tile_base = pro.rs->tiles_taken;
     pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);
@@ -517,9 +537,8 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     gl.kind = kGemmReduceScatter; gl.rank = g.rank; gl.nranks = P; gl.mb = mb; gl.n = N; gl.k = k;
     for (int b = 0; b < P; ++b) gl.a[b] = static_cast<const char*>(x.untyped_data()) + size_t(b) * mb * k * esz;
     // Copy engine: one SM stays free for the side stream's wait / signal kernels.
-    const int avail = dev.sms - (ce ? 1 : 0);
-    gl.tile_n = ChooseTileN(P, mtiles, N, k, avail, mode);
-    const int per_block = mtiles * ((N + gl.tile_n - 1) / gl.tile_n);
+    const LaunchPlan plan = PlanLaunch(P, mb, N, k, dev.sms - (ce ? 1 : 0), dev.cluster_ctas, mode);
+    const int per_block = plan.tiles / P;
     gl.w = w.untyped_data(); gl.out = out->untyped_data(); gl.local_recv = pro.rs->buf;
     gl.local_flags = pro.rs->flags; gl.tile_counter = pro.rs->counter; gl.mbox = pro.c->mbox;
     gl.seq = pro.seq; gl.timeout_ns = uint64_t(timeout_ns); gl.no_comm = no_comm;
@@ -541,7 +560,7 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
       Keep(key, "|copy", p0, Mark(dev.side));
       OV_CUDA(cudaEventRecord(dev.done, dev.side));
     }
-    PlanGemm(gl, *pro.rs, dev, avail, mtiles, mode, stream);
+    ApplyPlan(plan, gl, *pro.rs, dev, stream);
     gl.tile_base = pro.rs->tiles_taken;
     pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
     cudaEvent_t g0 = Mark(stream);

@@ -1,0 +1,99 @@
+"""The fused GEMM's launch plan (xla_ffi/overlap/handlers.cc PlanLaunch): tile width, split, cluster, grid.
+
+The plan is made on the host from the shape, the mode bits and the SM count only (so every rank of a
+group makes the same one); the extension module exports it, so these run without a GPU wherever
+``_dfccl_overlap`` is built (CI builds it after the CPU tests and runs this file).  The kernels
+themselves are tested on a GPU (tests/gpu/test_overlap_gemm.py).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+ov = pytest.importorskip("jax_dfccl._dfccl_overlap", reason="fused overlap module not built (needs nvcc + CUTLASS)")
+from jax_dfccl._src import overlap_gpu as og  # noqa: E402
+
+SMS = 132  # an H200
+TILE_M = 128
+
+
+def plan(rows, n, k, nranks=1, avail=SMS, cluster_ctas=SMS, mode=0):
+  return ov.plan(nranks, rows, n, k, avail, cluster_ctas, mode)
+
+
+def forced(tile_n):
+  return (og.TILE_NS.index(tile_n) + 1) << og.MODE_TILE_SHIFT
+
+
+def whole_tiles(rows, n, tile_n, nranks=1):
+  return nranks * math.ceil(rows / TILE_M) * math.ceil(n / tile_n)
+
+
+SHAPES = [(512, 4096, 7168), (512, 7168, 4096), (1024, 7168, 4096), (4096, 4096, 7168), (8192, 24576, 12288),
+          (600, 1040, 1000), (1300, 3600, 512), (96, 272, 136), (1100, 264, 8)]
+
+
+@pytest.mark.parametrize("rows,n,k", SHAPES)
+@pytest.mark.parametrize("nranks", [1, 2, 4])
+def test_plan_is_consistent(rows, n, k, nranks):
+  """Units, split and grid agree with the tile grid of the chosen width, at every width and in auto."""
+  for mode in [0] + [forced(t) for t in og.TILE_NS]:
+    p = plan(rows, n, k, nranks, mode=mode)
+    assert p["tile_n"] in og.TILE_NS
+    if mode:
+      assert p["tile_n"] == og.TILE_NS[(mode >> og.MODE_TILE_SHIFT) - 1]
+    assert p["tiles"] == whole_tiles(rows, n, p["tile_n"], nranks)
+    assert p["units"] == p["tiles"] - p["sk_tiles"] + p["sk_units"]
+    if p["sk_units"]:
+      assert p["sk_units"] % p["sk_tiles"] == 0 and 2 <= p["sk_units"] // p["sk_tiles"] <= 4
+      assert p["sk_tiles"] == p["tiles"] % SMS  # the partial last wave, and only it
+      assert p["sk_units"] <= SMS  # one partial slot per SM
+    assert 1 <= p["grid"] <= min(SMS, p["units"])
+    assert p["cluster_m"] == 1 and p["pdl"] == 1
+
+
+def test_same_plan_every_time():
+  """The choice depends on its arguments only (every rank of a group must compute the same tile grid)."""
+  for rows, n, k in SHAPES:
+    assert all(plan(rows, n, k) == plan(rows, n, k) for _ in range(3))
+
+
+def test_narrow_tiles_fill_a_wave_the_wide_ones_leave_half_empty():
+  """4 m tiles x 4096 columns: 64 tiles of 256 leave half of 132 SMs idle for 112 k iterations; 128 tiles
+  of 128 fill them (measured 0.052 vs 0.059 ms on one H200, overlap_gemm_2026-12-02_h200_tiles_warm.md)."""
+  assert plan(512, 4096, 7168)["tile_n"] == 128
+  assert plan(512, 4096, 7168, mode=forced(256))["units"] == 128  # 64 tiles split in 2: not a whole wave of work
+
+
+def test_wide_tiles_where_they_fill_the_wave():
+  """One wave either way (112 tiles of 256, or 224 of 128 in two waves): the wider tile streams fewer bytes."""
+  assert plan(512, 7168, 4096)["tile_n"] == 256
+
+
+def test_split_of_a_partial_last_wave():
+  """600x1040x1000 at 256 columns: 25 tiles of 16 k iterations, each split into 4 chunks (100 units)."""
+  p = plan(600, 1040, 1000, mode=forced(256))
+  assert (p["tiles"], p["sk_tiles"], p["sk_units"], p["units"]) == (25, 25, 100, 100)
+  no_split = plan(600, 1040, 1000, mode=forced(256) | og.MODE_NO_SPLIT)
+  assert (no_split["sk_units"], no_split["units"]) == (0, 25)
+
+
+def test_clusters():
+  """overlap_cluster_m = 2: pairs of m tiles, no split, stream order, an even grid of resident clusters;
+  auto (0): 2x1 only for several waves without a split."""
+  p = plan(8192, 24576, 12288, mode=og.MODE_CLUSTER_M2 | forced(256))
+  assert p["cluster_m"] == 2 and p["sk_units"] == 0 and p["pdl"] == 0
+  assert p["units"] == 64 // 2 * 96 and p["grid"] % 2 == 0 and p["grid"] <= SMS
+  assert plan(8192, 24576, 12288, cluster_ctas=120, mode=og.MODE_CLUSTER_M2)["grid"] <= 120
+  assert plan(8192, 24576, 12288, mode=og.MODE_CLUSTER_AUTO | forced(256))["cluster_m"] == 2
+  assert plan(600, 1040, 1000, mode=og.MODE_CLUSTER_AUTO)["cluster_m"] == 1  # split last wave: 1x1
+  with pytest.raises(RuntimeError, match="2x1 cluster"):
+    plan(8192, 24576, 12288, cluster_ctas=0, mode=og.MODE_CLUSTER_M2)
+
+
+def test_fewer_sms_for_the_gemm():
+  """avail: the SMs left to the GEMM (AG push kernels, a copy engine's side kernels) bound the grid and
+  the split."""
+  p = plan(1300, 3600, 512, avail=100, mode=forced(256))
+  assert p["grid"] <= 100 and p["sk_units"] <= 100
