@@ -140,6 +140,7 @@ def bench_ops(sizes, ops_names, reps):
           try:
             t = common.pipelined_time(chain(fns[op], n_ops, "unrolled"), x, reps=reps) / n_ops
             row[f"{impl}/pipelined/us"] = t * 1e6
+            row[f"{impl}/pipelined/busbw_GBs"] = busbw(op, nbytes, t) / 1e9
           except Exception as e:  # noqa: BLE001
             row[f"{impl}/pipelined/error"] = repr(e)[:200]
       rows.append(row)
