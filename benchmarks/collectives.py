@@ -96,9 +96,6 @@ def chain(fn, n_ops, mode):
 _progress = {"t": time.perf_counter(), "what": "start"}
 
 
-PIPELINED = [False]  # --pipelined: also time the unrolled chain with 8 calls enqueued before blocking
-
-
 def stall_reporter(every_s):
   """Prints jax_dfccl.pending() whenever no benchmark step finished for `every_s` seconds."""
   import threading  # noqa: PLC0415
@@ -115,7 +112,8 @@ def stall_reporter(every_s):
   threading.Thread(target=run, daemon=True).start()
 
 
-def bench_ops(sizes, ops_names, reps):
+def bench_ops(sizes, ops_names, reps, pipelined=False):
+  """pipelined: also time the unrolled chain with 8 calls enqueued before blocking."""
   ours, how = dfccl_ops()
   lax = lax_ops()
   rows = []
@@ -136,7 +134,7 @@ def bench_ops(sizes, ops_names, reps):
           except Exception as e:  # noqa: BLE001
             row[f"{impl}/{mode}/error"] = repr(e)[:200]
           _progress.update(t=time.perf_counter(), what=f"{op} {nbytes} B {impl} {mode}")
-        if PIPELINED[0]:  # the unrolled chain with calls enqueued back to back (host work hidden)
+        if pipelined:  # the unrolled chain with calls enqueued back to back (host work hidden)
           try:
             t = common.pipelined_time(chain(fns[op], n_ops, "unrolled"), x, reps=reps) / n_ops
             row[f"{impl}/pipelined/us"] = t * 1e6
@@ -235,7 +233,6 @@ def main():
                   help="also time the unrolled chain with 8 calls enqueued back to back before blocking "
                   "(per-call host work hidden behind the device: the device-bound time per op)")
   a = ap.parse_args()
-  PIPELINED[0] = a.pipelined
   if a.stall_report > 0:
     stall_reporter(a.stall_report)
   if a.config:
@@ -249,7 +246,7 @@ def main():
   if a.sizes:
     unit = {"K": KiB, "M": MiB, "G": 1024 * MiB}
     sizes = [int(float(t[:-1]) * unit[t[-1].upper()]) if t[-1].upper() in unit else int(t) for t in a.sizes.split(",")]
-  rows, how = bench_ops(sizes, ops_names, a.reps)
+  rows, how = bench_ops(sizes, ops_names, a.reps, a.pipelined)
   chaos = {}
   try:
     import jax_dfccl as d

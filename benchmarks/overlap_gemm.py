@@ -92,7 +92,7 @@ def build(kind, M, N, K, names, iters):
 
 
 def default_plan(kind, m, n, k):
-  """The default configuration's launch plan of this one-rank GEMM (tile width, split; handlers.cc PlanLaunch)."""
+  """The default configuration's launch plan of this one-rank GEMM (tile width, split; plan.cc PlanLaunch)."""
   import jax
 
   from jax_dfccl._src import overlap_gpu as og
@@ -242,7 +242,7 @@ def main():
            ("Variants in turns rep by rep, " if args.interleave else "Variants one after another, ")
            + f"median of {args.reps} reps of at least {args.min_rep_ms:g} ms.", "",
            "`plan`: the default configuration's tile width and, where a partial last wave is split, its tiles x"
-           " chunks (xla_ffi/overlap/handlers.cc PlanLaunch).", "",
+           " chunks (xla_ffi/overlap/plan.cc PlanLaunch).", "",
            "| op | M | N | K | GEMM m x n x k | plan | " + " | ".join(args.variants) + " | fused_1x1 / xla_dot |"
            + (" fused_auto / xla_dot |" if "fused_auto" in args.variants else ""),
            "|---|---|---|---|---|---|" + "---|" * (len(args.variants) + 1 + ("fused_auto" in args.variants))]

@@ -103,16 +103,17 @@ class Config:
   #: clusters.  The GEMM alone on one H200 (benchmarks/overlap_gemm.py):
   #: within -3%..+4% of 1 over the 18 benchmark shapes, so 1 stays the default
   #: (not yet measured with communication on 2 GPUs).  0: chosen per launch
-  #: by the host (xla_ffi/overlap/handlers.cc, PlanGemm): 1 when the last
+  #: by the host (xla_ffi/overlap/plan.cc, PlanLaunch): 1 when the last
   #: wave is split (overlap_split_last_wave) or the tiles fit in one wave,
   #: else 2.  Read (and checked) at trace time.
   overlap_cluster_m: int = 1
   #: Fused GEMMs: the tile width (columns of a 128-row tile): 128, 192 or
-  #: 256, or 0 (default): the host picks one per shape from the waves each
-  #: width takes on the SMs, a partial last wave's split included, and a
-  #: per-width cost of a column (xla_ffi/overlap/handlers.cc, ChooseTileN;
-  #: narrower tiles fill the SMs better on small GEMMs, wider ones stream
-  #: fewer operand bytes per flop).  Read (and checked) at trace time.
+  #: 256, or 0 (default): the host picks one per shape, the least estimated
+  #: time of a per-width model of waves, k iterations and a partial last
+  #: wave's split, fitted to measurements on one H200
+  #: (xla_ffi/overlap/plan.cc, ChooseTileN; narrower tiles fill the SMs
+  #: better on small GEMMs, wider ones stream fewer operand bytes per flop).
+  #: Read (and checked) at trace time.
   overlap_tile_n: int = 0
   # ---- GPU daemon tuning (runtime/config.h reads them; benchmarks and tools set them) ----
   #: GPU: cap of the proxy's backoff between relaunches of a daemon that quit
@@ -162,7 +163,7 @@ class Config:
   #: its tiles are split into 2-4 equal k ranges, one CTA each; the last range
   #: adds the others' f32 partials and runs the tile's epilogue (its signal
   #: covers the whole tile).  The host chooses it per launch from the tile
-  #: count, the SMs and K (xla_ffi/overlap/handlers.cc, Schedule); False:
+  #: count, the SMs and K (xla_ffi/overlap/plan.cc, Schedule); False:
   #: whole tiles only.  Read at trace time.
   overlap_split_last_wave: bool = True
   #: Fused GEMMs: launched with programmatic stream serialization, so that a

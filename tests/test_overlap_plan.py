@@ -1,4 +1,4 @@
-"""The fused GEMM's launch plan (xla_ffi/overlap/handlers.cc PlanLaunch): tile width, split, cluster, grid.
+"""The fused GEMM's launch plan (xla_ffi/overlap/plan.cc PlanLaunch): tile width, split, cluster, grid.
 
 The plan is made on the host from the shape, the mode bits and the SM count only (so every rank of a
 group makes the same one); the extension module exports it, so these run without a GPU wherever

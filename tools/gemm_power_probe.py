@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import subprocess
+import threading
 import time
 
 import jax
@@ -71,20 +72,16 @@ def main():
     per_call[i] = (time.perf_counter() - t) / 5
   smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                           "-lms", "50"], stdout=subprocess.PIPE, text=True)
-  samples = []
+  samples = []  # (time, SM MHz, W), appended by the reader until nvidia-smi ends
 
-  def read_until(deadline):
-    while time.time() < deadline:
-      line = smi.stdout.readline()
-      if not line:
-        break
+  def read():
+    for line in smi.stdout:
       try:
         clk, pw = (float(v) for v in line.split(","))
-        samples.append((time.time(), clk, pw))
       except ValueError:
-        pass
-  import threading
-  reader = threading.Thread(target=read_until, args=(time.time() + 3600,), daemon=True)
+        continue
+      samples.append((time.time(), clk, pw))
+  reader = threading.Thread(target=read, daemon=True)
   reader.start()
   segs = {i: [] for i in fns}
   for _ in range(a.turns):
@@ -99,6 +96,7 @@ def main():
       segs[i].append((t0w + 0.3 * dt, t0w + dt, dt / calls))  # clocks settle over the first 30%
   time.sleep(0.2)
   smi.terminate()
+  reader.join(timeout=2)
   flop = 2 * m * n * k
   out = {"shape": [m, n, k], "impls": {}}
   for i, ss in segs.items():

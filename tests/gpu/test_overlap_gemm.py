@@ -7,7 +7,7 @@ cluster variants, predicated epilogues -- checked against a float32 jnp.dot of
 the same rounded inputs, on shapes whose M, N, K are not multiples of the
 128-row tiles of any width (128, 192, 256) and whose m-tile counts are odd (the second tile of the last
 2x1 pair lies below the matrix), and the split of a partial last wave
-(xla_ffi/overlap/handlers.cc, Schedule; on 132 SMs): one partial wave split
+(xla_ffi/overlap/plan.cc, Schedule; on 132 SMs): one partial wave split
 into 4 chunks (600x1040x1000: 25 tiles of 16 k iterations, 100 units) or 2
 (1024x2048x1024: 64 tiles, 128 units), whole tiles then a last wave of 33
 tiles in 2 chunks of 5-6 iterations (1300x3600x704: 165 tiles, 198 units) or

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 
 #include "overlap/handlers.h"
+#include "overlap/plan.h"
 
 namespace nb = nanobind;
 
@@ -23,7 +24,7 @@ NB_MODULE(_dfccl_overlap, m) {
     return out;
   });
 
-  // The plan of a launch (handlers.h PlanLaunch): tests and benchmarks.
+  // The plan of a launch (overlap/plan.h): tests and benchmarks.
   m.def(
       "plan",
       [](int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode) {

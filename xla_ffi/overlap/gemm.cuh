@@ -38,7 +38,9 @@
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include <iterator>
 #include <mutex>
+#include <utility>
 
 #include "overlap/gemm_sched.cuh"
 #include "overlap/launch.h"
@@ -449,21 +451,20 @@ cudaError_t PreloadVariant() {
 }
 
 // The one dispatch over the variants: f<CM, TN>() for a launch's cluster shape
-// and tile width (cudaErrorInvalidValue for others).
+// and tile width, TN one of kTileNs (instantiated from that table), or
+// cudaErrorInvalidValue for others.
+template <int CM, class F, size_t... I>
+cudaError_t ForWidth(int tile_n, F& f, std::index_sequence<I...>) {
+  cudaError_t e = cudaErrorInvalidValue;
+  (void)((tile_n == kTileNs[I] && ((e = f.template operator()<CM, kTileNs[I]>()), true)) || ...);
+  return e;
+}
 template <class F>
 cudaError_t ForVariant(int cluster_m, int tile_n, F&& f) {
-  auto by_width = [&](auto cm) -> cudaError_t {
-    constexpr int CM = decltype(cm)::value;
-    switch (tile_n) {
-      case 128: return f.template operator()<CM, 128>();
-      case 192: return f.template operator()<CM, 192>();
-      case 256: return f.template operator()<CM, 256>();
-      default: return cudaErrorInvalidValue;
-    }
-  };
+  constexpr auto widths = std::make_index_sequence<std::size(kTileNs)>{};
   switch (cluster_m) {
-    case 1: return by_width(std::integral_constant<int, 1>{});
-    case 2: return by_width(std::integral_constant<int, 2>{});
+    case 1: return ForWidth<1>(tile_n, f, widths);
+    case 2: return ForWidth<2>(tile_n, f, widths);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -11,7 +11,6 @@
 // engine for AG rows, one fence per CTA in RS, copy engine for RS partials).
 #pragma once
 
-#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,19 +21,6 @@ namespace dfccl::overlap {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(OverlapAgCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(OverlapRsCuda);
-
-// How a fused GEMM launch is cut into work (gemm_sched.cuh), decided on the
-// host from the shape, the `mode` bits and the device alone -- so every rank
-// of a group makes the same plan: the tile width (kTileNs), the cluster shape,
-// the tiles of the launch (every row block), its work units (a split last
-// wave's sk_tiles tiles as sk_units chunks), the grid and the programmatic
-// launch.  rows: rows of one row block (AG: x's rows; RS: M / nranks); avail:
-// the SMs left to the GEMM; cluster_ctas: CTAs of the 2x1 variant resident at
-// once.  Exported for tests and benchmarks (no GPU needed).
-struct LaunchPlan {
-  int tile_n = 0, cluster_m = 1, tiles = 0, units = 0, sk_units = 0, sk_tiles = 0, grid = 0, pdl = 0;
-};
-LaunchPlan PlanLaunch(int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode);
 
 // Errors recorded by timed-out waits so far (one line per channel).
 std::vector<std::string> Errors();

@@ -85,7 +85,7 @@ namespace dfccl::overlap {
 constexpr int kMaxRanks = 8;
 constexpr int kTileM = 128;  // GEMM tile rows == AG arrival-chunk rows
 // GEMM tile columns: one of kTileNs per launch (GemmLaunch::tile_n), chosen by
-// the host per shape (handlers.cc, ChooseTileN) or forced by the mode bits
+// the host per shape (plan.cc, ChooseTileN) or forced by the mode bits
 // below.  Every rank of a group computes the same choice from the shape, so
 // the RS flags (one per tile) mean the same tiles on every rank.  Buffers
 // sized per tile (RS flags, split partials) are sized for the extreme one.
