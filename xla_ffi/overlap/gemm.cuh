@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN>::kThreads, 1)
   const int lane = cutlass::canonical_lane_idx();
   const int mt = (l.mb + kTileM - 1) / kTileM, nt = (l.n + kTileN - 1) / kTileN;
   const int per_block = mt * nt, total = l.nranks * per_block;
-  const int units = l.units;  // work units (gemm_sched.cuh), counted by the host
+  const int units = l.plan.units;  // work units (gemm_sched.cuh), counted by the host
   const int k_tiles = (l.k + 63) / 64;
   const uint32_t crank = CM > 1 ? cute::block_rank_in_cluster() : 0u;
 
@@ -300,11 +300,11 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN>::kThreads, 1)
     if (pc.wait_n > 0) {  // split tile's owner: add the earlier chunks' partials (chunk order)
       if (mma_tid == 0)
         for (int i = 0; i < pc.wait_n; ++i)
-          WaitGeq(l.sk_flags + pc.wait_first + i * l.sk_tiles, l.seq, l.mbox, l.timeout_ns,
+          WaitGeq(l.sk_flags + pc.wait_first + i * l.plan.sk_tiles, l.seq, l.mbox, l.timeout_ns,
                   ErrorCode(kWaitSplit, l.rank, l.rank));
       ConsumerBarrier(C::kMmaThreads);
       for (int i = 0; i < pc.wait_n; ++i)
-        SkAddPartial<C::kMmaThreads>(l.sk_partials + size_t(pc.wait_first + i * l.sk_tiles) * kTileM * kTileN, acc,
+        SkAddPartial<C::kMmaThreads>(l.sk_partials + size_t(pc.wait_first + i * l.plan.sk_tiles) * kTileM * kTileN, acc,
                                      mma_tid);
     }
 
@@ -536,7 +536,7 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
   using Mainloop = typename C::Mainloop;
   static_assert(sizeof(typename C::SharedStorage) <= 232448, "shared memory over the sm90 limit");
   static_assert(sizeof(typename C::Params) <= 32000, "kernel parameters too large (CUDA >= 12.1 allows 32 KiB)");
-  if (l.grid <= 0 || l.grid % CM != 0) return cudaErrorInvalidConfiguration;
+  if (l.plan.grid <= 0 || l.plan.grid % CM != 0) return cudaErrorInvalidConfiguration;
   struct Cached {
     bool attr = false;
     const void* a[kMaxRanks] = {};
@@ -576,13 +576,13 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     for (int b = 0; b < l.nranks; ++b) p.ml[b] = c.ml[b];
   }
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN>(l.grid, stream, attr, l.pdl != 0);
+  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN>(l.plan.grid, stream, attr, l.plan.pdl != 0);
   return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM, TN>, p);
 }
 
 template <class T>
 cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
-  return ForVariant(l.cluster_m, l.tile_n, [&]<int CM, int TN>() { return LaunchVariant<T, CM, TN>(l, stream); });
+  return ForVariant(l.plan.cluster_m, l.plan.tile_n, [&]<int CM, int TN>() { return LaunchVariant<T, CM, TN>(l, stream); });
 }
 
 }  // namespace dfccl::overlap

@@ -77,9 +77,9 @@ struct Piece {
 
 template <int CM>
 __device__ __forceinline__ Piece UnitPiece(const GemmLaunch& l, int u, int kt) {
-  const int dp = l.units - l.sk_units;
+  const int dp = l.plan.units - l.plan.sk_units;
   if (CM > 1 || u < dp) return {u, 0, kt, -1, 0, 0, false};
-  const int j = u - dp, R = l.sk_tiles, s = l.sk_units / R, c = j / R, t = j % R;
+  const int j = u - dp, R = l.plan.sk_tiles, s = l.plan.sk_units / R, c = j / R, t = j % R;
   const int k0 = c * kt / s, k1 = (c + 1) * kt / s;
   const bool owner = c == s - 1;
   return {dp + t, k0, k1 - k0, j, t, owner ? s - 1 : 0, !owner};

@@ -218,16 +218,9 @@ void EnsureSplit(RankState& rs, const DeviceState& dev, GemmLaunch& gl, cudaStre
 
 // A launch's plan into its GemmLaunch; the split-tile workspace when used.
 void ApplyPlan(const LaunchPlan& p, GemmLaunch& gl, RankState& rs, const DeviceState& dev, cudaStream_t stream) {
-  gl.tile_n = p.tile_n;
-  gl.cluster_m = p.cluster_m;
-  gl.units = p.units;
-  gl.sk_units = p.sk_units;
-  gl.sk_tiles = p.sk_tiles;
-  gl.pdl = p.pdl;
-  gl.grid = p.grid;
+  gl.plan = p;
   if (p.sk_units > 0) EnsureSplit(rs, dev, gl, stream);
 }
-
 
 LaunchFn Dispatch(ffi::DataType t) {  // the one dtype table
   switch (t) {
@@ -368,12 +361,12 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     // (the persistent GEMM's CTAs wait for flags those kernels raise).
     ApplyPlan(plan, gl, *pro.rs, dev, stream);
     gl.tile_base = pro.rs->tiles_taken;
-    pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
+    pro.rs->tiles_taken += uint32_t(gl.plan.units + gl.plan.grid / gl.plan.cluster_m);
     cudaEvent_t g0 = Mark(stream);
     OV_CUDA(launch(gl, stream));
     Keep(key, no_comm ? "|gemm_nocomm" : "|gemm", g0, Mark(stream));
     if (push) OV_CUDA(cudaStreamWaitEvent(stream, dev.done, 0));
-    if (tl) KeepTimeline({std::string(key), ordinal, kAllGatherGemm, g.rank, P, tiles / P, tiles, gl.grid,
+    if (tl) KeepTimeline({std::string(key), ordinal, kAllGatherGemm, g.rank, P, tiles / P, tiles, gl.plan.grid,
                           push && ce ? P - 1 : 0, tl, nullptr, host_ns}, stream);
     if (xg->element_count() > 0) {  // all_gather(x) for the VJP: own rows + received slots
       char* dst = static_cast<char*>(xg->untyped_data());
@@ -438,13 +431,13 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     }
     ApplyPlan(plan, gl, *pro.rs, dev, stream);
     gl.tile_base = pro.rs->tiles_taken;
-    pro.rs->tiles_taken += uint32_t(gl.units + gl.grid / gl.cluster_m);
+    pro.rs->tiles_taken += uint32_t(gl.plan.units + gl.plan.grid / gl.plan.cluster_m);
     cudaEvent_t g0 = Mark(stream);
     OV_CUDA(launch(gl, stream));
     Keep(key, gl.no_comm ? "|gemm_nocomm" : "|gemm", g0, Mark(stream));
     if (ce) OV_CUDA(cudaStreamWaitEvent(stream, dev.done, 0));
     if (gl.tl) KeepTimeline({std::string(key), ordinal, kGemmReduceScatter, g.rank, P, per_block, P * per_block,
-                             gl.grid, ce ? 1 : 0, gl.tl, nullptr, host_ns}, stream);
+                             gl.plan.grid, ce ? 1 : 0, gl.tl, nullptr, host_ns}, stream);
   });
 }
 

@@ -151,6 +151,28 @@ constexpr uint32_t ErrorCode(uint32_t what, int waiter, int peer) {
   return (what << 24) | (uint32_t(waiter) << 16) | (uint32_t(peer) << 8) | 1u;
 }
 
+// How a launch is cut into work (gemm_sched.cuh), decided on the host from the
+// shape, the `mode` bits and the device alone (plan.cc PlanLaunch), so every
+// rank of a group makes the same plan and so the same tile grid (the RS flags
+// are one per tile of it).
+struct LaunchPlan {
+  int32_t tile_n = kTileNMax;  // tile columns, one of kTileNs (tiles are kTileM x tile_n)
+  int32_t cluster_m = 1;       // 1: one CTA per tile; 2: 2x1 clusters on tile pairs (gemm_sched.cuh)
+  int32_t tiles = 0;           // whole tiles of every row block
+  int32_t units = 0;           // work units: nranks x ceil(m tiles / cluster_m) x n tiles, or with
+                               // a split last wave (cluster_m = 1): tiles - sk_tiles + sk_units
+  // Split last wave (gemm_sched.cuh): the last sk_tiles tiles of the order
+  // are split into s = sk_units / sk_tiles equal k ranges, one unit each
+  // (chunk-major); 0: none.  Chunks 0 .. s-2 leave their f32 accumulator in
+  // GemmLaunch::sk_partials[unit - (units - sk_units)] and raise
+  // sk_flags[same] = seq (release, GPU scope); the last chunk owns the tile:
+  // it adds the partials and runs the tile's epilogue (its store, signal or
+  // fold), so a tile's signal still covers the whole tile.
+  int32_t sk_units = 0, sk_tiles = 0;
+  int32_t grid = 0;            // CTAs (cluster_m = 2: even)
+  int32_t pdl = 0;             // programmatic dependent launch (gemm.cuh: LaunchConfig, GridDependencyWait)
+};
+
 // One launch of the fused GEMM (both kinds; no CUTLASS types here).
 struct GemmLaunch {
   int32_t kind = kAllGatherGemm;
@@ -162,29 +184,16 @@ struct GemmLaunch {
   const void* local_recv = nullptr;     // RS: this rank's recv [P][mb][n]
   uint32_t* local_flags = nullptr;      // this rank's flag array
   uint32_t* tile_counter = nullptr;     // dynamic tile scheduler (never reset: every launch takes
-  uint32_t tile_base = 0;               // exactly units + grid / cluster_m values; base = its first)
+  uint32_t tile_base = 0;               // exactly plan.units + plan.grid / plan.cluster_m values; base = its first)
   Mailbox* mbox = nullptr;
   uint32_t seq = 0;
   uint64_t timeout_ns = 0;
-  int32_t grid = 0;                     // cluster_m = 2: even
-  int32_t cluster_m = 1;                // 1: one CTA per tile; 2: 2x1 clusters on tile pairs (gemm_sched.cuh)
-  int32_t tile_n = kTileNMax;           // tile columns, one of kTileNs (tiles are kTileM x tile_n)
-  int32_t units = 0;                    // work units: nranks x ceil(m tiles / cluster_m) x n tiles, or with
-                                        // a split last wave (cluster_m = 1): tiles - sk_tiles + sk_units
-  // Split last wave (gemm_sched.cuh): the last sk_tiles tiles of the order
-  // are split into s = sk_units / sk_tiles equal k ranges, one unit each
-  // (chunk-major); 0: none.  Chunks 0 .. s-2 leave their f32 accumulator in
-  // sk_partials[unit - (units - sk_units)] (kTileM x tile_n floats) and raise
-  // sk_flags[same] = seq (release, GPU scope); the last chunk owns the tile:
-  // it adds the partials and runs the tile's epilogue (its store, signal or
-  // fold), so a tile's signal still covers the whole tile.
-  int32_t sk_units = 0, sk_tiles = 0;
-  float* sk_partials = nullptr;         // local [sk_units][kTileM * tile_n]
-  uint32_t* sk_flags = nullptr;         // local [sk_units], instance numbers (never reset)
+  LaunchPlan plan;                      // tile width, clusters, units, split, grid (plan.h)
+  float* sk_partials = nullptr;         // split last wave: local [plan.sk_units][kTileM * plan.tile_n]
+  uint32_t* sk_flags = nullptr;         // local [plan.sk_units], instance numbers (never reset)
   int32_t no_comm = 0;  // diagnostic: no waits, no remote stores (GEMM cost alone; results invalid)
   int32_t thread_fences = 0;  // RS: every storing thread fences (else one fence per CTA)
   uint64_t* tl = nullptr;     // profile timeline (see kTlWords) or null
-  int32_t pdl = 0;            // programmatic dependent launch (gemm.cuh: LaunchConfig, GridDependencyWait)
   void* send = nullptr;               // RS copy engine: peer block's partials go here (local)
   uint32_t* done_counter = nullptr;   // RS copy engine: +1 per finished peer tile (never reset)
   // Known to the host once every rank initialized (else 0 / null: mailbox and host words).
