@@ -149,6 +149,30 @@ elif case == "bench":
     want = want * 0.5
     check(f"chain_{nbytes}", got, want, tol=1e-3)
     out["sizes"][nbytes] = row
+  if "--trace" in sys.argv:
+    # Where a 4 KiB psum's time goes on this rank: the device trace of a chain of 32
+    # blocking psums (no work between them), its last execution of 20
+    # (tools/device_timeline.py's legs).
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    from jax_dfccl._src import backend
+    from tools.device_timeline import chain_legs
+    d.configure(trace=True)
+    elems, nops = 1024, 32
+    _, x = inputs(5)
+
+    def traced(v):
+      for i in range(nops):
+        v = d.psum(v, "x", key=f"tr/{i}") * (1.0 / n)
+      return v
+    f = smap(traced)
+    y = f(x).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(20):
+      y = f(y)
+    y.block_until_ready()
+    out["trace_us_per_op"] = (time.perf_counter() - t0) / (20 * nops) * 1e6
+    out["legs"] = chain_legs(backend.runtimes()["cuda"], [f"tr/{i}" for i in range(nops)])
+    d.configure(trace=False)
 elif case == "timeout":
   d.configure(timeout_s=3.0)
   full, x = inputs(2)
