@@ -91,31 +91,22 @@ constexpr int64_t kLockBudgetNs = 2000000;
 constexpr uint64_t kHostPollNs = 10000;
 constexpr uint64_t kFailCheckNs = 20000;
 
-// `inline_done`: the inline kernel, which has left the instance (Leave) before its
-// publish, whose release ordered the task's writes, every thread's, before what
-// follows.
-__device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t e, bool aborted, Recorder& rec,
-                             bool inline_done = false) {
+__device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t e, bool aborted, Recorder& rec) {
   const uint32_t g = Gen(d.ticket);
   uint32_t status = kStatusOk;
   if (aborted) {
     status = LdVol(&P.dev->run[e].status);
     if (status == kStatusOk) status = kStatusAborted;
   }
-  if (!inline_done) {
-    __threadfence();
-    // The entry as recorded (by the submit kernel, or later by the control warp:
-    // then the worker's copy may predate it).
-    // The slot as this copy of the task has it (with its epoch: a worker runs a
-    // task only then); -1: the entry's (an aborted task may have none yet).
-    Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks,
-          d.epoch != 0 ? d.slot : -1, d.pool);
-  }
-  StVol(&P.dev->status[e], status);
-  // Orders every earlier write of the task before done (a relaxed store suffices
-  // after it).  GPU scope: done[e] is read on this GPU only (done waits, the
-  // workers' scan, the ring's reuse); the host reads its own words below.
   __threadfence();
+  // The entry as recorded (by the submit kernel, or later by the control warp:
+  // then the worker's copy may predate it).
+  // The slot as this copy of the task has it (with its epoch: a worker runs a
+  // task only then); -1: the entry's (an aborted task may have none yet).
+  Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks,
+        d.epoch != 0 ? d.slot : -1, d.pool);
+  StVol(&P.dev->status[e], status);
+  __threadfence_system();  // orders every earlier write of the task before done (a relaxed store suffices after it)
   StVol(&P.dev->done[e], g);
   StVol(&P.host->status[e], status);  // posted writes, in order: status before done
   StVol(&P.host->done[e], g);
@@ -246,7 +237,7 @@ __device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, b
     int r = phase == 2 ? kMatchSlotted : kMatchArrived;
     if (phase == 0) {
       const uint32_t fail = host_abort ? PackStatus(kStatusFailedPeer, d.rank, d.rank) : d.invalid;
-      r = Arrive(d, dd, fail, &why, kLockBudgetNs / 4, MatchAtOf(d));
+      r = Arrive(d, dd, fail, &why, kLockBudgetNs / 4);
       if (r == kMatchRetry && d.invalid) { why = d.invalid; r = kMatchFailed; }
       if (r == kMatchRetry && host_abort) { why = PackStatus(kStatusNoEntry, d.rank, d.rank); r = kMatchFailed; }
       if (r == kMatchFailed && host_abort) why = kStatusAborted;  // the host's message names it
@@ -409,15 +400,12 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     }
     StVol(&p.dev->run[e].lanes_done, ndone);
   }
-  // Every lane finished: the instance is left now (RunLane fenced every thread's
-  // output), so the publish's release orders that too.
-  const bool completed = go && ndone == sd.lanes;
-  if (completed) Leave(p.table, sd.match, sd.nranks, sd.slot, sd.pool, /*release_id=*/false);
   SubmitPublish(p, sd);  // before the completion: the ring entry cannot be reused meanwhile
   const uint64_t t_published = p.trace ? GlobalTimer() : 0;
-  if (completed) {
+  const bool completed = go && ndone == sd.lanes;
+  if (completed) {  // (RunLane fenced every thread's output; CompleteTask fences again, cumulatively)
     Recorder none;
-    CompleteTask(P, sd, e, false, none, /*inline_done=*/true);
+    CompleteTask(P, sd, e, false, none);
     atomicAdd(&p.dev->inline_done, 1ull);
   }
   if (p.trace) {

@@ -51,35 +51,19 @@ DFCCL_DEV void UnlockBucket(MatchTable* t, int b, bool sys) {
   else StReleaseGpu(&t->lock[b], 0u);
 }
 
-// Where an instance of task d is matched: its communicator's table and the
-// size of its pool (loaded once, ahead of the lock, by the caller).
-struct MatchAt {
-  MatchTable* table;
-  int32_t nslots;
-};
-DFCCL_DEV MatchAt MatchAtOf(const TaskDesc& d) { return MatchAt{d.comm->table, d.comm->pool[d.pool].nslots}; }
-
 // Under the bucket lock: a free slot of `pool` for entry `m`, with its epoch
 // (both into the entry).  Returns the slot and sets *epoch, or -1 if none is free.
-// `hint`: the pool's first bitmap word as loaded before the lock (a guess; the
-// atomicAnd's old value decides).  The claim of a bit and the increment of that
-// slot's epoch are issued together: an increment whose claim failed only skips an
-// epoch of a slot another instance owns — epochs stay unique per use and grow,
-// which is all the flags need (task.h "data": an earlier use's values are smaller).
-DFCCL_DEV int32_t TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots, uint32_t* epoch,
-                           unsigned long long hint) {
+DFCCL_DEV int32_t TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots, uint32_t* epoch) {
   for (int w = 0; w * 64 < nslots; ++w) {
-    unsigned long long v = w == 0 ? hint : LdVol(&t->free_bits[pool][w]);
-    if (v == 0ull && w == 0) v = LdVol(&t->free_bits[pool][w]);  // the guess was stale
+    unsigned long long v = LdVol(&t->free_bits[pool][w]);
     while (v != 0ull) {
       const int bit = __ffsll(static_cast<long long>(v)) - 1;
       const unsigned long long mask = 1ull << bit;
-      const int slot = w * 64 + bit;
       const unsigned long long old = atomicAnd_system(&t->free_bits[pool][w], ~mask);
-      const uint32_t ep = atomicAdd_system(&t->epoch[pool][slot], 1u) + 1u;
       if (old & mask) {
-        *epoch = ep;
-        m->epoch = ep;
+        const int slot = w * 64 + bit;
+        *epoch = atomicAdd_system(&t->epoch[pool][slot], 1u) + 1u;
+        m->epoch = *epoch;
         m->slot = slot;
         return slot;
       }
@@ -90,12 +74,10 @@ DFCCL_DEV int32_t TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int 
 }
 
 // The instance's slot into the task: its copy d and the ring's descriptor dd
-// (epoch first: a worker takes a slot only with its epoch).  dd == &d (the submit
-// kernel's own copy, published later with a release): no fence.
+// (epoch first: a worker takes a slot only with its epoch).
 DFCCL_DEV int SetSlot(TaskDesc& d, TaskDesc* dd, int32_t slot, uint32_t epoch) {
   d.epoch = epoch;
   d.slot = slot;
-  if (dd == &d) return kMatchSlotted;
   StVol(&dd->epoch, epoch);
   __threadfence();
   StVol(&dd->slot, slot);
@@ -106,13 +88,11 @@ DFCCL_DEV int SetSlot(TaskDesc& d, TaskDesc* dd, int32_t slot, uint32_t epoch) {
 // is aborted before it arrived — it arrives failed, so ranks that come later
 // fail at once instead of waiting for it.  Sets d.match and, when a slot is
 // known, d.epoch then d.slot (device copy, in that order).
-DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status, int64_t budget_ns,
-                     const MatchAt& at) {
-  MatchTable* t = at.table;
+DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status, int64_t budget_ns) {
+  MatchTable* t = d.comm->table;
   const uint64_t id = MatchId(d.key_hash, d.seq);
   const int b = MatchBucket(id);
   const bool sys = d.nranks > 1;
-  const unsigned long long hint = LdVol(&t->free_bits[d.pool][0]);  // in flight with the lock's CAS
   if (!LockBucket(t, b, sys, budget_ns)) return kMatchRetry;
   volatile MatchEntry* m = nullptr;
   bool created = false;
@@ -157,7 +137,7 @@ DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status,
   if (failed && !m_failed) m->failed = failed;
   m->arrived = m_arrived | bit;
   uint32_t epoch = m_epoch;
-  if (!failed && slot < 0) slot = TakeSlot(t, m, d.pool, at.nslots, &epoch, hint);
+  if (!failed && slot < 0) slot = TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch);
   UnlockBucket(t, b, sys);
   d.match = b * kMatchWays + way;
   StVol(&dd->match, d.match);
@@ -175,8 +155,7 @@ DFCCL_DEV int ClaimSlot(TaskDesc& d, TaskDesc* dd, uint32_t* status, int64_t bud
   if (LdVol(&m->slot) < 0 && LdVol(&m->failed) == 0) {  // cheap look before taking the lock
     if (!LockBucket(t, b, sys, budget_ns)) return kMatchArrived;
     uint32_t epoch;  // read back below with the slot (another rank may have claimed it)
-    if (m->slot < 0 && !m->failed)
-      TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch, LdVol(&t->free_bits[d.pool][0]));
+    if (m->slot < 0 && !m->failed) TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch);
     UnlockBucket(t, b, sys);
   }
   const uint32_t failed = LdVol(&m->failed);
@@ -200,11 +179,7 @@ DFCCL_DEV void Fail(const TaskDesc& d, uint32_t why) {
 // group's ranks frees the slot and the entry.  task_slot / task_pool: the
 // instance's slot and pool as the task got them (every rank gets the entry's one
 // slot), or task_slot -1 when the task never got one (then read from the entry).
-// `release_id` false (the inline kernel, whose publish right after is a release,
-// and which has its slot): the entry's id is freed by a relaxed store; the slot may
-// then be seen free after the entry, which only makes an arrival in between retry.
-DFCCL_DEV void Leave(MatchTable* t, int match, int nranks, int32_t task_slot, int32_t task_pool,
-                     bool release_id = true) {
+DFCCL_DEV void Leave(MatchTable* t, int match, int nranks, int32_t task_slot, int32_t task_pool) {
   if (match < 0) return;
   MatchEntry* m = EntryOf(t, match);
   const bool sys = nranks > 1;
@@ -222,8 +197,7 @@ DFCCL_DEV void Leave(MatchTable* t, int match, int nranks, int32_t task_slot, in
     atomicOr_system(&t->free_bits[pool][slot / 64], 1ull << (slot % 64));
   }
   uint64_t* id = const_cast<uint64_t*>(&vm->id);
-  if (!release_id) StVol(id, 0ull);
-  else if (sys) StReleaseSys(id, 0ull);
+  if (sys) StReleaseSys(id, 0ull);
   else StReleaseGpu(id, 0ull);
 }
 

@@ -12,12 +12,11 @@ namespace dfccl::gpu {
 
 inline constexpr int64_t kSubmitLockBudgetNs = 20000;  // a busy bucket: leave the arrival to the control warp
 
-// Polls the ring entry's done word until it reaches generation g (ld.acquire.gpu:
-// only this GPU's daemon and inline kernels write it; sleeps that grow); false once
-// timeout_ns have passed without it.
+// Polls the ring entry's done word until it reaches generation g (ld.acquire.sys,
+// sleeps that grow); false once timeout_ns have passed without it.
 DFCCL_DEV bool AwaitDoneWord(const DeviceShared* dev, uint32_t e, uint32_t g, int64_t timeout_ns) {
   const uint64_t t0 = GlobalTimer();
-  for (int i = 0; static_cast<int32_t>(LdAcquireGpu(&dev->done[e]) - g) < 0; ++i) {
+  for (int i = 0; static_cast<int32_t>(LdAcquireSys(&dev->done[e]) - g) < 0; ++i) {
     if (i > 64) __nanosleep(i > 4096 ? 256 : 32);
     if ((i & 1023) == 1023 && GlobalTimer() - t0 > static_cast<uint64_t>(timeout_ns)) return false;
   }
@@ -64,19 +63,20 @@ DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace,
 // number, ticket (its ring entry's previous ticket complete), descriptor, the
 // first match attempt, the entry's run and lane state reset.  Returns the match
 // result (MatchResult); the task is not published yet.
-// Latency: every step is a round trip to L2 (~0.5 us), so the independent ones
-// are issued together: the descriptor's load, both atomics and the ring entry's
-// done word (checked only after the arrival, which touches no ring state); the
-// sequence counter's index, the match table and the pool's size are kernel
-// parameters.
 DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
   DeviceShared* dev = p.dev;
-  d = dev->site[p.site];  // host-written once, long before
-  const uint64_t seq = atomicAdd(&dev->seq_ctr[p.key_ctr], 1ull);
+  // The site's static part first (host-written once, long before): its loads
+  // are in flight with the two atomics, not behind the acquire of the wait.
+  d = dev->site[p.site];
+  const uint64_t seq = atomicAdd(&dev->seq_ctr[d.key_ctr], 1ull);
   const uint64_t t = atomicAdd(&dev->next_ticket, 1ull);
   const uint32_t e = t % kTaskRing, g = Gen(t);
-  const MatchAt at{p.table, p.nslots};
-  const uint32_t prev_done = LdVol(&dev->done[e]);  // the entry's previous ticket (t - kTaskRing) done?
+  // The entry's previous ticket (t - kTaskRing) must be complete.
+  if (t >= kTaskRing && !AwaitDoneWord(dev, e, g - 1, p.timeout_ns)) {
+    printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n", kTaskRing,
+           static_cast<long long>(p.timeout_ns));
+    __trap();
+  }
   d.ticket = t;
   d.seq = seq;
   d.in = p.in;
@@ -89,24 +89,13 @@ DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
   d.invalid = d.pool == 0 && !aligned ? PackStatus(kStatusUnaligned, d.rank, d.rank) : 0u;  // the LL path needs 16-byte lines
   // Arrive at the instance now (the common case: a slot is free), so the daemon
   // can run the task as soon as it ingests it; a task left without a slot (or
-  // whose bucket lock was busy) is brought on by the control warp.  The arrival
-  // writes this copy of the descriptor only (dd = &d).
+  // whose bucket lock was busy) is brought on by the control warp.
   uint32_t why = 0;
-  const int r = d.invalid ? kMatchRetry : Arrive(d, &d, 0u, &why, kSubmitLockBudgetNs, at);
+  const int r = d.invalid ? kMatchRetry : Arrive(d, &d, 0u, &why, kSubmitLockBudgetNs);
   TaskRun run{0, 0, r == kMatchSlotted ? 2 : r == kMatchArrived ? 1 : 0, 0, 0, 0};
   if (r == kMatchFailed) { run.aborted = 1; run.status = why; }
   if (r == kMatchSlotted) run.t_check = GlobalTimer();
-  // The entry's previous ticket must be complete before its run and lane state
-  // are written: the early look (acquire by the fence), else wait.
-  if (t >= kTaskRing) {
-    if (static_cast<int32_t>(prev_done - (g - 1)) >= 0) {
-      __threadfence();
-    } else if (!AwaitDoneWord(dev, e, g - 1, p.timeout_ns)) {
-      printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n", kTaskRing,
-             static_cast<long long>(p.timeout_ns));
-      __trap();
-    }
-  }
+  // The entry's run and lane state (its previous ticket is complete).
   for (int l = 0; l < d.lanes && l < kMaxLanes; ++l) {
     StVolVec(&dev->lane[e][l], make_uint4(0, 0, 0, 0));
     StVolVec(reinterpret_cast<uint4*>(&dev->lane[e][l]) + 1, make_uint4(0, 0, 0, 0));

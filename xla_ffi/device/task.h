@@ -12,18 +12,16 @@
 //               buffers (CUDA graphs).
 //  submit       the one-thread submit kernel on XLA's stream (device/submit_kernel.cu)
 //               is also the *ready* signal: it runs once the kernels before it on
-//               the stream are complete, so the input is.  seq = atomicAdd(seq_ctr)
-//               (its index is a kernel parameter), ticket = atomicAdd(next_ticket),
-//               both issued with the load of the site's descriptor; it tries the
-//               match itself (below: the arrival writes only its own copy of the
-//               descriptor), then makes sure the ring entry's previous ticket is
-//               done (the done word loaded early, acquired by a fence, or a bounded
-//               wait), resets the entry's run and lane state, writes
-//               DeviceShared::desc[e], then st.release.gpu DeviceShared::pub[e] =
-//               Gen(ticket); then the host record HostShared::sub[e] (one 16-byte
-//               store) for the proxy; start forms store the ticket into the call's
-//               ticket buffer, which done reads.  A task whose instance had a free
-//               slot is runnable when it is ingested.
+//               the stream are complete, so the input is.  seq = atomicAdd(seq_ctr),
+//               ticket = atomicAdd(next_ticket); it waits (bounded) until the ring
+//               entry's previous ticket is done, writes DeviceShared::desc[e], then
+//               __threadfence() and st.release.gpu DeviceShared::pub[e] = Gen(ticket);
+//               then the host record HostShared::sub[e] (site, seq, then gen last,
+//               after __threadfence_system) for the proxy; start forms store the
+//               ticket into the call's ticket buffer, which done reads.
+//               Before publishing, the submit kernel resets the entry's run and
+//               lane state and tries the match itself (below), so a task whose
+//               instance had a free slot is runnable when it is ingested.
 //  inline       the blocking form of a pool-0 (LL) task, SubmitParams::inline_ns
 //               > 0: the submit kernel is one block of kThreads threads; once its
 //               arrival got a slot it steps the task's lanes itself (the same lane
@@ -42,8 +40,7 @@
 //               (atomicCAS_system), find or claim the entry of (key_hash, seq),
 //               compare signatures, set the rank's arrival bit, claim an instance
 //               slot of the pool from the table's bitmap (slot epochs live there
-//               too; the claim and the epoch's increment are issued together) if
-//               the entry has none, unlock (st.release).
+//               too) if the entry has none, unlock (fence.sys, atomicExch_system).
 //               The task's desc gets epoch, then (after __threadfence) slot: worker
 //               blocks run a task only once its slot is set.  A slot freed later is
 //               claimed by the next pass of any rank's control warp (retry; no rank
@@ -52,10 +49,9 @@
 //               warp sees it (polled every ~20 us while its task pends) and aborts
 //               its own task.
 //  done         the daemon writes DeviceShared::status[e], then done[e] = Gen(ticket)
-//               (a relaxed store after __threadfence: done[e] is read on this GPU
-//               only), and the same two words in HostShared for the proxy.  The done
-//               kernel (or the blocking form's submit kernel) polls done[e] with
-//               ld.acquire.gpu; one word per ring
+//               (st.release.sys after __threadfence_system), and the same two words
+//               in HostShared for the proxy.  The done kernel (or the blocking form's
+//               submit kernel) polls done[e] with ld.acquire.sys; one word per ring
 //               entry, generations only grow, so an out-of-order completion of
 //               another task never releases it early.  The last rank of an instance
 //               to complete frees its slot, then its entry (a release store of
@@ -339,11 +335,7 @@ struct SubmitParams {
   int64_t timeout_ns;    // bound of every wait (a dead daemon or a full ring)
   int64_t inline_ns;     // > 0 (blocking form, pool 0): the submit kernel runs the matched task itself this long
   int64_t spin_ns;       // the lanes' spin budget then (DaemonParams::spin_ns)
-  int32_t sticky_max;
-  int32_t key_ctr;       // the site's DeviceShared::seq_ctr index (also in its descriptor): the sequence
-                         // number's atomic needs no load of the descriptor first
-  MatchTable* table;     // the site's communicator's match table and its pool's slot count (also in the
-  int32_t nslots, pad;   // CommDev the descriptor points to): the arrival needs no load of them first
+  int32_t sticky_max, pad;
   InlineSubmitFn inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
 };
 

@@ -165,7 +165,6 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   site->signature = sig;
   site->key_hash = spec.key_hash;
   site->rank = spec.rank;
-  site->key_ctr = kc->second;
   site->msg_bytes = msg_bytes;
   site->large = msg_bytes >= cfg_.large_threshold;
   TaskDesc t = SiteDesc(spec, c, msg_bytes, kc->second);
@@ -175,8 +174,6 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   if (site->ll) site->inline_kernel = InlineSubmitKernelFor(t.kind, t.dtype, t.reduce);
   t.site = site->index;
   t.sig_hash = HashString(sig);
-  site->table = c.view.table;
-  site->nslots = c.view.pool[t.pool].nslots;
   {
     DeviceGuard guard(d.ordinal);
     cudaError_t err = cudaMemcpyAsync(&d.dev->site[site->index], &t, sizeof(TaskDesc), cudaMemcpyHostToDevice, d.aux);
@@ -246,9 +243,6 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
   p.out = static_cast<char*>(out);
   p.ticket_out = ticket_out;
   p.site = site.index;
-  p.key_ctr = site.key_ctr;
-  p.table = site.table;
-  p.nslots = site.nslots;
   p.wait = blocking ? 1 : 0;
   p.trap = f.trap;
   p.trace = f.trace;

@@ -89,9 +89,6 @@ struct Site {
   std::string key, signature;
   uint64_t key_hash = 0;
   int rank = 0;
-  int key_ctr = -1;  // DeviceShared::seq_ctr index of (communicator, key)
-  MatchTable* table = nullptr;  // the communicator's match table and the pool's slot count (SubmitParams)
-  int nslots = 0;
   int64_t msg_bytes = 0;
   bool large = false;
   bool ll = false;  // one lane of pool 0 (LL): the blocking form may run inline (config.submit_inline_us)
