@@ -50,7 +50,6 @@ lat = mod.get_function("lat")
 d = cp.zeros(1024, cp.uint32)
 h = cp.cuda.alloc_pinned_memory(4096)
 hp = np.frombuffer(h, np.uint32, 1024)
-import ctypes
 hdev = h.ptr  # UVA: pinned memory is mapped at the same address
 out = cp.zeros(16, cp.uint64)
 names = ["atomicCAS_system dev", "atomicCAS gpu dev", "fence.sc.sys", "fence.gpu", "atom.acquire.sys.cas", "st.release.sys dev",
