@@ -210,6 +210,48 @@ def test_both_modules_export_the_contract_functions():
     assert all(callable(getattr(m, f, None)) for f in MODULE_FUNCTIONS), name
 
 
+def test_cuda_module_functions_called_from_threads_at_once():
+  """The CUDA module's functions that take the runtime's lock run in the runtime without the GIL
+  (xla_ffi/bindings/cuda_module.cc) and make their Python results with it: called from several
+  Python threads at once (no GPU), they neither crash nor deadlock nor disagree — every thread sees
+  the configuration Python set, the documented stats() keys, and the copy-engine choice the
+  configuration implies."""
+  import importlib
+  import threading
+  try:
+    m = importlib.import_module("jax_dfccl._dfccl_cuda")
+  except ImportError:
+    pytest.skip("the CUDA backend is not built")
+  cfg = dict(dc.config.as_dict(), copy_engine_min_bytes=1 << 20, copy_engine_reduce_min_bytes=1 << 22)
+  m.configure(cfg)
+  ag = m.op_table()["ops"]["all_gather"][0]
+  want_keys = set(backend.STATS_KEYS) | set(backend.STATS_EXTRAS["cuda"])
+  errors, got = [], []
+
+  def worker():
+    try:
+      for _ in range(200):
+        c = m.config()
+        s = m.stats()
+        got.append((c["copy_engine_min_bytes"], set(s) == want_keys, m.uses_copy_engine(ag, 2, 1 << 21, 1 << 22),
+                    m.uses_copy_engine(ag, 2, 1 << 10, 1 << 11), m.uses_copy_engine(ag, 1, 1 << 21, 1 << 22)))
+        m.configure(cfg)
+        assert isinstance(m.trace_records(), list)
+    except Exception as e:  # noqa: BLE001
+      errors.append(repr(e))
+  threads = [threading.Thread(target=worker) for _ in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=120)
+  assert not any(t.is_alive() for t in threads), "a module function deadlocked"
+  assert not errors, errors[:3]
+  assert len(got) == 800
+  # 4 MiB out per rank >= 1 MiB: copy engines (2 ranks); 2 KiB: the daemon; a group of one never.
+  assert set(got) == {(1 << 20, True, True, False, False)}
+  m.configure(dc.config.as_dict())
+
+
 def test_cuda_module_contract_without_a_gpu():
   """The CUDA extension (when built) loads without a GPU: its config() reports exactly what Python
   set, rejects a value out of range without changing anything, and its stats() keys are the

@@ -1,5 +1,11 @@
 // nanobind module _dfccl_cuda: the extension-module contract of
 // docs/architecture.md (registrations, configure, stats, trace_records, reset).
+// Every function that takes the runtime's lock releases the GIL while it runs in
+// the runtime: the lock may be held by a thread inside a CUDA call that waits for
+// the device (the proxy relaunching the daemon, a handler's first call), and a
+// caller holding the GIL meanwhile would stop every Python thread, the one that
+// could report it (jax_dfccl.pending()) included.  Python objects are made with
+// the GIL held, outside those sections.
 #include <nanobind/nanobind.h>
 
 #include "bindings/tables.h"
@@ -30,19 +36,25 @@ NB_MODULE(_dfccl_cuda, m) {
     return d;
   });
   m.def("set_device_ids", [](std::vector<std::pair<int64_t, int>> ids) { Runtime::Get().SetDeviceIds(ids); },
-        nb::arg("ids"), "(global device id, local CUDA ordinal) of this process's GPUs (jax_dfccl.initialize)");
+        nb::arg("ids"), nb::call_guard<nb::gil_scoped_release>(),
+        "(global device id, local CUDA ordinal) of this process's GPUs (jax_dfccl.initialize)");
   m.def("comm_export", [](std::vector<int64_t> group, int rank) {
-    const std::string b = Runtime::Get().ExportComm(group, rank);
+    std::string b;
+    {
+      nb::gil_scoped_release nogil;
+      b = Runtime::Get().ExportComm(group, rank);
+    }
     return nb::bytes(b.data(), b.size());
   }, nb::arg("group"), nb::arg("rank"), "Allocates a local rank's memory of a group spanning processes; its CUDA IPC handles");
   m.def("comm_import", [](std::vector<int64_t> group, std::vector<nb::bytes> blobs) {
     std::vector<std::string> v;
     for (auto& b : blobs) v.emplace_back(b.c_str(), b.size());
+    nb::gil_scoped_release nogil;
     Runtime::Get().ImportComm(group, v);
   }, nb::arg("group"), nb::arg("blobs"), "Maps the other processes' ranks of the group (one blob per rank)");
   m.def("uses_copy_engine", [](int kind, int nranks, int64_t in_bytes, int64_t out_bytes) {
     return Runtime::Get().UsesCopyEngine(static_cast<dfccl::OpKind>(kind), nranks, in_bytes, out_bytes);
-  }, nb::arg("kind"), nb::arg("nranks"), nb::arg("in_bytes"), nb::arg("out_bytes"),
+  }, nb::arg("kind"), nb::arg("nranks"), nb::arg("in_bytes"), nb::arg("out_bytes"), nb::call_guard<nb::gil_scoped_release>(),
   "Whether a collective of these per-rank sizes takes the copy-engine path (the *_host targets), "
   "by the runtime's configuration");
 
@@ -62,18 +74,28 @@ NB_MODULE(_dfccl_cuda, m) {
       if (nb::isinstance<nb::bool_>(v) || nb::isinstance<nb::int_>(v) || nb::isinstance<nb::float_>(v))
         kv[nb::cast<std::string>(k)] = nb::cast<double>(v);
     }
+    nb::gil_scoped_release nogil;
     Runtime::Get().Configure(kv);
   }, "Apply jax_dfccl.config entries (unknown keys ignored; every entry before the first collective)");
 
   m.def("config", [] {  // the values the runtime holds, typed as jax_dfccl.config's
+    decltype(Runtime::Get().config()) cfg;
+    {
+      nb::gil_scoped_release nogil;
+      cfg = Runtime::Get().config();
+    }
     nb::dict d;
-    Runtime::Get().config().ForEach([&](const char* name, const auto& v) { d[name] = v; });
+    cfg.ForEach([&](const char* name, const auto& v) { d[name] = v; });
     return d;
   }, "The jax_dfccl.config entries this runtime uses, as it holds them");
 
   m.def("stats", [] {
     std::vector<std::string> errors;
-    auto s = Runtime::Get().Stats(&errors);
+    std::map<std::string, double> s;
+    {
+      nb::gil_scoped_release nogil;
+      s = Runtime::Get().Stats(&errors);
+    }
     nb::dict d;
     for (auto& [k, v] : s) {  // host_*_us and copy_engine_*_us are means / totals in us, the rest counts
       if (k.size() > 3 && k.compare(k.size() - 3, 3, "_us") == 0) d[k.c_str()] = v;
@@ -86,13 +108,17 @@ NB_MODULE(_dfccl_cuda, m) {
   });
 
   m.def("trace_records", [] {
+    decltype(Runtime::Get().Trace()) recs;
+    {
+      nb::gil_scoped_release nogil;
+      recs = Runtime::Get().Trace();
+    }
     nb::list out;
-    for (auto& r : Runtime::Get().Trace())
-      out.append(nb::make_tuple(r.device, r.key, r.seq, r.event, r.t_ns));
+    for (auto& r : recs) out.append(nb::make_tuple(r.device, r.key, r.seq, r.event, r.t_ns));
     return out;
   });
 
-  m.def("reset", [] { Runtime::Get().Reset(); });
+  m.def("reset", [] { Runtime::Get().Reset(); }, nb::call_guard<nb::gil_scoped_release>());
   m.def("raise_if_failed", [] { Runtime::Get().RaiseIfFailed(); }, nb::call_guard<nb::gil_scoped_release>(),
         "Raise a collective failure recorded for a local GPU (once; a CUDA error every time)");
 
