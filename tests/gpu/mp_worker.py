@@ -151,13 +151,13 @@ elif case == "bench":
     out["sizes"][nbytes] = row
   if "--trace" in sys.argv:
     # Where a 4 KiB psum's time goes on this rank: the device trace of a chain of 32
-    # blocking psums (no work between them), its last execution of 20
-    # (tools/device_timeline.py's legs).
+    # blocking psums, each followed by a multiply as in the chains above, its last
+    # execution of 20 (tools/device_timeline.py's legs).
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     from jax_dfccl._src import backend
     from tools.device_timeline import chain_legs
     d.configure(trace=True)
-    elems, nops = 1024, 32
+    elems, nops = 1024, 32  # elems: the per-rank size inputs() reads (4 KiB of f32)
     _, x = inputs(5)
 
     def traced(v):

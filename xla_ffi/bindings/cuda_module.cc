@@ -21,6 +21,16 @@
 namespace nb = nanobind;
 using dfccl::gpu::Runtime;
 
+namespace {
+// f() (a call into the runtime) with the GIL released; its C++ result is
+// turned into Python objects by the caller, with the GIL held again.
+template <class F>
+auto WithoutGil(F&& f) {
+  nb::gil_scoped_release nogil;
+  return f();
+}
+}  // namespace
+
 NB_MODULE(_dfccl_cuda, m) {
   m.doc() = "jax_dfccl CUDA backend: daemon-kernel collectives as XLA FFI custom calls";
 
@@ -39,18 +49,13 @@ NB_MODULE(_dfccl_cuda, m) {
         nb::arg("ids"), nb::call_guard<nb::gil_scoped_release>(),
         "(global device id, local CUDA ordinal) of this process's GPUs (jax_dfccl.initialize)");
   m.def("comm_export", [](std::vector<int64_t> group, int rank) {
-    std::string b;
-    {
-      nb::gil_scoped_release nogil;
-      b = Runtime::Get().ExportComm(group, rank);
-    }
+    const std::string b = WithoutGil([&] { return Runtime::Get().ExportComm(group, rank); });
     return nb::bytes(b.data(), b.size());
   }, nb::arg("group"), nb::arg("rank"), "Allocates a local rank's memory of a group spanning processes; its CUDA IPC handles");
   m.def("comm_import", [](std::vector<int64_t> group, std::vector<nb::bytes> blobs) {
     std::vector<std::string> v;
     for (auto& b : blobs) v.emplace_back(b.c_str(), b.size());
-    nb::gil_scoped_release nogil;
-    Runtime::Get().ImportComm(group, v);
+    WithoutGil([&] { Runtime::Get().ImportComm(group, v); });
   }, nb::arg("group"), nb::arg("blobs"), "Maps the other processes' ranks of the group (one blob per rank)");
   m.def("uses_copy_engine", [](int kind, int nranks, int64_t in_bytes, int64_t out_bytes) {
     return Runtime::Get().UsesCopyEngine(static_cast<dfccl::OpKind>(kind), nranks, in_bytes, out_bytes);
@@ -74,28 +79,18 @@ NB_MODULE(_dfccl_cuda, m) {
       if (nb::isinstance<nb::bool_>(v) || nb::isinstance<nb::int_>(v) || nb::isinstance<nb::float_>(v))
         kv[nb::cast<std::string>(k)] = nb::cast<double>(v);
     }
-    nb::gil_scoped_release nogil;
-    Runtime::Get().Configure(kv);
+    WithoutGil([&] { Runtime::Get().Configure(kv); });
   }, "Apply jax_dfccl.config entries (unknown keys ignored; every entry before the first collective)");
 
   m.def("config", [] {  // the values the runtime holds, typed as jax_dfccl.config's
-    decltype(Runtime::Get().config()) cfg;
-    {
-      nb::gil_scoped_release nogil;
-      cfg = Runtime::Get().config();
-    }
     nb::dict d;
-    cfg.ForEach([&](const char* name, const auto& v) { d[name] = v; });
+    WithoutGil([] { return Runtime::Get().config(); }).ForEach([&](const char* name, const auto& v) { d[name] = v; });
     return d;
   }, "The jax_dfccl.config entries this runtime uses, as it holds them");
 
   m.def("stats", [] {
     std::vector<std::string> errors;
-    std::map<std::string, double> s;
-    {
-      nb::gil_scoped_release nogil;
-      s = Runtime::Get().Stats(&errors);
-    }
+    const auto s = WithoutGil([&] { return Runtime::Get().Stats(&errors); });
     nb::dict d;
     for (auto& [k, v] : s) {  // host_*_us and copy_engine_*_us are means / totals in us, the rest counts
       if (k.size() > 3 && k.compare(k.size() - 3, 3, "_us") == 0) d[k.c_str()] = v;
@@ -108,13 +103,9 @@ NB_MODULE(_dfccl_cuda, m) {
   });
 
   m.def("trace_records", [] {
-    decltype(Runtime::Get().Trace()) recs;
-    {
-      nb::gil_scoped_release nogil;
-      recs = Runtime::Get().Trace();
-    }
     nb::list out;
-    for (auto& r : recs) out.append(nb::make_tuple(r.device, r.key, r.seq, r.event, r.t_ns));
+    for (auto& r : WithoutGil([] { return Runtime::Get().Trace(); }))
+      out.append(nb::make_tuple(r.device, r.key, r.seq, r.event, r.t_ns));
     return out;
   });
 
