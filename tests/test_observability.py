@@ -83,8 +83,11 @@ def test_pending_names_the_stuck_collective_and_its_ranks(mesh8):
       errors.append(str(e))
   t = threading.Thread(target=run)
   t.start()
+  def both_started(report):  # ranks 0 and 1 arrive on their own threads, one may be seen first
+    return any("stuck/psum" in l and "started by rank(s) [0 (device " in l and ", 1 (device " in l
+               for l in report.splitlines())
   report, deadline = "", time.monotonic() + 4.0
-  while "stuck/psum" not in report and time.monotonic() < deadline:
+  while not both_started(report) and time.monotonic() < deadline:
     time.sleep(0.05)
     report = cpu_report()
   t.join()
