@@ -210,3 +210,18 @@ def test_pingpong_kernels_compile(tmp_path):
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
                      capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr
+
+
+IPC_EXPORT = str(ROOT / "benchmarks" / "ipc_export_mps.py")
+
+
+def test_ipc_export_dry_run(tmp_path):
+  """benchmarks/ipc_export_mps.py's host protocol (key-value exchange, barrier, the JSON) without a GPU."""
+  out = tmp_path / "ipc.json"
+  r = _run(["--no-mps", "-n", "2", "--timeout", "120", "--", sys.executable, IPC_EXPORT, "--dry-run",
+            "--json", str(out)], os.environ["PATH"], tmp_path / "o", timeout=180)
+  assert r.returncode == 0, r.stdout + r.stderr
+  import json
+  doc = json.loads(out.read_text())
+  assert doc["benchmark"] == "ipc_export_mps" and doc["mps"] is False and doc["preallocate"] == "false"
+  assert doc["rank0"] == {"rank": 0, "dry_run": True} and doc["rank1"] == {"rank": 1, "dry_run": True}
