@@ -3,14 +3,20 @@
 // reached over NVLink or CUDA IPC).  Called by one thread: the control warp's
 // lane 0 (Arrive, ClaimSlot, Fail, CheckFailed) and a worker block's thread 0
 // (Leave, when its task completes).  The protocol is written down in task.h
-// ("match"); the argument that no legal program deadlocks on finite resources:
+// ("match"); why a legal program does not deadlock on the table's finite
+// resources, and the limit of that argument:
 //  - entries: a rank that finds its bucket full does not wait — its task stays
 //    unmatched and the next pass retries, so it never blocks a task that could
 //    complete; a bucket holds kMatchWays live instances (4096 in the table).
 //  - slots: a slot is claimed by whichever rank's pass finds the entry without
-//    one, never reserved ahead for an instance a rank has not started, and freed
-//    by the last rank to complete; an instance without a slot only waits, it
-//    holds nothing another instance needs.
+//    one (so as soon as one rank started the instance: its data can move before
+//    the others arrive) and freed by the last rank to complete; an instance
+//    without a slot only waits, it holds nothing another instance needs.  The
+//    limit: instances that some ranks started and others have not yet hold their
+//    slots meanwhile, so a program in which a rank starts a pool's every slot's
+//    worth of instances that a peer starts only after another instance of that
+//    pool completed cannot finish (tests/cpp/match_stress.cc, DirectedSlots);
+//    the watchdog then fails it, naming the slots (config *_slots raise them).
 //  - the bucket lock (taken by Arrive and ClaimSlot; Leave needs none) guards
 //    only short, non-blocking sections (no wait on a peer
 //    inside); a holder that cannot finish is a dead process, which the host's

@@ -138,7 +138,13 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
       const bool found = ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
       for (int r = 0; r < ti.comm->n; ++r)
         if (!found ? r != ti.site->rank : !(m.arrived & (1u << r))) missing.push_back(r);
-      if (missing.empty()) {
+      if (missing.empty() && found && m.slot < 0 && m.failed == 0) {
+        // Every slot of its pool is held by instances that some rank has not started
+        // (device/match.cuh: the limit of the slots).
+        why << "every rank started it, but no instance slot of its pool became free (all "
+            << (m.pool == 0 ? "config.small_slots" : ti.comm->direct ? "config.direct_slots" : "config.large_slots")
+            << " slots held by instances that other ranks have not started)";
+      } else if (missing.empty()) {
         why << "every rank started it but it did not complete";
       } else {
         why << "rank(s) [";

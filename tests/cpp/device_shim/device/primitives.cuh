@@ -1,0 +1,76 @@
+// Host stand-ins for the device primitives that xla_ffi/device/match.cuh uses, so
+// the device's matching protocol compiles with g++ and runs with threads as the
+// ranks' control warps (tests/cpp/match_stress.cc).  This folder comes first on
+// the include path there, so match.cuh's "device/primitives.cuh" is this file.
+// Every word shared between ranks is accessed through std::atomic_ref with the
+// order of the PTX instruction it stands for (ld/st.volatile: relaxed; acquire
+// CAS; release store; acq_rel add; relaxed atom.*; fence: seq_cst); scopes (gpu,
+// sys) make no difference on one host.  Plain stores through a `volatile
+// MatchEntry*` stay plain: they are the entry's fields written under its bucket's
+// lock.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#include "device/task.h"
+
+#define DFCCL_DEV inline
+
+namespace dfccl::gpu {
+
+template <class T>
+std::atomic_ref<T> Shared(const volatile T* p) {
+  return std::atomic_ref<T>(*const_cast<T*>(p));
+}
+
+inline uint64_t GlobalTimer() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+template <class T>
+T LdVol(const volatile T* p) { return Shared(p).load(std::memory_order_relaxed); }
+template <class T, class V>
+void StVol(volatile T* p, V v) { Shared(p).store(static_cast<T>(v), std::memory_order_relaxed); }
+
+// One overload per width, as in the real header (so the same calls resolve).
+inline uint32_t LdAcquireSys(const uint32_t* p) { return Shared(p).load(std::memory_order_acquire); }
+inline uint64_t LdAcquireSys(const uint64_t* p) { return Shared(p).load(std::memory_order_acquire); }
+inline uint32_t LdAcquireGpu(const uint32_t* p) { return Shared(p).load(std::memory_order_acquire); }
+inline uint64_t LdAcquireGpu(const uint64_t* p) { return Shared(p).load(std::memory_order_acquire); }
+inline void StReleaseSys(uint32_t* p, uint32_t v) { Shared(p).store(v, std::memory_order_release); }
+inline void StReleaseSys(uint64_t* p, uint64_t v) { Shared(p).store(v, std::memory_order_release); }
+inline void StReleaseGpu(uint32_t* p, uint32_t v) { Shared(p).store(v, std::memory_order_release); }
+inline void StReleaseGpu(uint64_t* p, uint64_t v) { Shared(p).store(v, std::memory_order_release); }
+
+inline uint32_t CasAcquire(uint32_t* p, uint32_t cmp, uint32_t val) {
+  Shared(p).compare_exchange_strong(cmp, val, std::memory_order_acquire, std::memory_order_acquire);
+  return cmp;  // the old value (unchanged on success)
+}
+inline uint32_t CasAcquireSys(uint32_t* p, uint32_t cmp, uint32_t val) { return CasAcquire(p, cmp, val); }
+inline uint32_t CasAcquireGpu(uint32_t* p, uint32_t cmp, uint32_t val) { return CasAcquire(p, cmp, val); }
+inline uint32_t AddAcqRelSys(uint32_t* p, uint32_t v) { return Shared(p).fetch_add(v, std::memory_order_acq_rel); }
+
+}  // namespace dfccl::gpu
+
+// CUDA's relaxed atomics, fences and intrinsics.
+inline unsigned long long atomicAnd_system(unsigned long long* p, unsigned long long v) {
+  return dfccl::gpu::Shared(p).fetch_and(v, std::memory_order_relaxed);
+}
+inline unsigned long long atomicOr_system(unsigned long long* p, unsigned long long v) {
+  return dfccl::gpu::Shared(p).fetch_or(v, std::memory_order_relaxed);
+}
+inline unsigned int atomicAdd_system(unsigned int* p, unsigned int v) {
+  return dfccl::gpu::Shared(p).fetch_add(v, std::memory_order_relaxed);
+}
+inline unsigned int atomicCAS_system(unsigned int* p, unsigned int cmp, unsigned int val) {
+  dfccl::gpu::Shared(p).compare_exchange_strong(cmp, val, std::memory_order_relaxed);
+  return cmp;
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __nanosleep(unsigned) { std::this_thread::yield(); }
+inline int __ffsll(long long v) { return __builtin_ffsll(v); }
