@@ -91,3 +91,29 @@ def test_unsupported_reduction_dtype_is_a_trace_time_error(mesh8):
   x = put(jnp.zeros((N, 2), ml_dtypes.float8_e4m3fn), mesh8, P("x"))
   with pytest.raises(TypeError, match="unsupported dtype float8_e4m3fn"):
     _run(lambda v: dc.psum(v, "x"), mesh8, x)
+
+
+@pytest.mark.parametrize("case", ["untiled_dim0", "tiled_dim1", "tiled_negative_dim", "pytree"])
+def test_complex_psum_scatter_as_lax(mesh8, case):
+  """Complex sums scatter as jax.lax's (a sum of (real, imag) pairs below the scattered dimension),
+  the scatter dimension counted in the caller's rank, negative ones too; and its gradient."""
+  shape, kw = {"untiled_dim0": ((N * N, 3), dict(scatter_dimension=0)),
+               "tiled_dim1": ((N, 2 * N, 3), dict(scatter_dimension=1, tiled=True)),
+               "tiled_negative_dim": ((N, 3, 2 * N), dict(scatter_dimension=-1, tiled=True)),
+               "pytree": ((N * N, 2), dict(scatter_dimension=0))}[case]
+  x = put(jnp.asarray(_data(np.complex64, shape, seed=7)), mesh8, P("x"))
+  if case == "pytree":
+    f = lambda lib: lambda v: lib.psum_scatter({"c": v, "r": jnp.real(v)}, "x", **kw)  # noqa: E731
+    got, want = _run(f(dc), mesh8, x), _run(f(jax.lax), mesh8, x)
+    for k in ("c", "r"):
+      assert got[k].dtype == want[k].dtype
+      np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-5)
+    return
+  f = lambda lib: lambda v: lib.psum_scatter(v, "x", **kw)  # noqa: E731
+  got, want = _run(f(dc), mesh8, x), _run(f(jax.lax), mesh8, x)
+  assert got.dtype == want.dtype and got.shape == want.shape
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  loss = lambda lib: lambda v: jnp.sum(jnp.abs(lib.psum_scatter(v, "x", **kw)) ** 2)  # noqa: E731
+  grad = lambda lib: jax.jit(jax.shard_map(jax.grad(loss(lib)), mesh=mesh8, in_specs=P("x"),  # noqa: E731
+                                           out_specs=P("x"), check_vma=False))(x)
+  np.testing.assert_allclose(np.asarray(grad(dc)), np.asarray(grad(jax.lax)), rtol=1e-4, atol=1e-4)

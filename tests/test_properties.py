@@ -156,6 +156,43 @@ def test_all_to_all(arr, ax, split, concat, tiled):
            lambda v: jax.lax.all_to_all(v, ax, split, concat, tiled=tiled), local, dtype, seed)
 
 
+AXIS_SIZE = {"x": 2, "y": 4, ("x", "y"): 8, ("y", "x"): 8}
+
+
+@st.composite
+def divisible(draw, dtypes=tuple(DTYPES)):
+  """Mostly valid input for psum_scatter / all_to_all: one dimension (drawn, maybe as a negative index)
+  a multiple of the axis size (exactly it when untiled), the others small; a second dimension index."""
+  ax = draw(st.sampled_from(list(AXIS_SIZE)))
+  n = AXIS_SIZE[ax]
+  nd = draw(st.integers(1, 3))
+  dim = draw(st.integers(0, nd - 1))
+  tiled = draw(st.booleans())
+  local = [draw(st.sampled_from([1, 2, 3])) for _ in range(nd)]
+  local[dim] = n * (draw(st.sampled_from([1, 2])) if tiled else 1)
+  d = dim - nd if draw(st.booleans()) else dim
+  other = draw(st.integers(-nd, nd - 1))
+  return (tuple(local), draw(st.sampled_from(dtypes)), draw(st.integers(0, 2 ** 16))), ax, d, other, tiled
+
+
+@SETTINGS
+@given(divisible(dtypes=tuple(d for d in DTYPES if d is not np.bool_)))  # (a sum of bools: both refuse, above)
+def test_psum_scatter_valid(case):
+  arr, ax, dim, _, tiled = case
+  local, dtype, seed = arr
+  _compare("psum_scatter[valid]", lambda v: dc.psum_scatter(v, ax, scatter_dimension=dim, tiled=tiled),
+           lambda v: jax.lax.psum_scatter(v, ax, scatter_dimension=dim, tiled=tiled), local, dtype, seed)
+
+
+@SETTINGS
+@given(divisible())
+def test_all_to_all_valid(case):
+  arr, ax, split, concat, tiled = case
+  local, dtype, seed = arr
+  _compare("all_to_all[valid]", lambda v: dc.all_to_all(v, ax, split, concat, tiled=tiled),
+           lambda v: jax.lax.all_to_all(v, ax, split, concat, tiled=tiled), local, dtype, seed)
+
+
 @st.composite
 def perms(draw):
   n = 4  # axis "y"

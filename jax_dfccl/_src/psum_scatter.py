@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import plan as pl
-from jax_dfccl._src.psum import as_int32
+from jax_dfccl._src.psum import as_reducible
 
 
 def _abstract(aval, n, params):
@@ -40,16 +40,20 @@ OP = c.register_op(c.OpDef("psum_scatter", "reduce_scatter", _abstract, _transpo
 
 def _plan(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False, key=None):
   xs, tdef = jax.tree.flatten(x)
-  # uint32 sums as jax.lax's (wrapping); bools stay refused, as by jax.lax.psum_scatter.
-  conv = [as_int32(v, "sum") if v.dtype == jnp.uint32 else (v, None) for v in map(jnp.asarray, xs)]
+  # uint32 sums as jax.lax's (wrapping), complex sums as sums of (real, imag) pairs (a
+  # trailing axis of 2, below the scattered dimension); bools stay refused, as by
+  # jax.lax.psum_scatter.
+  xs = list(map(jnp.asarray, xs))
+  pairs = [jnp.issubdtype(v.dtype, jnp.complexfloating) for v in xs]
+  conv = [as_reducible(v, "sum") if v.dtype == jnp.uint32 or p else (v, None) for v, p in zip(xs, pairs)]
   common, n, items, treedef = pl.leaves_of(jax.tree.unflatten(tdef, [v for v, _ in conv]), "psum_scatter",
                                           axis_name, key, "psum_scatter", axis_index_groups)
   leaves = []
-  for (leaf, k, h), (_, back) in zip(items, conv):
+  for (leaf, k, h), (_, back), pair in zip(items, conv, pairs):
     mode = compat.state_of(jax.typeof(leaf), common["axes"], "jax_dfccl.psum_scatter")
     if mode == "unreduced" and axis_index_groups is not None:
       raise NotImplementedError("jax_dfccl.psum_scatter: axis_index_groups with an unreduced input")
-    nd, shape = leaf.ndim, leaf.shape
+    nd, shape = leaf.ndim - (1 if pair else 0), leaf.shape  # the caller's rank (scatter_dimension's)
     sd = scatter_dimension + nd if scatter_dimension < 0 else scatter_dimension
     if not 0 <= sd < nd:
       raise ValueError(f"jax_dfccl.psum_scatter: scatter_dimension {scatter_dimension} out of "
