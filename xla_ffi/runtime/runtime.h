@@ -115,10 +115,12 @@ struct Device {
   HostShared* host_dev = nullptr;
   DeviceShared* dev = nullptr;
   uint64_t seen = 0, oldest = 0, launches = 0;  // daemon tickets whose record the proxy read; the oldest pending
-  uint32_t launch_id = 0;
-  int workers = 0;
+  // Written under the runtime lock; read without it by the submit handler's hot
+  // path (Submit: is a daemon running, is it large enough), hence atomic.
+  std::atomic<uint32_t> launch_id{0};
+  std::atomic<int> workers{0};
   int pending_large = 0;
-  bool launched = false;
+  std::atomic<bool> launched{false};
   Clock::time_point next_relaunch, next_peer_check;
   int64_t backoff_us = 20;
   std::array<TaskInfo, kTaskRing> info;
