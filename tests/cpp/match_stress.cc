@@ -13,8 +13,10 @@
 // of that epoch and id is there; then leave.  Pools of fewer slots than a block has
 // instances make instances wait for slots; crowded rounds put every instance into
 // one bucket (W <= the ways); one instance of some blocks has another signature on
-// the last rank, so every rank's task must fail (at its arrival, its claim, or by
-// CheckFailed while it waits) and the entry still be freed.
+// the last rank, and one is failed by one rank right after its arrival (Fail, as
+// its control warp does when the host aborts it), so every rank's task must fail with
+// that status (at its arrival, its claim, or by CheckFailed while it waits) and the
+// entry still be freed.
 //
 // Checks: a rank never finds a later use of its slot while it holds it (a slot
 // serving two instances at once); every rank sees the same slot and epoch for an
@@ -48,6 +50,7 @@ struct Instance {
   uint64_t seq;
   int pool;
   bool mismatch;  // the last rank starts it with another signature
+  int abort_rank = -1;  // this rank fails the instance once it has arrived (as its control warp does on the host's abort)
 };
 
 struct Seen {  // what a rank saw of an instance
@@ -150,7 +153,13 @@ void RunBlock(Shared& s, int rank, const std::vector<Instance>& order) {
       } else {
         continue;
       }
-      if (r == kMatchFailed) {
+      if (r != kMatchFailed && r != kMatchRetry && t.in.abort_rank == rank) {
+        // Arrived, before its word is stored (so no rank can complete the instance):
+        // the first failure of the instance wins.
+        Fail(t.d, PackStatus(kStatusAborted, rank, rank));
+        record(t, CheckFailed(t.d));
+        leave(t);
+      } else if (r == kMatchFailed) {
         record(t, why);
         leave(t);
       } else if (r == kMatchSlotted) {
@@ -237,6 +246,7 @@ bool Round(int nranks, int W, int blocks, const int nslots[kNumPools], bool crow
         in.mismatch = true;
         mismatched.push_back(in);
       }
+      if (i == 1 && b % 7 == 3) in.abort_rank = b % nranks;
       plan[b].push_back(in);
     }
   }
@@ -264,6 +274,12 @@ bool Round(int nranks, int W, int blocks, const int nslots[kNumPools], bool crow
         if (in.mismatch) {
           if ((v.status & 0xff) != kStatusMismatch) {
             std::fprintf(stderr, "match_stress: rank %d: mismatched instance ended with status %x\n", r, v.status);
+            return false;
+          }
+        } else if (in.abort_rank >= 0) {
+          if (v.status != PackStatus(kStatusAborted, in.abort_rank, in.abort_rank)) {
+            std::fprintf(stderr, "match_stress: rank %d: instance aborted by rank %d ended with status %x\n", r,
+                         in.abort_rank, v.status);
             return false;
           }
         } else if (v.status != 0 || v.slot != z.slot || v.epoch != z.epoch) {
