@@ -83,3 +83,29 @@ def md_table(headers, rows) -> str:
   out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
   out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
   return "\n".join(out)
+
+
+class KvExchange:
+  """Bytes and barriers between the processes of one job (``tools/mps_testbed.sh``) through
+  jax.distributed's key-value store, as the runtime's own bootstrap uses it; keys under ``prefix``.
+  Initializes jax.distributed (no JAX backend is created)."""
+
+  def __init__(self, coord: str, nproc: int, rank: int, prefix: str):
+    import jax  # noqa: PLC0415 - after the caller's XLA_* environment
+    from jax._src import distributed  # noqa: PLC0415
+    jax.distributed.initialize(coordinator_address=coord, num_processes=nproc, process_id=rank,
+                               initialization_timeout=60, shutdown_timeout_seconds=30)
+    self._jax, self._c, self._prefix = jax, distributed.global_state.client, prefix
+
+  def put(self, key: str, value: bytes):
+    self._c.key_value_set_bytes(f"{self._prefix}/{key}", value)
+
+  def get(self, key: str, timeout_s: float = 120.0) -> bytes:
+    return bytes(self._c.blocking_key_value_get_bytes(f"{self._prefix}/{key}", int(timeout_s * 1000)))
+
+  def barrier(self, name: str, timeout_s: float = 300.0):
+    self._c.wait_at_barrier(f"{self._prefix}/{name}", int(timeout_s * 1000))
+
+  def close(self):
+    self._jax.distributed.shutdown()
+

@@ -77,28 +77,6 @@ def parse():
   return a
 
 
-class Kv:
-  """The jax.distributed key-value store (as the runtime's own bootstrap uses it)."""
-
-  def __init__(self, a, jax):
-    from jax._src import distributed
-    jax.distributed.initialize(coordinator_address=a.coord, num_processes=a.nproc, process_id=a.rank,
-                               initialization_timeout=60, shutdown_timeout_seconds=30)
-    self._jax, self._c = jax, distributed.global_state.client
-
-  def put(self, key, value: bytes):
-    self._c.key_value_set_bytes(f"dfccl_ipc_export/{key}", value)
-
-  def get(self, key, timeout_s=120.0) -> bytes:
-    return bytes(self._c.blocking_key_value_get_bytes(f"dfccl_ipc_export/{key}", int(timeout_s * 1000)))
-
-  def barrier(self, name, timeout_s=300.0):
-    self._c.wait_at_barrier(f"dfccl_ipc_export/{name}", int(timeout_s * 1000))
-
-  def close(self):
-    self._jax.distributed.shutdown()
-
-
 def pattern(n_words: int, index: int):
   import numpy as np
   return (np.arange(n_words, dtype=np.uint64) * 2654435761 + index).astype(np.uint32)
@@ -247,8 +225,9 @@ def main():
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = a.mem_fraction
   if a.dry_run:
     os.environ["JAX_PLATFORMS"] = "cpu"
+  from common import KvExchange  # noqa: PLC0415 - imports jax: after the environment above
   import jax
-  kv = Kv(a, jax)
+  kv = KvExchange(a.coord, a.nproc, a.rank, "dfccl_ipc_export")
   try:
     if a.dry_run:
       if a.rank == 0:

@@ -191,29 +191,6 @@ def parse():
   return a
 
 
-class KvExchange:
-  """The jax.distributed key-value store (as the runtime's own bootstrap uses it)."""
-
-  def __init__(self, a):
-    import jax
-    from jax._src import distributed
-    jax.distributed.initialize(coordinator_address=a.coord, num_processes=a.nproc, process_id=a.rank,
-                               initialization_timeout=60, shutdown_timeout_seconds=30)
-    self._jax, self._c = jax, distributed.global_state.client
-
-  def put(self, key, value: bytes):
-    self._c.key_value_set_bytes(f"dfccl_pingpong/{key}", value)
-
-  def get(self, key, timeout_s=60.0) -> bytes:
-    return bytes(self._c.blocking_key_value_get_bytes(f"dfccl_pingpong/{key}", int(timeout_s * 1000)))
-
-  def barrier(self, name, timeout_s=60.0):
-    self._c.wait_at_barrier(f"dfccl_pingpong/{name}", int(timeout_s * 1000))
-
-  def close(self):
-    self._jax.distributed.shutdown()
-
-
 class FileExchange:
   """Files in a folder both ranks see (written to a temporary name, then renamed)."""
 
@@ -320,7 +297,11 @@ def run_gpu(a, ex) -> dict:
 
 def main():
   a = parse()
-  ex = (KvExchange if a.exchange == "kv" else FileExchange)(a)
+  if a.exchange == "kv":
+    from common import KvExchange  # noqa: PLC0415 - imports jax: after the environment above
+    ex = KvExchange(a.coord, a.nproc, a.rank, "dfccl_pingpong")
+  else:
+    ex = FileExchange(a)
   try:
     if a.dry_run:
       if a.rank == 0:
