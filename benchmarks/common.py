@@ -62,6 +62,25 @@ def header(command: str | None = None) -> dict:
   }
 
 
+def testbed_header(benchmark: str, device: str | None) -> dict:
+  """The header of a result of the processes of ``tools/mps_testbed.sh`` (machine from the GPU the
+  ranks report, not jax.devices(): such a benchmark may create no JAX backend)."""
+  return {
+      "benchmark": benchmark,
+      "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+      "machine": f"{device or 'no GPU'} ({socket.gethostname()}, {platform.machine()})",
+      "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+      "launcher": "tools/mps_testbed.sh" if "DFCCL_TESTBED_RANK" in os.environ else None,
+      "mps": {"1": True, "0": False}.get(os.environ.get("DFCCL_TESTBED_MPS", ""), None),
+  }
+
+
+def write_json(path: str, doc: dict):
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(doc, f, indent=1)
+
+
 def write_results(name: str, payload: dict, markdown: str, outdir: str | None = None) -> tuple[str, str]:
   """Writes ``<outdir>/<name>.json`` and ``.md`` (default: benchmarks/results)."""
   outdir = outdir or os.path.join(os.path.dirname(__file__), "results")

@@ -31,12 +31,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime as _dt
 import json
 import os
-import platform
-import socket
-import sys
 import time
 
 SIZES = "4K,64K,1M,16M,64M"
@@ -225,7 +221,7 @@ def main():
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = a.mem_fraction
   if a.dry_run:
     os.environ["JAX_PLATFORMS"] = "cpu"
-  from common import KvExchange  # noqa: PLC0415 - imports jax: after the environment above
+  from common import KvExchange, testbed_header, write_json  # noqa: PLC0415 - imports jax: after the environment above
   import jax
   kv = KvExchange(a.coord, a.nproc, a.rank, "dfccl_ipc_export")
   try:
@@ -243,12 +239,7 @@ def main():
       return
     peer = json.loads(kv.get("result1"))
     doc = {
-        "benchmark": "ipc_export_mps",
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{res.get('device', 'no GPU')} ({socket.gethostname()}, {platform.machine()})",
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "launcher": "tools/mps_testbed.sh" if "DFCCL_TESTBED_RANK" in os.environ else None,
-        "mps": {"1": True, "0": False}.get(os.environ.get("DFCCL_TESTBED_MPS", ""), None),
+        **testbed_header("ipc_export_mps", res.get("device")),
         "allocator": a.allocator or "(XLA's default)", "preallocate": a.preallocate, "reps": a.reps,
         "what": "rank 0 owns XLA buffers with a pattern; rank 1 maps them by CUDA IPC (one handle per "
                 "allocation base) and moves each into its own XLA buffer: directly, or staged through a "
@@ -256,9 +247,7 @@ def main():
         "rank0": res, "rank1": peer,
     }
     if a.json:
-      os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-      with open(a.json, "w") as f:
-        json.dump(doc, f, indent=1)
+      write_json(a.json, doc)
       print(f"ipc_export_mps: wrote {a.json}")
     for e in peer.get("sizes", []):
       print("ipc_export_mps:", json.dumps(e))

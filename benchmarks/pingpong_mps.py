@@ -36,12 +36,9 @@ step is measured first. The first `--warmup` round trips are dropped.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import platform
 import secrets
-import socket
 import sys
 import time
 
@@ -318,13 +315,9 @@ def main():
     else:
       peer = json.loads(ex.get("result1", timeout_s=120))
       g = res.get("globaltimer", {})
+      from common import testbed_header, write_json  # noqa: PLC0415 - imports jax
       doc = {
-          "benchmark": "pingpong_mps",
-          "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-          "machine": f"{res.get('device', 'no GPU')} ({socket.gethostname()}, {platform.machine()})",
-          "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-          "launcher": "tools/mps_testbed.sh" if "DFCCL_TESTBED_RANK" in os.environ else None,
-          "mps": {"1": True, "0": False}.get(os.environ.get("DFCCL_TESTBED_MPS", ""), None),
+          **testbed_header("pingpong_mps", res.get("device")),
           "exchange": a.exchange, "iters": a.iters, "warmup": a.warmup,
           "wait_timeout_s": a.wait_timeout_s,
           "what": "rank 0: per round trip, store.release.sys ping -> load.acquire.sys sees pong (one-thread "
@@ -333,9 +326,7 @@ def main():
           "rank0": res, "rank1": peer,
       }
       if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-          json.dump(doc, f, indent=1)
+        write_json(a.json, doc)
       mode = {True: "MPS", False: "no MPS (time slicing)", None: "MPS unknown"}[doc["mps"]]
       if g:
         c = res.get("clock64", {})
