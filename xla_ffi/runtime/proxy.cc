@@ -138,7 +138,13 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
       const bool found = ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
       for (int r = 0; r < ti.comm->n; ++r)
         if (!found ? r != ti.site->rank : !(m.arrived & (1u << r))) missing.push_back(r);
-      if (missing.empty() && found && m.slot < 0 && m.failed == 0) {
+      if (!found) {
+        // This rank's arrival creates the entry when no other rank's did: without one, no
+        // rank of the group has arrived, this one included.
+        why << "no rank has arrived at it in the match table: every way of its bucket (" << kMatchWays
+            << ") held other instances, or this GPU's daemon never took the task (daemon "
+            << (Running(d) ? "running" : "stopped") << ")";
+      } else if (missing.empty() && m.slot < 0 && m.failed == 0) {
         // Every slot of its pool is held by instances that some rank has not started
         // (device/match.cuh: the limit of the slots).
         why << "every rank started it, but no instance slot of its pool became free (all "
