@@ -11,12 +11,15 @@
 //  - slots: a slot is claimed by whichever rank's pass finds the entry without
 //    one (so as soon as one rank started the instance: its data can move before
 //    the others arrive) and freed by the last rank to complete; an instance
-//    without a slot only waits, it holds nothing another instance needs.  The
-//    limit: instances that some ranks started and others have not yet hold their
-//    slots meanwhile, so a program in which a rank starts a pool's every slot's
-//    worth of instances that a peer starts only after another instance of that
-//    pool completed cannot finish (tests/cpp/match_stress.cc, DirectedSlots);
-//    the watchdog then fails it, naming the slots (config *_slots raise them).
+//    without a slot only waits, it holds nothing another instance needs.  But an
+//    instance that some ranks started and others have not yet holds its slot
+//    meanwhile, so a rank could start a pool's every slot's worth of instances
+//    that a peer starts only after another instance of that pool completed, which
+//    would then never get a slot.  Hence the reserve: a pool's last slot is taken
+//    only by an instance every rank has arrived at.  Such an instance completes
+//    without any rank starting anything else, so the reserve always comes free,
+//    and every instance all ranks arrived at gets a slot in turn
+//    (tests/cpp/match_stress.cc, DirectedSlots).
 //  - the bucket lock (taken by Arrive and ClaimSlot; Leave needs none) guards
 //    only short, non-blocking sections (no wait on a peer
 //    inside); a holder that cannot finish is a dead process, which the host's
@@ -59,9 +62,14 @@ DFCCL_DEV void UnlockBucket(MatchTable* t, int b, bool sys) {
 
 // Under the bucket lock: a free slot of `pool` for entry `m`, with its epoch
 // (both into the entry).  Returns the slot and sets *epoch, or -1 if none is free.
-DFCCL_DEV int32_t TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots, uint32_t* epoch) {
-  for (int w = 0; w * 64 < nslots; ++w) {
-    unsigned long long v = LdVol(&t->free_bits[pool][w]);
+// The pool's last slot is the reserve: only an instance every rank of the group
+// has arrived at (`all_arrived`) may take it (see the top of this file).
+DFCCL_DEV int32_t TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int nslots, uint32_t* epoch,
+                           bool all_arrived) {
+  const int usable = all_arrived ? nslots : nslots - 1;
+  for (int w = 0; w * 64 < usable; ++w) {
+    const unsigned long long allowed = usable - w * 64 >= 64 ? ~0ull : (1ull << (usable - w * 64)) - 1ull;
+    unsigned long long v = LdVol(&t->free_bits[pool][w]) & allowed;
     while (v != 0ull) {
       const int bit = __ffsll(static_cast<long long>(v)) - 1;
       const unsigned long long mask = 1ull << bit;
@@ -73,7 +81,7 @@ DFCCL_DEV int32_t TakeSlot(MatchTable* t, volatile MatchEntry* m, int pool, int 
         m->slot = slot;
         return slot;
       }
-      v = old & ~mask;
+      v = old & ~mask & allowed;
     }
   }
   return -1;
@@ -143,7 +151,8 @@ DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status,
   if (failed && !m_failed) m->failed = failed;
   m->arrived = m_arrived | bit;
   uint32_t epoch = m_epoch;
-  if (!failed && slot < 0) slot = TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch);
+  if (!failed && slot < 0)
+    slot = TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch, __popc(m_arrived | bit) == d.nranks);
   UnlockBucket(t, b, sys);
   d.match = b * kMatchWays + way;
   StVol(&dd->match, d.match);
@@ -161,7 +170,8 @@ DFCCL_DEV int ClaimSlot(TaskDesc& d, TaskDesc* dd, uint32_t* status, int64_t bud
   if (LdVol(&m->slot) < 0 && LdVol(&m->failed) == 0) {  // cheap look before taking the lock
     if (!LockBucket(t, b, sys, budget_ns)) return kMatchArrived;
     uint32_t epoch;  // read back below with the slot (another rank may have claimed it)
-    if (m->slot < 0 && !m->failed) TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch);
+    if (m->slot < 0 && !m->failed)
+      TakeSlot(t, m, d.pool, d.comm->pool[d.pool].nslots, &epoch, __popc(m->arrived) == d.nranks);
     UnlockBucket(t, b, sys);
   }
   const uint32_t failed = LdVol(&m->failed);

@@ -145,11 +145,11 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
             << ") held other instances, or this GPU's daemon never took the task (daemon "
             << (Running(d) ? "running" : "stopped") << ")";
       } else if (missing.empty() && m.slot < 0 && m.failed == 0) {
-        // Every slot of its pool is held by instances that some rank has not started
-        // (device/match.cuh: the limit of the slots).
+        // Every slot of its pool stayed in use, the reserve too (device/match.cuh): by
+        // instances that did not complete either.
         why << "every rank started it, but no instance slot of its pool became free (all "
             << (m.pool == 0 ? "config.small_slots" : ti.comm->direct ? "config.direct_slots" : "config.large_slots")
-            << " slots held by instances that other ranks have not started)";
+            << " slots in use by instances that did not complete)";
       } else if (missing.empty()) {
         why << "every rank started it but it did not complete";
       } else {

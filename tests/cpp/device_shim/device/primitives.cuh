@@ -74,3 +74,4 @@ inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst
 inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __nanosleep(unsigned) { std::this_thread::yield(); }
 inline int __ffsll(long long v) { return __builtin_ffsll(v); }
+inline int __popc(unsigned int v) { return __builtin_popcount(v); }
