@@ -8,6 +8,11 @@
 //  - entries: a rank that finds its bucket full does not wait — its task stays
 //    unmatched and the next pass retries, so it never blocks a task that could
 //    complete; a bucket holds kMatchWays live instances (4096 in the table).
+//    The limit: a bucket's ways held by instances that some rank started ahead
+//    of a peer which first waits on another instance of the same bucket (whose
+//    entry cannot be created) would not come free; with instances hashed over
+//    the buckets that takes hundreds started ahead, and the watchdog then says
+//    that no rank arrived at it.
 //  - slots: a slot is claimed by whichever rank's pass finds the entry without
 //    one (so as soon as one rank started the instance: its data can move before
 //    the others arrive) and freed by the last rank to complete; an instance
