@@ -9,7 +9,8 @@ blocking submit kernel) with more work queued behind it.  Two ways that launch c
            order, so a kernel queued behind another stream's blocked work cannot start: a false
            dependency.  Test: stream 0 gets a kernel that spins on a host-mapped flag, then a
            kernel that depends on it; every other stream gets a kernel that only writes a word.
-           Words still unwritten after --wait-s are the streams held behind stream 0.
+           Words still unwritten after --wait-s are the streams held behind stream 0.  The last
+           8 streams are created with the highest priority (held too, or queues of their own?).
   depth    A launch blocks the host once a stream holds about a thousand pending operations.
            Test: one thread fills stream 0 behind the spinning kernel until its launches block;
            then another thread launches on a stream that shares no queue with it: does that
@@ -73,7 +74,13 @@ def probe(streams, wait_s, spin_s, depth_max):
       fn(one, one, args)
 
   ss = [cp.cuda.Stream(non_blocking=True) for _ in range(streams)]
-  out = {"connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "(default)"), "streams": streams}
+  # The last few streams with the highest priority (do they get queues of their own?).
+  lo, hi = cp.cuda.runtime.deviceGetStreamPriorityRange()
+  n_hi = min(8, streams - 1)
+  for i in range(streams - n_hi, streams):
+    ss[i] = cp.cuda.Stream(non_blocking=True, priority=hi)
+  out = {"connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "(default)"), "streams": streams,
+         "high_priority_streams": list(range(streams - n_hi, streams)), "priority_range": [lo, hi]}
 
   # Queues: which streams' kernels wait behind stream 0's blocked work.
   for trailing in (0, 1):
