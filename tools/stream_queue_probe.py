@@ -75,7 +75,10 @@ def probe(streams, wait_s, spin_s, depth_max):
 
   ss = [cp.cuda.Stream(non_blocking=True) for _ in range(streams)]
   # The last few streams with the highest priority (do they get queues of their own?).
-  lo, hi = cp.cuda.runtime.deviceGetStreamPriorityRange()
+  try:
+    lo, hi = cp.cuda.runtime.deviceGetStreamPriorityRange()
+  except AttributeError:  # an older CuPy: the H100/H200 range
+    lo, hi = 0, -5
   n_hi = min(8, streams - 1)
   for i in range(streams - n_hi, streams):
     ss[i] = cp.cuda.Stream(non_blocking=True, priority=hi)
