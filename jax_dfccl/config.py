@@ -122,9 +122,12 @@ class Config:
   #: GPU: a task is split into lanes (one worker block each) of at least this
   #: many bytes (a multiple of 16 or 16 at least).
   lane_min_bytes: int = 4096
-  #: GPU, pool 0 (small messages, per communicator): instances in flight, lanes
-  #: per instance (1..64) and staging bytes per lane (a multiple of 16; with the
-  #: LL protocol half of it is data).  Applies to communicators created later.
+  #: GPU, pool 0 (small messages, per communicator): instances in flight (each
+  #: pool's last slot is kept for an instance every rank has started, so that
+  #: instances started ahead never starve one whose ranks are all there:
+  #: xla_ffi/device/match.cuh), lanes per instance (1..64) and staging bytes per
+  #: lane (a multiple of 16; with the LL protocol half of it is data).  Applies to
+  #: communicators created later.
   small_slots: int = 128
   small_lanes: int = 16
   small_chunk: int = 16384
