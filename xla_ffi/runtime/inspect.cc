@@ -50,7 +50,7 @@ std::string Runtime::Pending(int wait_ms) {
       const bool found = ti.comm && ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
       line(ti, t, "daemon", ti.site ? ti.site->key : std::to_string(ti.key_hash), found ? m.arrived : 0,
            found ? ti.comm->n : 0, found && m.failed != 0, 1, d.host->done[t % kTaskRing] == Gen(t));
-      if (found && m.failed == 0 && m.slot < 0)  // device/match.cuh: the limit of the slots
+      if (found && m.failed == 0 && m.slot < 0)  // arrived, waiting for a slot (device/match.cuh)
         os << "    no instance slot yet (every slot of pool " << m.pool << " in use)\n";
     }
     for (uint64_t t = d.ce_oldest; t < d.ce_next; ++t) {
