@@ -244,8 +244,7 @@ def main():
   if a.quick:
     sizes = [s for s in sizes if s in (4 * KiB, 64 * KiB, 16 * MiB, 1024 * MiB)]
   if a.sizes:
-    unit = {"K": KiB, "M": MiB, "G": 1024 * MiB}
-    sizes = [int(float(t[:-1]) * unit[t[-1].upper()]) if t[-1].upper() in unit else int(t) for t in a.sizes.split(",")]
+    sizes = common.parse_sizes(a.sizes)
   rows, how = bench_ops(sizes, ops_names, a.reps, a.pipelined)
   chaos = {}
   try:

@@ -62,6 +62,13 @@ def header(command: str | None = None) -> dict:
   }
 
 
+def parse_sizes(text: str) -> list[int]:
+  """Comma-separated byte counts with an optional K / M / G suffix (binary): "4K,1.5M,64"."""
+  unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+  return [int(float(t[:-1]) * unit[t[-1].upper()]) if t[-1].upper() in unit else int(t)
+          for t in text.split(",") if t]
+
+
 def testbed_header(benchmark: str, device: str | None) -> dict:
   """The header of a result of the processes of ``tools/mps_testbed.sh`` (machine from the GPU the
   ranks report, not jax.devices(): such a benchmark may create no JAX backend)."""

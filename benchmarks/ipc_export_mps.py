@@ -33,17 +33,13 @@ import argparse
 import ctypes
 import json
 import os
+import sys
 import time
 
 SIZES = "4K,64K,1M,16M,64M"
 CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10  # cuda.h
 CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14
 CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17
-
-
-def parse_size(s: str) -> int:
-  mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-  return int(s[:-1]) * mult[s[-1].upper()] if s[-1].upper() in mult else int(s)
 
 
 def parse():
@@ -65,9 +61,6 @@ def parse():
     ap.error(f"needs exactly two ranks (got --rank {a.rank} --nproc {a.nproc}); run it under tools/mps_testbed.sh -n 2")
   if not a.coord:
     ap.error("needs --coord (or DFCCL_TESTBED_COORD): the handles go through jax.distributed's key-value store")
-  a.size_list = [parse_size(s) for s in a.sizes.split(",") if s]
-  if not a.size_list or any(n <= 0 or n % 4 for n in a.size_list):
-    ap.error("--sizes: positive multiples of 4 bytes")
   if a.reps < 1:
     ap.error("--reps must be at least 1")
   return a
@@ -99,11 +92,6 @@ class Driver:
     self._check(self._cu.cuPointerGetAttribute(ctypes.byref(v), ctypes.c_int(attr), ctypes.c_uint64(ptr)),
                 f"cuPointerGetAttribute({attr})")
     return v.value
-
-
-def median_ms(times):
-  import numpy as np
-  return float(np.median(np.asarray(times)))
 
 
 def run_gpu(a, jax, kv) -> dict:
@@ -161,7 +149,7 @@ def run_gpu(a, jax, kv) -> dict:
   got = json.loads(kv.get("meta"))
   handles = {int(k): bytes.fromhex(v) for k, v in got["handles"].items()}
   stage = rt.ipcOpenMemHandle(kv.get("stage"))
-  opened, open_us = {}, {}
+  opened = {}
   stream = cp.cuda.Stream(non_blocking=True)
 
   def view(ptr, n):
@@ -177,7 +165,7 @@ def run_gpu(a, jax, kv) -> dict:
       e.record(stream)
       e.synchronize()
       ts.append(cp.cuda.get_elapsed_time(s, e))
-    return round(median_ms(ts[3:]) * 1e3, 2)  # µs
+    return round(float(np.median(ts[3:])) * 1e3, 2)  # µs
 
   for i, (n, x) in enumerate(zip(a.size_list, arrays)):
     e = res["sizes"][i]
@@ -189,8 +177,7 @@ def run_gpu(a, jax, kv) -> dict:
     if b not in opened:
       t0 = time.perf_counter()
       opened[b] = rt.ipcOpenMemHandle(handles[b])
-      open_us[b] = round((time.perf_counter() - t0) * 1e6, 1)
-      e["open_us"] = open_us[b]
+      e["open_us"] = round((time.perf_counter() - t0) * 1e6, 1)
     src = view(opened[b] + m["offset"], n)
     dst = view(x.unsafe_buffer_pointer(), n)  # rank 1's own XLA buffer of the same size
     stg = view(stage, n)
@@ -221,8 +208,11 @@ def main():
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = a.mem_fraction
   if a.dry_run:
     os.environ["JAX_PLATFORMS"] = "cpu"
-  from common import KvExchange, testbed_header, write_json  # noqa: PLC0415 - imports jax: after the environment above
+  from common import KvExchange, parse_sizes, testbed_header, write_json  # noqa: PLC0415 - imports jax: after the environment above
   import jax
+  a.size_list = parse_sizes(a.sizes)
+  if not a.size_list or any(n <= 0 or n % 4 for n in a.size_list):
+    sys.exit("ipc_export_mps: --sizes: positive multiples of 4 bytes")
   kv = KvExchange(a.coord, a.nproc, a.rank, "dfccl_ipc_export")
   try:
     if a.dry_run:

@@ -73,22 +73,24 @@ def probe(streams, wait_s, spin_s, depth_max):
     with stream:
       fn(one, one, args)
 
-  ss = [cp.cuda.Stream(non_blocking=True) for _ in range(streams)]
-  # The last few streams with the highest priority (do they get queues of their own?).
+  def start_spin():  # stream 0: spins on FLAG until set or spin_s
+    launch(spin, ss[0], np.uint64(ptr + 4 * FLAG), np.uint64(int(spin_s * 1e9)), np.uint64(ptr + 4 * RESULT))
+
+  # The last few streams with the highest priority (do they get queues of their own?); created
+  # once, in order (the order in which streams are created decides the queues they share).
   try:
     lo, hi = cp.cuda.runtime.deviceGetStreamPriorityRange()
   except AttributeError:  # an older CuPy: the H100/H200 range
     lo, hi = 0, -5
   n_hi = min(8, streams - 1)
-  for i in range(streams - n_hi, streams):
-    ss[i] = cp.cuda.Stream(non_blocking=True, priority=hi)
+  ss = [cp.cuda.Stream(non_blocking=True, priority=hi if i >= streams - n_hi else lo) for i in range(streams)]
   out = {"connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "(default)"), "streams": streams,
          "high_priority_streams": list(range(streams - n_hi, streams)), "priority_range": [lo, hi]}
 
   # Queues: which streams' kernels wait behind stream 0's blocked work.
   for trailing in (0, 1):
     reset()
-    launch(spin, ss[0], np.uint64(ptr + 4 * FLAG), np.uint64(int(spin_s * 1e9)), np.uint64(ptr + 4 * RESULT))
+    start_spin()
     for _ in range(trailing):  # depends on the spin (same stream)
       launch(noop, ss[0])
     t0 = time.perf_counter()
@@ -109,7 +111,7 @@ def probe(streams, wait_s, spin_s, depth_max):
   # Depth: fill stream 0 until a launch blocks, then launch on a stream that shares no queue with it.
   free = [i for i in range(1, streams) if i not in out["queues_trailing1"]["held_streams"]]
   reset()
-  launch(spin, ss[0], np.uint64(ptr + 4 * FLAG), np.uint64(int(spin_s * 1e9)), np.uint64(ptr + 4 * RESULT))
+  start_spin()
   count = [0]
 
   def fill():

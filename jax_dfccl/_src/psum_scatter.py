@@ -45,7 +45,7 @@ def _plan(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=Fa
   # jax.lax.psum_scatter.
   xs = list(map(jnp.asarray, xs))
   pairs = [jnp.issubdtype(v.dtype, jnp.complexfloating) for v in xs]
-  conv = [as_reducible(v, "sum") if v.dtype == jnp.uint32 or p else (v, None) for v, p in zip(xs, pairs)]
+  conv = [(v, None) if v.dtype == jnp.bool_ else as_reducible(v, "sum") for v in xs]
   common, n, items, treedef = pl.leaves_of(jax.tree.unflatten(tdef, [v for v, _ in conv]), "psum_scatter",
                                           axis_name, key, "psum_scatter", axis_index_groups)
   leaves = []

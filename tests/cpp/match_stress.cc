@@ -27,13 +27,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "device/match.cuh"
@@ -97,8 +95,11 @@ void RunBlock(Shared& s, int rank, const std::vector<Instance>& order) {
     t.state = 3;
     finished++;
   };
+  auto word = [](const Task& t) {  // this use of the slot: its epoch and the instance's id
+    return static_cast<uint64_t>(t.d.epoch) << 32 | (MatchId(t.in.key_hash, t.in.seq) & 0xffffffffu);
+  };
   auto store_word = [&](Task& t) {
-    const uint64_t w = static_cast<uint64_t>(t.d.epoch) << 32 | (MatchId(t.in.key_hash, t.in.seq) & 0xffffffffu);
+    const uint64_t w = word(t);
     uint64_t& cell = s.area[t.d.pool][static_cast<size_t>(t.d.slot) * s.nranks + rank];
     const uint64_t before = std::atomic_ref<uint64_t>(cell).load(std::memory_order_relaxed);
     if ((before >> 32) >= t.d.epoch) Die(s, "the slot's area holds a use not older than this one", rank, t.in, t.d, before);
@@ -135,7 +136,7 @@ void RunBlock(Shared& s, int rank, const std::vector<Instance>& order) {
           leave(t);
           continue;
         }
-        const uint64_t want = static_cast<uint64_t>(t.d.epoch) << 32 | (MatchId(t.in.key_hash, t.in.seq) & 0xffffffffu);
+        const uint64_t want = word(t);
         bool all = true;
         for (int q = 0; q < s.nranks; ++q) {
           const uint64_t w = std::atomic_ref<uint64_t>(s.area[t.d.pool][static_cast<size_t>(t.d.slot) * s.nranks + q])
@@ -225,7 +226,6 @@ bool Round(int nranks, int W, int blocks, const int nslots[kNumPools], bool crow
   for (auto& k : keys) k = rng();
   std::map<uint64_t, uint64_t> uses;
   std::vector<std::vector<Instance>> plan(blocks);
-  std::vector<Instance> mismatched;
   for (int b = 0; b < blocks; ++b) {
     std::vector<uint64_t> ks;
     if (crowded) {
@@ -240,10 +240,7 @@ bool Round(int nranks, int W, int blocks, const int nslots[kNumPools], bool crow
     }
     for (int i = 0; i < W; ++i) {
       Instance in{ks[i], uses[ks[i]]++, static_cast<int>(rng() % kNumPools), false};
-      if (i == 0 && b % 5 == 4) {
-        in.mismatch = true;
-        mismatched.push_back(in);
-      }
+      in.mismatch = i == 0 && b % 5 == 4;
       if (i == 1 && b % 7 == 3) in.abort_rank = b % nranks;
       plan[b].push_back(in);
     }

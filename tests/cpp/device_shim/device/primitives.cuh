@@ -39,8 +39,6 @@ void StVol(volatile T* p, V v) { Shared(p).store(static_cast<T>(v), std::memory_
 // One overload per width, as in the real header (so the same calls resolve).
 inline uint32_t LdAcquireSys(const uint32_t* p) { return Shared(p).load(std::memory_order_acquire); }
 inline uint64_t LdAcquireSys(const uint64_t* p) { return Shared(p).load(std::memory_order_acquire); }
-inline uint32_t LdAcquireGpu(const uint32_t* p) { return Shared(p).load(std::memory_order_acquire); }
-inline uint64_t LdAcquireGpu(const uint64_t* p) { return Shared(p).load(std::memory_order_acquire); }
 inline void StReleaseSys(uint32_t* p, uint32_t v) { Shared(p).store(v, std::memory_order_release); }
 inline void StReleaseSys(uint64_t* p, uint64_t v) { Shared(p).store(v, std::memory_order_release); }
 inline void StReleaseGpu(uint32_t* p, uint32_t v) { Shared(p).store(v, std::memory_order_release); }
@@ -71,7 +69,6 @@ inline unsigned int atomicCAS_system(unsigned int* p, unsigned int cmp, unsigned
   return cmp;
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __nanosleep(unsigned) { std::this_thread::yield(); }
 inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 inline int __popc(unsigned int v) { return __builtin_popcount(v); }
