@@ -142,7 +142,9 @@ def run_gpu(a, jax, kv) -> dict:
     # Shared runtime buffer of the staged path: a cudaMalloc exported once (as the runtime's pools).
     stage = rt.malloc(max(a.size_list))
     kv.put("stage", bytes(rt.ipcGetMemHandle(stage)))
+    print("ipc_export_mps: rank 0 exported; waiting for rank 1's measurements", flush=True)
     kv.barrier("measured")  # rank 1 reads and times while rank 0 holds its buffers
+    print("ipc_export_mps: rank 0 past the barrier", flush=True)
     rt.free(stage)
     return res
 
@@ -213,6 +215,8 @@ def main():
   a.size_list = parse_sizes(a.sizes)
   if not a.size_list or any(n <= 0 or n % 4 for n in a.size_list):
     sys.exit("ipc_export_mps: --sizes: positive multiples of 4 bytes")
+  import faulthandler  # noqa: PLC0415
+  faulthandler.dump_traceback_later(90, exit=False)  # where a stuck rank is
   kv = KvExchange(a.coord, a.nproc, a.rank, "dfccl_ipc_export")
   try:
     if a.dry_run:
@@ -225,6 +229,7 @@ def main():
     else:
       res = run_gpu(a, jax, kv)
     if a.rank == 1:
+      print("ipc_export_mps: rank 1", json.dumps(res), flush=True)  # in its log, whatever rank 0 does
       kv.put("result1", json.dumps(res).encode())
       return
     peer = json.loads(kv.get("result1"))

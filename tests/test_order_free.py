@@ -216,3 +216,51 @@ def test_handle_with_other_users_is_not_copied_in_flight(mesh8, op):
   with dc.configured(fault_device=3, fault_start_delay_us=50e3):
     for _ in range(3):
       np.testing.assert_array_equal(np.asarray(f(x)), np.zeros((8, 4), np.float32))
+
+
+def _ancestors(jaxpr):
+  """For each equation of ``jaxpr`` (the body of its one shard_map), the indices of the equations
+  its inputs depend on."""
+  (eqn,) = [e for e in jaxpr.eqns if "jaxpr" in e.params]
+  body = eqn.params["jaxpr"]
+  body = getattr(body, "jaxpr", body)
+  made, anc = {}, []
+  for i, e in enumerate(body.eqns):
+    deps = set()
+    for v in e.invars:
+      if v in made:
+        deps |= {made[v]} | anc[made[v]]
+    anc.append(deps)
+    for v in e.outvars:
+      made[v] = i
+  return body.eqns, anc
+
+
+def _find(eqns, prim, key):
+  return next(i for i, e in enumerate(eqns) if e.primitive.name == prim and e.params.get("key") == key)
+
+
+def test_waits_run_in_program_order(mesh8):
+  """A wait is tied after every collective traced before it: XLA orders by data dependence only,
+  and a done hoisted above a later-traced collective that another program's rank needs first is a
+  deadlock across programs.  Starts stay order-free (tied to nothing)."""
+  def body(v):
+    h = dc.psum_start(v, "x", key="A")
+    b = dc.psum(v, "x", key="B")           # blocking: after start A
+    g = dc.all_gather_start(v, "x", key="C")  # a start: tied to nothing
+    return dc.done(h) + b, dc.done(g)       # done A after B and start C; done C after done A
+  f = jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=(P("x"), P("x")), check_vma=False)
+  x = put(jnp.arange(8.0), mesh8, P("x"))
+  eqns, anc = _ancestors(jax.make_jaxpr(f)(x).jaxpr)
+  start_a, b = _find(eqns, "dfccl_start", "A"), _find(eqns, "dfccl_collective", "B")
+  start_c = _find(eqns, "dfccl_start", "C")
+  done_a, done_c = _find(eqns, "dfccl_done", "A"), _find(eqns, "dfccl_done", "C")
+  assert {start_a, b, start_c} <= anc[done_a]
+  assert start_a in anc[b]
+  assert done_a in anc[done_c]
+  assert not anc[start_a] and b not in anc[start_c]
+  ya, yc = jax.jit(f)(x)
+  np.testing.assert_array_equal(ya, np.full(8, 56.0))
+  np.testing.assert_array_equal(np.asarray(yc).reshape(8, 8), np.tile(np.arange(8.0), (8, 1)))
+  from jax_dfccl._src import core
+  assert not core._ORDER  # lowering let go of the finished trace's values

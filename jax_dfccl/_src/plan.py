@@ -143,7 +143,12 @@ def bucket(leaves: Sequence[Leaf], treedef):
 
 
 def run_blocking(leaves: Sequence[Leaf], treedef):
-  return _assemble(treedef, [lf.post(c.collective_p.bind(lf.x, *lf.init, **lf.params)) for lf in leaves])
+  outs = []
+  for lf in leaves:
+    y = c.collective_p.bind(*c.after_earlier(lf.x, *lf.init), **lf.params)
+    c.issued(y, wait=True)
+    outs.append(lf.post(y))
+  return _assemble(treedef, outs)
 
 
 class _HandleState:
@@ -186,6 +191,7 @@ def run_start(name: str, leaves: Sequence[Leaf], treedef) -> Handle:
   for lf in leaves:
     site = next(c._SITES)
     arrays.extend(c.start_p.bind(lf.x, *lf.init, site=site, **lf.params))
+    c.issued(arrays[-1], wait=False)  # its ticket
     sites.append(site)
   return Handle(arrays, _HandleState(name, [lf.post for lf in leaves], treedef,
                                      [lf.params["key"] for lf in leaves], sites))
@@ -202,8 +208,9 @@ def done(handle: Handle):
   c._DONE_SITES.update(st.sites)
   outs = []
   for i, (post, key, site) in enumerate(zip(st.posts, st.keys, st.sites)):
-    out, xa, t = handle._arrays[3 * i: 3 * i + 3]
-    outs.append(post(c.done_p.bind(out, xa, t, key=key, site=site)))
+    y = c.done_p.bind(*c.after_earlier(*handle._arrays[3 * i: 3 * i + 3]), key=key, site=site)
+    c.issued(y, wait=True)
+    outs.append(post(y))
   return _assemble(st.treedef, outs)
 
 

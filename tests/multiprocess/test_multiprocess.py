@@ -61,8 +61,8 @@ def _lax_reference(n, ndev):
 
 @pytest.mark.parametrize("processes,devices", CONFIGS)
 def test_suite(processes, devices):
-  """SPMD parity with jax.lax, MPMD programs with process-specific start orders,
-  fori_loop re-entry, send/recv chains (and their transposes), mismatch errors."""
+  """SPMD parity with jax.lax, MPMD programs with process-specific start orders, waits in
+  program order across programs that differ, fori_loop re-entry, send/recv chains (and their transposes), mismatch errors."""
   job = harness.run_workers("suite", processes, devices, timeout_s=150)
   _check_job(job, "suite")
   n = processes * devices
@@ -82,6 +82,7 @@ def test_suite(processes, devices):
                                  err_msg=f"{name} position {i}")
   for r in job.results:
     assert r["mpmd_orders"]["ok"], r["mpmd_orders"]
+    assert r["waits_in_order"]["ok"], r["waits_in_order"]
     assert r["p2p_chain"]["ok"], r
     assert r["mismatch"]["ok"], r["mismatch"]
     assert r["stats"]["shm_processes"] == processes

@@ -101,6 +101,26 @@ def mpmd_orders():
   result["mpmd_orders"] = {"start_order": start_order, "ok": ok}
 
 
+def waits_in_order():
+  """Even processes start "A", run "B" and then wait for "A"; odd ones run "B" and then "A" on
+  B's result.  An even process's wait for A must not run before its B (the odd processes start A
+  only after B): each wait is tied after the collectives traced before it."""
+  x = np.arange(n * 4, dtype=np.float32).reshape(n, 4) / 3
+  if me % 2 == 0:
+    def body(v):
+      h = dc.psum_start(v, "x", key="A")
+      b = dc.psum(v, "x", key="B")
+      return dc.done(h) + b
+  else:
+    def body(v):
+      return dc.psum(v + dc.psum(v, "x", key="B"), "x", key="A")
+  y = smap(body, mesh1, P("x"), P("x"), check_vma=False)(make_input(x, mesh1, P("x")))
+  s = x.astype(np.float64).sum(0)
+  odd = sum(len(by_proc[p]) for p in range(1, nprocs, 2))
+  want = s * (2 + odd) if me % 2 == 0 else s * (1 + odd)  # A = S + odd * S; even ones add B = S
+  result["waits_in_order"] = {"ok": all(np.allclose(o[0], want, rtol=1e-5) for o in local_out(y))}
+
+
 def p2p_chain():
   """Process p receives from p-1 (device j from device j), adds p, sends to
   p+1; then the gradient of the last process's loss flows back through the
@@ -180,6 +200,7 @@ def mismatch():
 def suite():
   spmd()
   mpmd_orders()
+  waits_in_order()
   p2p_chain()
   mismatch()
 
