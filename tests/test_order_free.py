@@ -262,5 +262,5 @@ def test_waits_run_in_program_order(mesh8):
   ya, yc = jax.jit(f)(x)
   np.testing.assert_array_equal(ya, np.full(8, 56.0))
   np.testing.assert_array_equal(np.asarray(yc).reshape(8, 8), np.tile(np.arange(8.0), (8, 1)))
-  from jax_dfccl._src import core
-  assert not core._ORDER  # lowering let go of the finished trace's values
+  from jax_dfccl._src import order
+  assert not order._ORDER  # lowering let go of the finished trace's values

@@ -38,6 +38,7 @@ from jax._src.lib.mlir.dialects import hlo
 from jax._src.sharding_impls import SPMDAxisContext
 
 from jax_dfccl._src import compat
+from jax_dfccl._src import order
 from jax_dfccl._src.keys import derive
 
 # --------------------------------------------------------------------------
@@ -161,72 +162,6 @@ start_p.multiple_results = True
 done_p = core.Primitive("dfccl_done")
 
 _SITES = itertools.count(1)
-
-
-# --------------------------------------------------------------------------
-# Program order of waits
-#
-# A wait (a done, a blocking collective) holds its device's stream until the instance completes,
-# and XLA orders independent operations by data dependence only: it may hoist a done above a
-# collective traced after its start, which a peer running another program may need first (a
-# deadlock across programs).  So each wait is tied, by an optimization_barrier on its inputs, after
-# every collective traced before it in the same trace: after the trace's last wait (itself tied
-# after everything before it) and the starts traced since.  Starts stay order-free.
-
-class _TraceOrder:
-  __slots__ = ("trace", "wait", "starts")
-
-  def __init__(self, trace):
-    self.trace, self.wait, self.starts = trace, None, []  # the last wait's output; a start's since
-
-
-_ORDER: dict[int, _TraceOrder] = {}  # id(trace) -> its order, for the traces being staged now
-
-
-def _traced():
-  """The current trace when it stages out a program (not an eager evaluation), else None."""
-  tr = core.trace_ctx.trace
-  return None if isinstance(tr, core.EvalTrace) else tr
-
-
-def forget_finished_traces():
-  """Drops the order of every trace that is not the current one or one of its parents: they are
-  finished (their values are held until then; lowering calls this too)."""
-  live, tr = set(), _traced()
-  while tr is not None and not isinstance(tr, core.EvalTrace):
-    live.add(id(tr))
-    tr = getattr(tr, "parent_trace", None)
-  for k in [k for k in _ORDER if k not in live]:
-    del _ORDER[k]
-
-
-def after_earlier(*xs):
-  """``xs`` (a wait's operands), tied after the collectives traced before it in this trace."""
-  tr = _traced()
-  st = _ORDER.get(id(tr)) if tr is not None else None
-  if st is None:
-    return xs
-  deps = [v for v in ([st.wait] if st.wait is not None else []) + st.starts
-          if getattr(v, "_trace", None) is tr]
-  if not deps:
-    return xs
-  return tuple(jax.lax.optimization_barrier((*xs, *deps))[:len(xs)])
-
-
-def issued(out, wait: bool):
-  """Records a collective's output ``out`` (a wait's result, or one output of a start) in the
-  current trace's order."""
-  tr = _traced()
-  if tr is None or getattr(out, "_trace", None) is not tr:
-    return
-  forget_finished_traces()
-  st = _ORDER.get(id(tr))
-  if st is None:
-    st = _ORDER[id(tr)] = _TraceOrder(tr)
-  if wait:
-    st.wait, st.starts = out, []
-  else:
-    st.starts.append(out)
 
 
 def _out_aval(aval, params, *init):
@@ -536,7 +471,7 @@ def _trivial(ctx, x, op, perm):
 def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm, site,
                     target="dfccl_start", aliases=None, mode="varying"):
   del mode  # the manual-axis types of input and output (abstract eval and AD only)
-  forget_finished_traces()  # the traced program is finished: its order holds its values no longer
+  order.forget_finished_traces()  # the program is traced: its order holds its values no longer
   mesh = _spmd_mesh(ctx, op)
   if isinstance(mesh, jax.sharding.Mesh):
     from jax_dfccl._src import distributed

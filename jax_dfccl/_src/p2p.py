@@ -31,6 +31,7 @@ from jax._src.interpreters import batching
 from jax._src.interpreters import mlir
 
 from jax_dfccl._src import core as c
+from jax_dfccl._src import order
 from jax_dfccl._src import keys
 from jax_dfccl._src import plan as pl
 
@@ -184,13 +185,7 @@ def _plan(api, x, peer, arg, key):
 
 def _run(api, x, peer, arg, key):
   leaves, treedef = _plan(api, x, peer, arg, key)
-  outs = []
-  for lf in leaves:
-    (x,) = c.after_earlier(lf.x)
-    y = p2p_p.bind(x, **lf.params)
-    c.issued(y, wait=True)
-    outs.append(lf.post(y))
-  return jax.tree.unflatten(treedef, outs)
+  return jax.tree.unflatten(treedef, [lf.post(order.bind_wait(p2p_p, lf.x, **lf.params)) for lf in leaves])
 
 
 def _run_start(api, x, peer, arg, key):
@@ -199,7 +194,7 @@ def _run_start(api, x, peer, arg, key):
   for lf in leaves:
     site = next(c._SITES)
     arrays.extend(p2p_start_p.bind(lf.x, site=site, **lf.params))
-    c.issued(arrays[-1], wait=False)  # its ticket
+    order.issued(arrays[-1], wait=False)  # its ticket
     sites.append(site)
   return pl.Handle(arrays, pl._HandleState(api, [lf.post for lf in leaves], treedef,
                                            [lf.params["key"] for lf in leaves], sites))

@@ -20,6 +20,7 @@ import numpy as np
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import order
 from jax_dfccl._src import keys
 
 # Beyond the runtimes' dtypes: the data-movement ops (all_gather, all_to_all,
@@ -143,12 +144,8 @@ def bucket(leaves: Sequence[Leaf], treedef):
 
 
 def run_blocking(leaves: Sequence[Leaf], treedef):
-  outs = []
-  for lf in leaves:
-    y = c.collective_p.bind(*c.after_earlier(lf.x, *lf.init), **lf.params)
-    c.issued(y, wait=True)
-    outs.append(lf.post(y))
-  return _assemble(treedef, outs)
+  return _assemble(treedef, [lf.post(order.bind_wait(c.collective_p, lf.x, *lf.init, **lf.params))
+                             for lf in leaves])
 
 
 class _HandleState:
@@ -191,7 +188,7 @@ def run_start(name: str, leaves: Sequence[Leaf], treedef) -> Handle:
   for lf in leaves:
     site = next(c._SITES)
     arrays.extend(c.start_p.bind(lf.x, *lf.init, site=site, **lf.params))
-    c.issued(arrays[-1], wait=False)  # its ticket
+    order.issued(arrays[-1], wait=False)  # its ticket
     sites.append(site)
   return Handle(arrays, _HandleState(name, [lf.post for lf in leaves], treedef,
                                      [lf.params["key"] for lf in leaves], sites))
@@ -208,9 +205,7 @@ def done(handle: Handle):
   c._DONE_SITES.update(st.sites)
   outs = []
   for i, (post, key, site) in enumerate(zip(st.posts, st.keys, st.sites)):
-    y = c.done_p.bind(*c.after_earlier(*handle._arrays[3 * i: 3 * i + 3]), key=key, site=site)
-    c.issued(y, wait=True)
-    outs.append(post(y))
+    outs.append(post(order.bind_wait(c.done_p, *handle._arrays[3 * i: 3 * i + 3], key=key, site=site)))
   return _assemble(st.treedef, outs)
 
 
