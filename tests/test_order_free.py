@@ -243,24 +243,25 @@ def _find(eqns, prim, key):
 def test_waits_run_in_program_order(mesh8):
   """A wait is tied after every collective traced before it: XLA orders by data dependence only,
   and a done hoisted above a later-traced collective that another program's rank needs first is a
-  deadlock across programs.  Starts stay order-free (tied to nothing)."""
+  deadlock across programs.  Starts and blocking collectives are tied to nothing (blocking ones
+  traced in a rank-specific order would otherwise each hold a rank's stream)."""
   def body(v):
     h = dc.psum_start(v, "x", key="A")
-    b = dc.psum(v, "x", key="B")           # blocking: after start A
+    b = dc.psum(v, "x", key="B")           # blocking: tied to nothing
     g = dc.all_gather_start(v, "x", key="C")  # a start: tied to nothing
-    return dc.done(h) + b, dc.done(g)       # done A after B and start C; done C after done A
+    e = dc.psum(v, "x", key="E")           # blocking: not after B
+    return dc.done(h) + b + e, dc.done(g)   # done A after B, start C and E; done C after done A
   f = jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=(P("x"), P("x")), check_vma=False)
   x = put(jnp.arange(8.0), mesh8, P("x"))
   eqns, anc = _ancestors(jax.make_jaxpr(f)(x).jaxpr)
   start_a, b = _find(eqns, "dfccl_start", "A"), _find(eqns, "dfccl_collective", "B")
-  start_c = _find(eqns, "dfccl_start", "C")
+  start_c, e = _find(eqns, "dfccl_start", "C"), _find(eqns, "dfccl_collective", "E")
   done_a, done_c = _find(eqns, "dfccl_done", "A"), _find(eqns, "dfccl_done", "C")
-  assert {start_a, b, start_c} <= anc[done_a]
-  assert start_a in anc[b]
+  assert {start_a, b, start_c, e} <= anc[done_a]
   assert done_a in anc[done_c]
-  assert not anc[start_a] and b not in anc[start_c]
+  assert not anc[start_a] and not anc[b] and not anc[start_c] and not anc[e]
   ya, yc = jax.jit(f)(x)
-  np.testing.assert_array_equal(ya, np.full(8, 56.0))
+  np.testing.assert_array_equal(ya, np.full(8, 84.0))
   np.testing.assert_array_equal(np.asarray(yc).reshape(8, 8), np.tile(np.arange(8.0), (8, 1)))
   from jax_dfccl._src import order
   assert not order._ORDER  # lowering let go of the finished trace's values

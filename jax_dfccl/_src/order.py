@@ -1,11 +1,18 @@
 """Program order of waits.
 
-A wait (a done, a blocking collective, a send/recv) holds its device's stream until the instance
-completes, and XLA orders independent operations by data dependence only: it may hoist a done above
-a collective traced after its start, which a peer running another program may need first (a
-deadlock across programs).  So each wait is tied, by an optimization_barrier on its operands, after
-every collective traced before it in the same trace: after the trace's last wait (itself tied after
-everything before it) and the starts traced since.  Starts stay order-free.
+A wait (a done, a send/recv) holds its device's stream until the instance completes, and XLA
+orders independent operations by data dependence only: it may hoist a done above a collective
+traced after its start, which a peer running another program may need first (a deadlock across
+programs).  So each wait is tied, by an optimization_barrier on its operands, after every
+collective traced before it in the same trace: after the trace's last wait (itself tied after
+everything before it) and the starts and blocking collectives traced since.
+
+Starts are tied to nothing, and neither are blocking collectives (a start and its wait in one
+call): tied in trace order, independent blocking collectives traced in a rank-specific order would
+hold each rank's stream on the one it traced first while its peers wait for another (a cycle that
+no runtime can break: the other instances' inputs are behind the wait on the same stream).  Left to
+XLA, they run in the order of data dependence, which is the same on every rank when the ranks use
+the results alike.  A program that needs a rank-specific order uses starts and dones.
 """
 from __future__ import annotations
 
@@ -69,6 +76,12 @@ def issued(out, wait: bool):
     st.starts.append(out)
 
 
+def bind_blocking(prim, *args, **params):
+  """``prim`` (a blocking collective) bound on ``args``, tied to nothing; recorded with the starts,
+  so the waits traced after it are tied after it."""
+  y = prim.bind(*args, **params)
+  issued(y, wait=False)
+  return y
 
 
 def bind_wait(prim, *args, **params):

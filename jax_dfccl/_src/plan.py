@@ -144,7 +144,7 @@ def bucket(leaves: Sequence[Leaf], treedef):
 
 
 def run_blocking(leaves: Sequence[Leaf], treedef):
-  return _assemble(treedef, [lf.post(order.bind_wait(c.collective_p, lf.x, *lf.init, **lf.params))
+  return _assemble(treedef, [lf.post(order.bind_blocking(c.collective_p, lf.x, *lf.init, **lf.params))
                              for lf in leaves])
 
 
