@@ -335,9 +335,10 @@ def main():
     doc = {
         **testbed_header("ipc_export_mps", res.get("device")),
         "allocator": a.allocator or "(XLA's default)", "preallocate": a.preallocate, "reps": a.reps,
-        "what": "rank 0 owns XLA buffers with a pattern; rank 1 maps them by CUDA IPC (one handle per "
-                "allocation base) and moves each into its own XLA buffer: directly, or staged through a "
-                "shared cudaMalloc buffer (two copies); µs are medians of CUDA-event times on one stream",
+        "what": "rank 0 owns XLA buffers with a pattern; rank 1 maps them (one export per allocation "
+                "range: a cudaIpc handle, legacy_*, or a file descriptor of a cuMemCreate allocation, "
+                "vmm_*) and moves each into its own XLA buffer: directly, or staged through a shared "
+                "cudaMalloc buffer (two copies); µs are medians of CUDA-event times on one stream",
         "rank0": res, "rank1": peer,
     }
     if a.json:
