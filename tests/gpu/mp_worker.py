@@ -8,7 +8,9 @@ same key started with different shapes (both fail naming it and both ranks); wit
 --case killed, rank 1 is killed (SIGKILL) while collectives are in flight (rank 0
 must fail naming the key and rank 1 within timeout_s + 1 s); with --case recover, the
 programs after a timeout run exact; with --case slots, instances one rank starts ahead of a
-peer that first waits on another do not starve that one of slots.  Prints one JSON line
+peer that first waits on another do not starve that one of slots; with --case chaos, the time of
+K psums in process-specific orders against one order (--keys, --reps; --config k=v,... sets
+jax_dfccl.config entries for any case).  Prints one JSON line
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ import jax_dfccl as d  # noqa: E402
 d.initialize()
 if "--inline-us" in sys.argv:
   d.configure(submit_inline_us=float(sys.argv[sys.argv.index("--inline-us") + 1]))
+if "--config" in sys.argv:  # jax_dfccl.config entries, e.g. spin_budget_us=5,max_blocks=4
+  d.configure(**{k: float(v) for k, v in (kv.split("=") for kv in sys.argv[sys.argv.index("--config") + 1].split(","))})
 case = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else "parity"
 elems = int(sys.argv[sys.argv.index("--elems") + 1]) if "--elems" in sys.argv else 1024
 devs = jax.devices()
@@ -182,6 +186,35 @@ elif case == "bench":
     out["trace_us_per_op"] = (time.perf_counter() - t0) / (20 * nops) * 1e6
     out["legs"] = chain_legs(backend.runtimes()["cuda"], [f"tr/{i}" for i in range(nops)])
     d.configure(trace=False)
+elif case == "chaos":
+  # Time per program of K independent 4 KiB psums (start/done), started and awaited in
+  # process-specific orders (rank 0 forward, rank 1 reversed) against one order on both;
+  # the two programs take turns, medians of --reps runs each (every run awaited).
+  K = int(sys.argv[sys.argv.index("--keys") + 1]) if "--keys" in sys.argv else 8
+  reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 100
+  full, x = inputs(7)
+  keys = [f"ch/{i}" for i in range(K)]
+
+  def program(order):
+    def body(v):
+      hs = {k: d.psum_start(v * (1 + int(k.split("/")[1])), "x", key=k) for k in order}
+      return sum(d.done(hs[k]) for k in order)
+    return smap(body)
+  mine = keys if rank == 0 else keys[::-1]
+  fs = {"chaos": program(mine), "one_order": program(keys)}
+  for name, f in fs.items():
+    check(name, local(f(x))[0], full.sum(0) * sum(1 + i for i in range(K)), tol=1e-4)
+  ts = {name: [] for name in fs}
+  for _ in range(reps):
+    for name, f in fs.items():
+      t0 = time.perf_counter()
+      f(x).block_until_ready()
+      ts[name].append((time.perf_counter() - t0) * 1e6)
+  out["keys"], out["reps"] = K, reps
+  for name in fs:
+    out[name + "_us"] = float(np.median(ts[name]))
+  out["ratio"] = out["chaos_us"] / out["one_order_us"]
+  out["config"] = {k: getattr(d.config, k) for k in ("spin_budget_us", "sticky_budget_us", "max_blocks", "small_lanes", "submit_inline_us")}
 elif case == "timeout":
   d.configure(timeout_s=3.0)
   full, x = inputs(2)
