@@ -3,7 +3,10 @@
 // their instances (device/match.cuh), retires completed tickets, applies aborts
 // and decides to quit.
 //
-// Scheduling: worker block b owns lanes l == b (mod workers) of every task.
+// Scheduling: worker block b owns lane l of the task with ticket t when
+// (t + l) % workers == b (FirstLane), so independent tasks of few lanes (every
+// small message has one) run on different blocks side by side: a block spinning
+// on one whose peers have not arrived holds up no other.
 // Each pass scans the window [lo, submitted) in parallel, collects tasks that
 // are not done, and gives each of its lanes one step
 // (RunLane) under a spin budget; a lane that cannot move is preempted and the
@@ -26,6 +29,12 @@ namespace dfccl::gpu {
 namespace {
 
 constexpr int kMaxCand = 64;
+
+// The first lane of ticket t that worker block b owns (lanes b - t, + workers, ...).
+__device__ __forceinline__ int FirstLane(uint64_t t, int b, int workers) {
+  const int r = static_cast<int>(t % static_cast<uint64_t>(workers));
+  return b >= r ? b - r : b - r + workers;
+}
 
 // The one dispatch of a task's (op kind, element type, reduce op) to the types
 // of its lane code, generated from the op table (dfccl/ops.h): f.template
@@ -148,7 +157,7 @@ __device__ void WorkerLoop(const DaemonParams& P) {
         if (LdVol(&dev->done[e]) != g) {
           const bool ab = LdVol(&dev->run[e].aborted) != 0;
           const bool slotted = LdVol(&dev->desc[e].slot) >= 0;
-          if ((slotted || ab) && LdVol(&dev->desc[e].lanes) > b) {
+          if ((slotted || ab) && LdVol(&dev->desc[e].lanes) > FirstLane(t, b, P.workers)) {
             const int i = atomicAdd(&ncand, 1);
             if (i < kMaxCand) cand[i] = t;
           }
@@ -172,7 +181,7 @@ __device__ void WorkerLoop(const DaemonParams& P) {
       // (still 0: epochs start at 1) counts as none yet (skipped until a later pass).
       if (tid == 0 && *(volatile uint32_t*)&sd.epoch == 0) *(volatile int32_t*)&sd.slot = -1;
       __syncthreads();
-      for (int l = b; l < sd.lanes; l += P.workers) {
+      for (int l = FirstLane(t, b, P.workers); l < sd.lanes; l += P.workers) {
         if (tid == 0) {
           reinterpret_cast<uint4*>(&ss)[0] = LdVolVec(&dev->lane[e][l]);
           reinterpret_cast<uint4*>(&ss)[1] = LdVolVec(reinterpret_cast<const uint4*>(&dev->lane[e][l]) + 1);
