@@ -237,7 +237,7 @@ def main():
     stall_reporter(a.stall_report)
   if a.config:
     import jax_dfccl as d  # noqa: PLC0415
-    d.configure(**{k: float(v) for k, v in (kv.split("=") for kv in a.config.split(","))})
+    d.configure(**common.parse_config(a.config))
   sizes = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
   sizes = [s for s in sizes if s <= a.max_mib * MiB]
   ops_names = ["psum", "all_gather", "psum_scatter", "all_to_all"]

@@ -69,6 +69,11 @@ def parse_sizes(text: str) -> list[int]:
           for t in text.split(",") if t]
 
 
+def parse_config(text: str) -> dict:
+  """``--config`` of the benchmarks: comma-separated jax_dfccl.config entries, "name=value,..."."""
+  return {k: float(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
 def testbed_header(benchmark: str, device: str | None) -> dict:
   """The header of a result of the processes of ``tools/mps_testbed.sh`` (machine from the GPU the
   ranks report, not jax.devices(): such a benchmark may create no JAX backend)."""
