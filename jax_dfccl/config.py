@@ -136,9 +136,10 @@ class Config:
   #: pool 1.
   ll: bool = True
   #: GPU: pool-1 messages take the direct path (lanes read and write the peers'
-  #: XLA buffers in place over NVLink, device/direct.cuh); False: staged chunks
-  #: with credits (the protocol that needs no peer addresses).  Applies to
-  #: communicators created later.
+  #: XLA buffers in place over NVLink, device/direct.cuh; across processes
+  #: through mappings of the allocations that hold them, runtime/ipc.h); False:
+  #: staged chunks with credits (the protocol that needs no peer addresses).
+  #: Applies to communicators created later.
   direct: bool = True
   #: GPU, pool 1 (larger messages): instances in flight when staged
   #: (``direct=False``; each holds staging memory) and on the direct path

@@ -156,6 +156,8 @@ STATS_EXTRAS = {
         "host_streamop_us": "mean host time in their stream memory operations",
         "host_gap_us": "mean time between consecutive handler calls of one XLA thread",
         "host_calls": "start and done handler calls (inside a replayed command buffer none are made)",
+        "ranges_exported": "allocations holding this process's XLA buffers shared with other processes",
+        "ranges_mapped": "other processes' allocations mapped here (the direct path across processes)",
     },
 }
 

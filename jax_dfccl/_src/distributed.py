@@ -4,8 +4,12 @@ GPU: :func:`initialize` gives the CUDA runtime the global ids of this process's
 GPUs; a group of devices spanning processes gets its memory (staging, flags,
 the match table) exchanged by CUDA IPC when a program using it is lowered
 (:func:`prepare_gpu_group`: each process allocates its ranks' memory, puts the
-IPC handles into the key-value store and maps the others').  Groups spanning
-processes take the staged paths (peers' XLA buffers are not addressable).
+IPC handles into the key-value store and maps the others').  Larger messages of
+such groups take the direct path (``config.direct``): each process listens at a
+Unix socket for the allocations holding the other processes' XLA buffers, which
+their owners export as file descriptors when a collective first uses them
+(``xla_ffi/runtime/ipc.h``); where XLA's memory cannot be exported (another
+allocator), every group of the job stays on the staged paths.
 
 CPU, the processes of one host:
 
@@ -104,8 +108,29 @@ def _initialize_gpu(timeout_s: float) -> None:
     client.key_value_set(f"{_NS}/gpu_token", secrets.token_hex(6))
   token = client.blocking_key_value_get(f"{_NS}/gpu_token", ms)
   rt.set_device_ids([(int(d.id), int(d.local_hardware_id)) for d in jax.local_devices()])
-  _state.update(token=token, process=jax.process_index(), processes=jax.process_count(), gpu=True,
-                timeout_ms=ms, groups=set())
+  # The direct path across processes, if every process's XLA memory can be exported
+  # (the same in all processes: pool geometry depends on it).
+  why = _exportable(rt) if config.direct else "jax_dfccl.config.direct is False"
+  me = jax.process_index()
+  client.key_value_set(f"{_NS}/{token}/export/{me}", why or "ok")
+  verdicts = [client.blocking_key_value_get(f"{_NS}/{token}/export/{p}", ms) for p in range(jax.process_count())]
+  direct = all(v == "ok" for v in verdicts)
+  if direct:
+    rt.start_ipc(f"jax_dfccl.{token}.{me}")
+  _state.update(token=token, process=me, processes=jax.process_count(), gpu=True,
+                timeout_ms=ms, groups=set(), direct=direct,
+                staged_because=next((f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"), ""))
+
+
+def _exportable(rt) -> str:
+  """'' when XLA's allocations on every local GPU can be shared with other processes, else why not."""
+  import numpy as np
+  for d in jax.local_devices():
+    x = jax.device_put(np.zeros(64, np.float32), d)
+    why = rt.can_export(int(d.local_hardware_id), int(x.unsafe_buffer_pointer()))
+    if why:
+      return f"GPU {d.id}: {why}"
+  return ""
 
 
 def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = True) -> None:

@@ -9,8 +9,9 @@ same key started with different shapes (both fail naming it and both ranks); wit
 must fail naming the key and rank 1 within timeout_s + 1 s); with --case recover, the
 programs after a timeout run exact; with --case slots, instances one rank starts ahead of a
 peer that first waits on another do not starve that one of slots; with --case chaos, the time of
-K psums in process-specific orders against one order (--keys, --reps; --config k=v,... sets
-jax_dfccl.config entries for any case).  Prints one JSON line
+K psums in process-specific orders against one order (--keys, --reps); with --case direct,
+every op at 64 KiB .. 16 MiB per rank (the direct path across processes; --config k=v,... sets
+jax_dfccl.config entries for any case, e.g. direct=0 for the staged path).  Prints one JSON line
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
@@ -128,6 +129,48 @@ if case == "parity":
   t0 = time.perf_counter()
   f(x).block_until_ready()
   out["us_per_op_fori_chain"] = (time.perf_counter() - t0) / 100 * 1e6
+elif case == "direct":
+  # Larger messages across processes: the direct path (each process maps the allocations that hold
+  # the other's XLA buffers, runtime/ipc.h), every op at 64 KiB .. 16 MiB per rank against numpy, in a
+  # fori_loop too (the same buffers again); with --config direct=0, the staged path on the same inputs.
+  perm = [(i, (i + 1) % n) for i in range(n)]
+  for nbytes in (65536, 1 << 20, 16 << 20):
+    elems = nbytes // 4
+    full, x = inputs(7)
+    tag = f"_{nbytes}"
+    check("psum" + tag, local(smap(lambda v: d.psum(v, "x"))(x))[0], full.sum(0), tol=1e-4)
+    check("all_gather" + tag, local(smap(lambda v: d.all_gather(v[0], "x")[None])(x))[0], full)
+    check("psum_scatter" + tag, local(smap(lambda v: d.psum_scatter(v[0], "x", tiled=True)[None])(x))[0],
+          full.sum(0).reshape(n, -1)[rank], tol=1e-4)
+    check("all_to_all" + tag,
+          local(smap(lambda v: d.all_to_all(v[0].reshape(n, -1), "x", 0, 0, tiled=True).reshape(1, -1))(x))[0],
+          np.concatenate([full[r].reshape(n, -1)[rank] for r in range(n)]))
+    check("ppermute" + tag, local(smap(lambda v: d.ppermute(v, "x", perm))(x))[0], full[(rank - 1) % n])
+    loop = smap(lambda v: jax.lax.fori_loop(0, 5, lambda i, y: d.psum(y, "x", key="dloop") / n, v))
+    check("fori" + tag, local(loop(x))[0], np.mean(full, 0) if n > 1 else full[0], tol=1e-4)
+  # ragged_all_to_all (the direct path only): rank r sends 2 + (r + j) % 3 rows of 16 KiB to rank j.
+  from jax_dfccl.config import config as dconfig
+  rows, cols = 16, 4096
+  size = np.array([[2 + (q + j) % 3 for j in range(n)] for q in range(n)], np.int32)  # [src, dst]
+  in_off = np.concatenate([np.zeros((n, 1), np.int32), np.cumsum(size, 1)[:, :-1]], 1).astype(np.int32)
+  out_off = np.concatenate([np.zeros((1, n), np.int32), np.cumsum(size, 0)[:-1]], 0).astype(np.int32)  # [src, dst]
+  operand = np.random.default_rng(9).standard_normal((n, rows, cols)).astype(np.float32)
+  want = np.zeros((n, rows, cols), np.float32)
+  for q in range(n):
+    for j in range(n):
+      want[j, out_off[q, j]:out_off[q, j] + size[q, j]] = operand[q, in_off[q, j]:in_off[q, j] + size[q, j]]
+  per_rank = [operand, np.zeros_like(operand), in_off, size, out_off, size.T.copy()]
+  args = [jax.make_array_from_callback(a.shape, NamedSharding(mesh, P("x")), lambda idx, a=a: a[idx]) for a in per_rank]
+  ragged = jax.jit(jax.shard_map(lambda *a: d.ragged_all_to_all(*(t[0] for t in a), axis_name="x")[None], mesh=mesh,
+                                 in_specs=(P("x"),) * 6, out_specs=P("x"), check_vma=False))
+  if dconfig.direct:
+    check("ragged_all_to_all", local(ragged(*args))[0], want[rank])
+  st = d.stats()["cuda"]
+  out["started"] = int(st["started"] - s0)
+  out["ranges_exported"] = int(st["ranges_exported"])
+  out["ranges_mapped"] = int(st["ranges_mapped"])
+  out["errors"] = st.get("errors", [])
+  out["ok"] &= out["started"] >= 3 * 10
 elif case == "bench":
   # Per-op time of dependent psum chains (100 ops, unrolled and in a fori_loop), 4 KiB .. 16 MiB per rank.
   out["sizes"] = {}

@@ -43,6 +43,13 @@ def test_two_processes_parity_order_and_reentry(tmp_path):
     assert r["started"] >= 24  # the runtime ran them (both ranks are real processes)
 
 
+def test_larger_messages_take_the_direct_path_across_processes(tmp_path):
+  p, results = _run("direct", tmp_path)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], p.stderr[-2000:], results)
+  for r in results:  # each process exported its buffers' allocations and mapped the other's
+    assert r["ranges_exported"] >= 1 and r["ranges_mapped"] >= 1, r
+
+
 def test_a_rank_that_never_starts_is_named(tmp_path):
   p, results = _run("timeout", tmp_path, timeout=120)
   assert results[0]["ok"], (p.stdout[-3000:], results)

@@ -52,6 +52,14 @@ NB_MODULE(_dfccl_cuda, m) {
     const std::string b = WithoutGil([&] { return Runtime::Get().ExportComm(group, rank); });
     return nb::bytes(b.data(), b.size());
   }, nb::arg("group"), nb::arg("rank"), "Allocates a local rank's memory of a group spanning processes; its CUDA IPC handles");
+  m.def("start_ipc", [](std::string name) { WithoutGil([&] { Runtime::Get().StartIpc(name); }); }, nb::arg("name"),
+        "Listens at the abstract Unix socket `name` for the other processes' allocations: the direct path "
+        "across processes (runtime/ipc.h)");
+  m.def("can_export", [](int ordinal, uint64_t ptr) {
+    return WithoutGil([&] { return Runtime::CanExport(ordinal, reinterpret_cast<const void*>(ptr)); });
+  }, nb::arg("ordinal"), nb::arg("ptr"),
+  "'' if the allocation holding device pointer ptr (an XLA buffer on GPU `ordinal`) can be shared with "
+  "another process, else why not");
   m.def("comm_import", [](std::vector<int64_t> group, std::vector<nb::bytes> blobs) {
     std::vector<std::string> v;
     for (auto& b : blobs) v.emplace_back(b.c_str(), b.size());

@@ -22,6 +22,10 @@
 //             that touches r's buffers arrived: then no peer reads r's input or
 //             writes r's output again, and the task may complete (done on r's stream).
 //
+// Across processes (CommDev::xmap[p] set): p's mailbox addresses are XAddr
+// words; `ready` maps them through p's range table (XLocal) and waits, like for
+// a late peer, while p's range is not mapped here yet (runtime/ipc.h).
+//
 // Lane l of every rank covers the same chunks of the op's unit (DirectUnitBytes;
 // the lane plan depends only on values equal across ranks), so waiting for lane
 // l's flags on every lane covers every peer access.  Both waits are polls under
@@ -134,6 +138,22 @@ DFCCL_DEV int64_t Share(const TaskDesc& d, int64_t unit) {
   else return unit;
 }
 
+// A mailbox word of rank p as an address of this process: itself when p is in
+// this process (no range table), else mapped through p's range table; null
+// while that range is not mapped here (or a stale entry still holds its tag).
+DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word) {
+  const XRange* table = cm->xmap[p];
+  const uint64_t va = word & ((uint64_t{1} << kXTagShift) - 1);
+  const int tag = static_cast<int>(word >> kXTagShift);
+  if (table == nullptr || tag == 0) return reinterpret_cast<char*>(va);
+  const XRange* x = table + tag;
+  const uint64_t local = LdAcquireSys(&x->local_base);
+  if (local == 0) return nullptr;
+  const uint64_t base = LdVol(&x->remote_base), size = LdVol(&x->size);
+  if (va < base || va - base >= size) return nullptr;
+  return reinterpret_cast<char*>(local + (va - base));
+}
+
 }  // namespace direct
 
 // The ranks' buffer addresses of the lane being moved (one copy per block, shared by every op).
@@ -172,6 +192,18 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   };
   auto touches = [&](int p) { return direct::Touches<Op>(d, p); };
   auto touched_by = [&](int p) { return direct::TouchedBy<Op>(d, p); };
+  // Every rank I touch in another process: its buffers' ranges are mapped here
+  // (a buffer of no bytes needs no mapping).
+  auto mapped = [&] {
+    for (int p = 0; p < n; ++p) {
+      if (!touches(p) || cm->xmap[p] == nullptr) continue;
+      const volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
+      const uint64_t in_w = m[0], out_w = m[1];
+      if ((in_w >> kXTagShift) != 0 && direct::XLocal(cm, p, in_w) == nullptr) return false;
+      if ((out_w >> kXTagShift) != 0 && direct::XLocal(cm, p, out_w) == nullptr) return false;
+    }
+    return true;
+  };
   int result = 0;
   Spinner spin(P.spin_ns << min(s.sticky, P.sticky_max));
   while (true) {
@@ -180,8 +212,8 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
         for (int p = 0; p < n; ++p) {
           if (!touched_by(p)) continue;
           volatile uint64_t* m = cm->mail[p] + 2 * row + 2 * me;
-          m[0] = reinterpret_cast<uint64_t>(d.in);
-          m[1] = reinterpret_cast<uint64_t>(d.out);
+          m[0] = XAddr(d.in, XTagIn(d.direct));
+          m[1] = XAddr(d.out, XTagOut(d.direct));
         }
         __threadfence_system();
         for (int p = 0; p < n; ++p)
@@ -189,8 +221,8 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
       }
       s.c_send = 1;
       result = kMoved;
-    } else if (s.c_send == 1) {  // wait until every rank I touch is ready
-      if (!arrived(cm->credits[1][me], touches)) {
+    } else if (s.c_send == 1) {  // wait until every rank I touch is ready (and its buffers are mapped here)
+      if (!arrived(cm->credits[1][me], touches) || !BlockPoll([&] { return mapped(); })) {
         if (!spin.KeepSpinning()) { s.sticky >>= 1; return result | kPreempted; }
         continue;
       }
@@ -201,8 +233,8 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
       if (threadIdx.x == 0) {
         for (int p = 0; p < n; ++p) {
           const volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
-          ad.in[p] = p == me ? d.in : touches(p) ? reinterpret_cast<const char*>(m[0]) : nullptr;
-          ad.out[p] = p == me ? d.out : touches(p) ? reinterpret_cast<char*>(m[1]) : nullptr;
+          ad.in[p] = p == me ? d.in : touches(p) ? direct::XLocal(cm, p, m[0]) : nullptr;
+          ad.out[p] = p == me ? d.out : touches(p) ? direct::XLocal(cm, p, m[1]) : nullptr;
         }
       }
       __syncthreads();

@@ -79,6 +79,7 @@ DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
   }
   d.ticket = t;
   d.seq = seq;
+  if (d.direct) d.direct |= p.tags;
   d.in = p.in;
   d.out = p.out;
   d.slot = -1;

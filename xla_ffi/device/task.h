@@ -67,7 +67,11 @@
 //               write peers' outputs in place between a ready and a finished
 //               handshake per lane (protocol in device/direct.cuh; the pool's
 //               credits carry "ready", its flags "finished", and CommDev::mail the
-//               buffer addresses).
+//               buffer addresses).  Across processes a mailbox address carries
+//               the range tag of its buffer in its top bits (XAddr): the
+//               receiver maps it through the sender's range table
+//               (CommDev::xmap, runtime/ipc.h) and waits while the range is not
+//               mapped yet.
 #pragma once
 
 #include <cstdint>
@@ -168,6 +172,29 @@ struct PoolGeom {
 
 struct MatchTable;
 
+// Across processes, the direct path reaches another process's XLA buffers
+// through the allocations that hold them, each exported once by its owner
+// (runtime/ipc.h) and mapped by every peer process.  A range's tag (1 ..
+// kMaxXRanges - 1, per owner process; 0: none) travels with the buffer's address
+// in the mailbox: XAddr(address, tag), the tag above bit kXTagShift.
+inline constexpr int kMaxXRanges = 4096;
+inline constexpr int kXTagShift = 48;  // device addresses are below 2^48
+// TaskDesc::direct: bit 0 the direct path; then the input's and the output's range tags.
+DFCCL_TASK_HD int32_t DirectTags(int in_tag, int out_tag) { return (in_tag << 1) | (out_tag << 13); }
+DFCCL_TASK_HD int XTagIn(int32_t direct) { return (direct >> 1) & (kMaxXRanges - 1); }
+DFCCL_TASK_HD int XTagOut(int32_t direct) { return (direct >> 13) & (kMaxXRanges - 1); }
+DFCCL_TASK_HD uint64_t XAddr(const void* p, int tag) {
+  return reinterpret_cast<uint64_t>(p) | (static_cast<uint64_t>(tag) << kXTagShift);
+}
+// One entry of an owner process's range table in a peer (host-mapped, written
+// by the peer's import thread: local_base last, with release; 0: not mapped).
+struct XRange {
+  uint64_t remote_base;  // the range in its owner's address space
+  uint64_t size;
+  uint64_t local_base;   // where this process mapped it
+  uint64_t pad;
+};
+
 // A communicator as the daemon sees it (a copy in each member's device memory).
 // All pointers are UVA addresses on the device of rank r.
 struct CommDev {
@@ -178,6 +205,7 @@ struct CommDev {
   uint64_t* credits[kNumPools][kMaxRanks];  // [slot][dst][lane]: chunks dst consumed from r
   uint64_t* mail[kMaxRanks];                // [slot][src][2]: src's (in, out) of the pool-1 instance (direct path)
   MatchTable* table;                        // the communicator's match table (rank 0's device memory)
+  const XRange* xmap[kMaxRanks];            // per rank of another process: its process's range table; else null
 };
 
 // One instance (group, key, sequence) being matched.  Written under its bucket's
@@ -224,7 +252,7 @@ struct alignas(16) TaskDesc {
   int32_t slot;          // instance slot in the pool; -1 until the match assigns one
   uint32_t epoch;        // generation of the slot's use (flag/credit high word)
   int32_t site;          // DeviceShared::site index (host records)
-  int32_t direct;        // 1: direct path (peers' buffers in place; lanes split the unit of device/direct.cuh)
+  int32_t direct;        // bit 0: direct path (peers' buffers in place; lanes split the unit of device/direct.cuh); DirectTags
   int32_t match;         // MatchTable entry (bucket * kMatchWays + way); -1 until the rank arrived
   uint64_t sig_hash;     // hash of CollectiveSpec::Signature() (ranks must agree)
   int32_t key_ctr;       // DeviceShared::seq_ctr index of (communicator, key)
@@ -335,7 +363,8 @@ struct SubmitParams {
   int64_t timeout_ns;    // bound of every wait (a dead daemon or a full ring)
   int64_t inline_ns;     // > 0 (blocking form, pool 0): the submit kernel runs the matched task itself this long
   int64_t spin_ns;       // the lanes' spin budget then (DaemonParams::spin_ns)
-  int32_t sticky_max, pad;
+  int32_t sticky_max;
+  int32_t tags;          // direct path across processes: DirectTags of in and out (or'ed into TaskDesc::direct)
   InlineSubmitFn inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
 };
 

@@ -24,6 +24,29 @@ struct Table {
   WriteValue32Fn write32 = Lookup<WriteValue32Fn>("cuStreamWriteValue32");
 };
 
+// The virtual memory entry points (looked up at the first use: only groups that span processes need them).
+struct VmmTable {
+  decltype(&cuMemGetAddressRange) range = Lookup<decltype(&cuMemGetAddressRange)>("cuMemGetAddressRange");
+  decltype(&cuPointerGetAttribute) attr = Lookup<decltype(&cuPointerGetAttribute)>("cuPointerGetAttribute");
+  decltype(&cuMemRetainAllocationHandle) retain =
+      Lookup<decltype(&cuMemRetainAllocationHandle)>("cuMemRetainAllocationHandle");
+  decltype(&cuMemExportToShareableHandle) export_fd =
+      Lookup<decltype(&cuMemExportToShareableHandle)>("cuMemExportToShareableHandle");
+  decltype(&cuMemImportFromShareableHandle) import_fd =
+      Lookup<decltype(&cuMemImportFromShareableHandle)>("cuMemImportFromShareableHandle");
+  decltype(&cuMemAddressReserve) reserve = Lookup<decltype(&cuMemAddressReserve)>("cuMemAddressReserve");
+  decltype(&cuMemMap) map = Lookup<decltype(&cuMemMap)>("cuMemMap");
+  decltype(&cuMemSetAccess) access = Lookup<decltype(&cuMemSetAccess)>("cuMemSetAccess");
+  decltype(&cuMemUnmap) unmap = Lookup<decltype(&cuMemUnmap)>("cuMemUnmap");
+  decltype(&cuMemAddressFree) free = Lookup<decltype(&cuMemAddressFree)>("cuMemAddressFree");
+  decltype(&cuMemRelease) release = Lookup<decltype(&cuMemRelease)>("cuMemRelease");
+};
+
+const VmmTable& V() {
+  static const VmmTable table;
+  return table;
+}
+
 const Table& T() {
   static const Table table;
   return table;
@@ -34,6 +57,72 @@ void Check(CUresult r, const char* what) {
 }
 
 }  // namespace
+
+Vmm::Range Vmm::RangeOf(const void* p) {
+  Range r;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  Check(V().range(&base, &size, reinterpret_cast<CUdeviceptr>(p)), "cuMemGetAddressRange");
+  r.base = base;
+  r.size = size;
+  unsigned long long id = 0;
+  if (V().attr(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS) r.id = id;
+  return r;
+}
+
+int Vmm::ExportFd(uint64_t base) {
+  CUmemGenericAllocationHandle h = 0;
+  Check(V().retain(&h, reinterpret_cast<void*>(base)), "cuMemRetainAllocationHandle");
+  int fd = -1;
+  const CUresult r = V().export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  V().release(h);  // the allocation keeps its own reference
+  Check(r, "cuMemExportToShareableHandle");
+  return fd;
+}
+
+Vmm::Mapping Vmm::Import(int fd, uint64_t size, const std::vector<int>& ordinals) {
+  Mapping m;
+  m.size = size;
+  CUmemGenericAllocationHandle h = 0;
+  Check(V().import_fd(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+        "cuMemImportFromShareableHandle");
+  m.handle = h;
+  CUdeviceptr va = 0;
+  CUresult r = V().reserve(&va, size, 0, 0, 0);
+  if (r == CUDA_SUCCESS) {
+    m.va = va;
+    r = V().map(va, size, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+      V().free(va, size);
+      m.va = 0;
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    V().release(h);
+    Check(r, "cuMemAddressReserve/cuMemMap");
+  }
+  int granted = 0;
+  for (int o : ordinals) {
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = o;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    granted += V().access(va, size, &a, 1) == CUDA_SUCCESS ? 1 : 0;
+  }
+  if (granted == 0) {
+    Unmap(m);
+    DFCCL_CHECK_CODE(false, ::dfccl::ErrorCode::kInternal, "dfccl: no local GPU can access an allocation of another process (cuMemSetAccess)");
+  }
+  return m;
+}
+
+void Vmm::Unmap(const Mapping& m) noexcept {
+  if (m.va) {
+    V().unmap(m.va, m.size);
+    V().free(m.va, m.size);
+  }
+  if (m.handle) V().release(m.handle);
+}
 
 void StreamOps::Write32(cudaStream_t s, void* addr, uint32_t v) {
   Check(T().write32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,

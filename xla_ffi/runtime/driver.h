@@ -2,7 +2,8 @@
 // stream-ordered 32-bit write, reached through cudaGetDriverEntryPointByVersion
 // (no libcuda at link time; on the H200 machines the legacy cuStreamWriteValue32
 // entry point returns CUDA_ERROR_NOT_SUPPORTED (801); the _v2 one, CUDA >= 11.7
-// ABI, works), the current-device guard and peer access.
+// ABI, works), the current-device guard and peer access, and the virtual
+// memory calls that share XLA's allocations with other processes (Vmm).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +16,26 @@ namespace dfccl::gpu {
 struct StreamOps {
   // *addr = value once prior work on `stream` is complete (with a memory barrier).
   static void Write32(cudaStream_t stream, void* addr, uint32_t value);
+};
+
+// XLA's device memory comes from cuMemCreate allocations: cudaIpcGetMemHandle
+// refuses them, but an allocation made with the POSIX file-descriptor handle
+// type exports as a file descriptor that another process maps (runtime/ipc.h).
+// Every call throws dfccl::Error naming the driver call on failure.
+struct Vmm {
+  struct Range {
+    uint64_t base = 0, size = 0;
+    uint64_t id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID (unique in the process; 0: not reported)
+  };
+  struct Mapping {
+    uint64_t va = 0, size = 0, handle = 0;
+  };
+  static Range RangeOf(const void* p);  // the allocation holding p (the current device's context)
+  static int ExportFd(uint64_t base);   // a new file descriptor for the allocation at base
+  // Maps an exported allocation of `size` bytes, readable and writable by each of `ordinals`
+  // (those that cannot reach it are skipped; none at all throws).  Does not close fd.
+  static Mapping Import(int fd, uint64_t size, const std::vector<int>& ordinals);
+  static void Unmap(const Mapping& m) noexcept;
 };
 
 // DeviceGuard(ordinal): `ordinal` is the current device for the guard's scope

@@ -171,6 +171,7 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   // One lane only: a block that runs several lanes in turn is slower than the
   // daemon's blocks in parallel (measured: 64 KiB, 8 lanes, 4x slower on an H200).
   site->ll = t.pool == 0 && t.lanes == 1;
+  site->tagged = c.cross_process && t.direct;
   if (site->ll) site->inline_kernel = InlineSubmitKernelFor(t.kind, t.dtype, t.reduce);
   t.site = site->index;
   t.sig_hash = HashString(sig);
@@ -244,6 +245,16 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
   p.ticket_out = ticket_out;
   p.site = site.index;
   p.wait = blocking ? 1 : 0;
+  if (site.tagged) {  // the direct path across processes: the ranges that hold in and out (runtime/ipc.h)
+    try {
+      p.tags = DirectTags(ipc_.Tag(in, d.ordinal), ipc_.Tag(out, d.ordinal));
+    } catch (const Error& e) {
+      throw Error("dfccl: collective '" + site.key + "' (rank " + std::to_string(site.rank) + "): its buffers cannot "
+                  "be shared with the other processes of its group (" + e.what() + "); an operand XLA did not "
+                  "allocate, such as a constant, cannot be either: compute it inside the program, or set "
+                  "jax_dfccl.config.direct = False (the staged path) before the group's first program is lowered", e.code());
+    }
+  }
   p.trap = f.trap;
   p.trace = f.trace;
   p.timeout_ns = f.timeout_ns;
@@ -454,8 +465,11 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["host_streamop_us"] = per(times_.streamop_ns, times_.starts + times_.dones);
   s["host_gap_us"] = per(times_.gap_ns, times_.gaps);
   s["host_calls"] = static_cast<double>(times_.starts + times_.dones);
+  s["ranges_exported"] = static_cast<double>(ipc_.exported());  // allocations shared with other processes
+  s["ranges_mapped"] = static_cast<double>(ipc_.mapped());      // other processes' allocations mapped here
   if (errors) {
     *errors = errors_;
+    for (auto& e : ipc_.errors()) errors->push_back(e);
     std::sort(unreadable.begin(), unreadable.end());
     unreadable.erase(std::unique(unreadable.begin(), unreadable.end()), unreadable.end());
     errors->insert(errors->end(), unreadable.begin(), unreadable.end());

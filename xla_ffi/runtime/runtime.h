@@ -37,6 +37,7 @@
 #include "device/task.h"
 #include "runtime/config.h"
 #include "runtime/copy_engine.h"
+#include "runtime/ipc.h"
 
 namespace dfccl::gpu {
 
@@ -93,6 +94,7 @@ struct Site {
   bool large = false;
   bool ll = false;  // one lane of pool 0 (LL): the blocking form may run inline (config.submit_inline_us)
   InlineSubmitFn inline_kernel = nullptr;  // then its inline submit kernel (device/daemon.h)
+  bool tagged = false;  // direct path across processes: its buffers are tagged with their ranges (runtime/ipc.h)
 };
 
 struct TaskInfo {
@@ -194,6 +196,10 @@ class Runtime {
   void SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids);
   int64_t GlobalOf(int ordinal) const;
   std::string ExportComm(const std::vector<int64_t>& group, int rank);
+  // The direct path across processes (runtime/ipc.h): this process listens at `name`
+  // (jax_dfccl.initialize, once every local GPU's XLA memory was found exportable).
+  void StartIpc(const std::string& name);
+  static std::string CanExport(int ordinal, const void* p);
   void ImportComm(const std::vector<int64_t>& group, const std::vector<std::string>& blobs);
   // Whether a collective of these sizes takes the copy-engine path (Python picks the target at lowering).
   bool UsesCopyEngine(OpKind kind, int nranks, int64_t in_bytes, int64_t out_bytes);
@@ -285,6 +291,7 @@ class Runtime {
   std::thread proxy_;
   bool stop_ = false;
   CopyEngine ce_;
+  Ipc ipc_;
 };
 
 }  // namespace dfccl::gpu

@@ -129,8 +129,9 @@ std::unique_ptr<Comm> Runtime::NewComm(const std::vector<int64_t>& group, bool c
     }
   }
   c->view.nranks = n;
-  // Across processes the peers' XLA buffers are not addressable: staged paths only.
-  c->direct = cfg_.direct && !cross;
+  // Across processes the peers' XLA buffers are reached through their exported
+  // allocations (runtime/ipc.h) once this process listens for them; else staged.
+  c->direct = cfg_.direct && (!cross || ipc_.started());
   const PoolGeom geoms[kNumPools] = {
       PoolGeom{cfg_.small_lanes, 1, cfg_.small_slots, 0, cfg_.small_chunk},
       PoolGeom{cfg_.large_lanes, cfg_.large_depth, c->direct ? cfg_.direct_slots : cfg_.large_slots, 0,
@@ -255,10 +256,27 @@ static uint64_t PidSpace() {
   return HashString(boot + "/" + ns);
 }
 
-// A blob: per slot a flag, per slot an IPC handle, then the exporter's pid and pid space.
+// A blob: per slot a flag, per slot an IPC handle, then the exporter's pid and
+// pid space, whether its pool 1 is direct, and the name its process listens at (runtime/ipc.h).
 static constexpr size_t kBlobHandles = kBlobSlots * sizeof(int32_t);
 static constexpr size_t kBlobTail = kBlobHandles + kBlobSlots * sizeof(cudaIpcMemHandle_t);
-static constexpr size_t kBlobBytes = kBlobTail + sizeof(int32_t) + sizeof(uint64_t);
+static constexpr size_t kBlobDirect = kBlobTail + sizeof(int32_t) + sizeof(uint64_t);
+static constexpr size_t kBlobName = kBlobDirect + sizeof(int32_t), kBlobNameBytes = 96;
+static constexpr size_t kBlobBytes = kBlobName + kBlobNameBytes;
+
+void Runtime::StartIpc(const std::string& name) {
+  std::lock_guard lk(mu_);
+  std::vector<int> ordinals;
+  for (auto& [g, o] : ordinal_of_) ordinals.push_back(o);
+  DFCCL_CHECK(!ordinals.empty(), "dfccl: set_device_ids before start_ipc");
+  DFCCL_CHECK(name.size() < kBlobNameBytes, "dfccl: socket name too long: " << name);
+  ipc_.Start(name, ordinals);
+}
+
+std::string Runtime::CanExport(int ordinal, const void* p) {
+  DeviceGuard guard(ordinal);
+  return Ipc::CanExport(p);
+}
 
 std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
   std::lock_guard lk(mu_);
@@ -282,6 +300,10 @@ std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
   const uint64_t space = PidSpace();
   std::memcpy(&blob[kBlobTail], &pid, sizeof(pid));
   std::memcpy(&blob[kBlobTail + sizeof(pid)], &space, sizeof(space));
+  const int32_t direct = c.direct ? 1 : 0;
+  const std::string name = ipc_.name();
+  std::memcpy(&blob[kBlobDirect], &direct, sizeof(direct));
+  std::memcpy(&blob[kBlobName], name.data(), name.size());
   return blob;
 }
 
@@ -303,6 +325,17 @@ void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<st
     std::memcpy(&pid, &blobs[r][kBlobTail], sizeof(pid));
     std::memcpy(&theirs, &blobs[r][kBlobTail + sizeof(pid)], sizeof(theirs));
     if (theirs == space) c.pids[r] = pid;
+    int32_t direct = 0;
+    std::memcpy(&direct, &blobs[r][kBlobDirect], sizeof(direct));
+    DFCCL_CHECK(direct == (c.direct ? 1 : 0),
+                "dfccl: the group of devices [" << GroupText(group) << "]: rank " << r << "'s process "
+                << (direct ? "takes" : "does not take") << " the direct path across processes, this one "
+                << (c.direct ? "does" : "does not") << " (jax_dfccl.config.direct, or XLA's memory cannot be "
+                << "exported in one of them: see jax_dfccl.initialize)");
+    if (c.direct) {
+      const std::string name(&blobs[r][kBlobName], strnlen(&blobs[r][kBlobName], kBlobNameBytes));
+      c.view.xmap[r] = ipc_.AddPeer(name);
+    }
     auto slots = RankSlots(c, r);
     for (size_t i = 0; i < slots.size(); ++i) {
       int32_t has = 0;
