@@ -50,6 +50,16 @@ if "--config" in sys.argv:  # jax_dfccl.config entries, e.g. spin_budget_us=5,ma
   from benchmarks.common import parse_config  # noqa: E402
   d.configure(**parse_config(sys.argv[sys.argv.index("--config") + 1]))
 case = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else "parity"
+if "--watch" in sys.argv:  # every S seconds, the runtime's counters and errors (a stuck rank shows what it saw)
+  import threading
+
+  def _watch(period=float(sys.argv[sys.argv.index("--watch") + 1])):
+    while True:
+      time.sleep(period)
+      st = d.stats()["cuda"]
+      print("WATCH", {k: st[k] for k in ("started", "completed", "pending", "ranges_exported", "ranges_mapped")},
+            st["errors"][-4:], flush=True)
+  threading.Thread(target=_watch, daemon=True).start()
 elems = int(sys.argv[sys.argv.index("--elems") + 1]) if "--elems" in sys.argv else 1024
 devs = jax.devices()
 n = len(devs)
@@ -188,12 +198,17 @@ elif case == "bench":
     row = {}
     for name, f in (("unrolled", unrolled), ("fori", fori)):
       f(x).block_until_ready()
+      st0 = d.stats()["cuda"]
       ts = []
       for _ in range(3):
         t0 = time.perf_counter()
         f(x).block_until_ready()
         ts.append((time.perf_counter() - t0) / 100 * 1e6)
       row[name + "_us"] = sorted(ts)[1]
+      st1 = d.stats()["cuda"]  # host time per op in the handlers (their calls per op: 0 when replayed)
+      ops = st1["started"] - st0["started"]
+      row[name + "_handler_calls_per_op"] = (st1["host_calls"] - st0["host_calls"]) / max(ops, 1)
+      row[name + "_host_start_us"] = st1["host_start_us"]
     got = local(fori(x))[0]
     want = full.sum(0)
     for _ in range(99):

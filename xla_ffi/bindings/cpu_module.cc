@@ -2,6 +2,7 @@
 // docs/architecture.md for the CPU backend.
 #include <nanobind/nanobind.h>
 
+#include "bindings/errors.h"
 #include "bindings/tables.h"
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -106,13 +107,7 @@ NB_MODULE(_dfccl_cpu, m) {
   m.def("op_table", &dfccl::bindings::OpTable, "The op, reduce-op and dtype tables (ids)");
   m.def("registrations", &Registrations, "FFI handler capsules by target name");
   // dfccl::Error out of a module function: ValueError for an invalid value, else RuntimeError.
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const dfccl::Error& e) {
-      PyErr_SetString(e.code() == dfccl::ErrorCode::kInvalidArgument ? PyExc_ValueError : PyExc_RuntimeError, e.what());
-    }
-  });
+  dfccl::RegisterErrorTranslator();  // bindings/errors.h
   m.def("configure", &Configure, nb::arg("cfg"), "Apply jax_dfccl.config entries (unknown keys ignored)");
   m.def("config", &ConfigValues, "The jax_dfccl.config entries this runtime uses, as it holds them");
   m.def("stats", &Stats, "Runtime counters");

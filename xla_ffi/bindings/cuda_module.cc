@@ -8,6 +8,7 @@
 // the GIL held, outside those sections.
 #include <nanobind/nanobind.h>
 
+#include "bindings/errors.h"
 #include "bindings/tables.h"
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
@@ -71,14 +72,7 @@ NB_MODULE(_dfccl_cuda, m) {
   "Whether a collective of these per-rank sizes takes the copy-engine path (the *_host targets), "
   "by the runtime's configuration");
 
-  // dfccl::Error out of a module function: ValueError for an invalid value, else RuntimeError.
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const dfccl::Error& e) {
-      PyErr_SetString(e.code() == dfccl::ErrorCode::kInvalidArgument ? PyExc_ValueError : PyExc_RuntimeError, e.what());
-    }
-  });
+  dfccl::RegisterErrorTranslator();  // bindings/errors.h
 
   m.def("configure", [](nb::dict cfg) {
     std::map<std::string, double> kv;

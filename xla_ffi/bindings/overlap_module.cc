@@ -2,6 +2,7 @@
 // (tile-wise signaling Hopper GEMM, CUTLASS 3 sm90 mainloop), CUDA only.
 #include <nanobind/nanobind.h>
 
+#include "bindings/errors.h"
 #include "overlap/handlers.h"
 #include "overlap/plan.h"
 
@@ -9,6 +10,7 @@ namespace nb = nanobind;
 
 NB_MODULE(_dfccl_overlap, m) {
   m.doc() = "jax_dfccl fused overlap ops: AG+GEMM and GEMM+RS with tile-wise signaling (sm90)";
+  dfccl::RegisterErrorTranslator();  // bindings/errors.h
 
   m.def("registrations", [] {
     nb::dict d;

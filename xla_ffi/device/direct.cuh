@@ -192,15 +192,21 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   };
   auto touches = [&](int p) { return direct::Touches<Op>(d, p); };
   auto touched_by = [&](int p) { return direct::TouchedBy<Op>(d, p); };
-  // Every rank I touch in another process: its buffers' ranges are mapped here
-  // (a buffer of no bytes needs no mapping).
+  // Every rank I touch in another process: its buffers' ranges are mapped here.
+  // Its tagged mailbox words are then replaced by the local addresses, so the
+  // steps read no range table (host memory); p's other lanes may still store
+  // the tagged words again (the same values), which XLocal maps as well.
   auto mapped = [&] {
     for (int p = 0; p < n; ++p) {
       if (!touches(p) || cm->xmap[p] == nullptr) continue;
-      const volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
-      const uint64_t in_w = m[0], out_w = m[1];
-      if ((in_w >> kXTagShift) != 0 && direct::XLocal(cm, p, in_w) == nullptr) return false;
-      if ((out_w >> kXTagShift) != 0 && direct::XLocal(cm, p, out_w) == nullptr) return false;
+      volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
+      for (int k = 0; k < 2; ++k) {
+        const uint64_t w = m[k];
+        if ((w >> kXTagShift) == 0) continue;
+        char* local = direct::XLocal(cm, p, w);
+        if (local == nullptr) return false;
+        m[k] = reinterpret_cast<uint64_t>(local);
+      }
     }
     return true;
   };

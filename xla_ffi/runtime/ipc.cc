@@ -259,11 +259,11 @@ void Ipc::Serve() {
       break;
     }
     if (fds[0].revents) break;
-    if (fds[1].revents & POLLIN) {
-      const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c >= 0) conns.push_back(c);
-    }
     std::vector<int> keep;
+    if (fds[1].revents & POLLIN) {  // a new peer: polled from the next round on
+      const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) keep.push_back(c);
+    }
     for (size_t i = 2; i < fds.size(); ++i) {
       const int c = fds[i].fd;
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) { keep.push_back(c); continue; }
