@@ -186,8 +186,8 @@ DFCCL_TASK_HD int XTagOut(int32_t direct) { return (direct >> 13) & (kMaxXRanges
 DFCCL_TASK_HD uint64_t XAddr(const void* p, int tag) {
   return reinterpret_cast<uint64_t>(p) | (static_cast<uint64_t>(tag) << kXTagShift);
 }
-// One entry of an owner process's range table in a peer (host-mapped, written
-// by the peer's import thread: local_base last, with release; 0: not mapped).
+// One entry of an owner process's range table in a peer (device memory, written
+// by the peer's serving thread: local_base last; 0: not mapped).
 struct XRange {
   uint64_t remote_base;  // the range in its owner's address space
   uint64_t size;

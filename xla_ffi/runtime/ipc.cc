@@ -58,8 +58,11 @@ Ipc::~Ipc() {
     if (fd >= 0) close(fd);
   for (auto& [base, e] : exports_)
     if (e.fd >= 0) close(e.fd);
-  for (auto& [name, t] : tables_)
+  for (auto& [name, t] : tables_) {
     for (auto& [tag, m] : t.maps) Vmm::Unmap(m);
+    if (t.dev) cudaFree(t.dev);
+    if (t.stream) cudaStreamDestroy(t.stream);
+  }
   for (int fd : {listen_fd_, wake_[0], wake_[1]})
     if (fd >= 0) close(fd);
 }
@@ -183,21 +186,45 @@ Ipc::Table& Ipc::TableOf(const std::string& peer) {
   auto it = tables_.find(peer);
   if (it != tables_.end()) return it->second;
   Table t;
-  void* p = nullptr;
-  DFCCL_CHECK_CUDA(cudaHostAlloc(&p, sizeof(XRange) * kMaxXRanges, cudaHostAllocMapped | cudaHostAllocPortable),
-                   "dfccl: range table");
-  std::memset(p, 0, sizeof(XRange) * kMaxXRanges);
-  t.host = static_cast<XRange*>(p);
+  t.entries.assign(kMaxXRanges, XRange{});
   return tables_.emplace(peer, std::move(t)).first->second;
 }
 
-const XRange* Ipc::AddPeer(const std::string& peer) {
+// tables_mu_ held.  Two copies on the table's own stream: the entry with
+// local_base 0, then local_base (a lane that sees it sees the rest).
+void Ipc::Publish(Table& t, int tag) {
+  if (t.dev == nullptr) return;
+  DeviceGuard guard(t.ordinal);
+  XRange e = t.entries[tag];
+  const uint64_t local = e.local_base;
+  e.local_base = 0;
+  cudaError_t r = cudaMemcpyAsync(&t.dev[tag], &e, sizeof(e), cudaMemcpyHostToDevice, t.stream);
+  if (r == cudaSuccess) r = cudaStreamSynchronize(t.stream);
+  if (r == cudaSuccess && local != 0)
+    r = cudaMemcpyAsync(&t.dev[tag].local_base, &local, sizeof(local), cudaMemcpyHostToDevice, t.stream);
+  if (r == cudaSuccess) r = cudaStreamSynchronize(t.stream);
+  DFCCL_CHECK_CODE(r == cudaSuccess, ErrorCode::kInternal, "dfccl: writing a range table: " << cudaGetErrorString(r));
+}
+
+const XRange* Ipc::AddPeer(const std::string& peer, int ordinal) {
   DFCCL_CHECK(started(), "dfccl: the IPC listener is not running (jax_dfccl.initialize)");
   std::lock_guard lk(mu_);
   XRange* table = nullptr;
   {
     std::lock_guard tl(tables_mu_);
-    table = TableOf(peer).host;
+    Table& t = TableOf(peer);
+    if (t.dev == nullptr) {
+      DeviceGuard guard(ordinal);
+      DFCCL_CHECK_CUDA(cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking), "dfccl: range table stream");
+      void* p = nullptr;
+      DFCCL_CHECK_CUDA(cudaMalloc(&p, sizeof(XRange) * kMaxXRanges), "dfccl: range table");
+      t.dev = static_cast<XRange*>(p);
+      t.ordinal = ordinal;
+      DFCCL_CHECK_CUDA(cudaMemcpyAsync(t.dev, t.entries.data(), sizeof(XRange) * kMaxXRanges, cudaMemcpyHostToDevice,
+                                       t.stream), "dfccl: range table");
+      DFCCL_CHECK_CUDA(cudaStreamSynchronize(t.stream), "dfccl: range table");
+    }
+    table = t.dev;
   }
   if (peers_.find(peer) == peers_.end()) {
     peers_[peer] = Connect(peer);
@@ -225,21 +252,21 @@ void Ipc::OnMessage(const Msg& m, int fd) {
     return;
   }
   Table& t = TableOf(from);
-  XRange& x = t.host[m.tag];
-  auto old = t.maps.find(m.tag);
-  if (old != t.maps.end()) {  // retired (or replaced): unpublish, then unmap
-    reinterpret_cast<std::atomic<uint64_t>&>(x.local_base).store(0, std::memory_order_release);
-    Vmm::Unmap(old->second);
-    t.maps.erase(old);
-  }
-  if (m.type != kMap) return;
+  XRange& x = t.entries[m.tag];
   try {
+    auto old = t.maps.find(m.tag);
+    if (old != t.maps.end()) {  // retired (or replaced): unpublish, then unmap
+      x = XRange{};
+      Publish(t, m.tag);
+      Vmm::Unmap(old->second);
+      t.maps.erase(old);
+    }
+    if (m.type != kMap) return;
     DeviceGuard guard(ordinals_[0]);
     const Vmm::Mapping map = Vmm::Import(fd, m.size, ordinals_);
     t.maps[m.tag] = map;
-    x.remote_base = m.base;
-    x.size = m.size;
-    reinterpret_cast<std::atomic<uint64_t>&>(x.local_base).store(map.va, std::memory_order_release);
+    x = XRange{m.base, m.size, map.va, 0};
+    Publish(t, m.tag);
     mapped_++;
   } catch (const std::exception& e) {
     import_errors_.push_back("dfccl: mapping range " + Hex(m.base) + " (" + std::to_string(m.size) +

@@ -13,7 +13,7 @@
 //  peer     a thread per process (Serve) maps each range it receives
 //           (cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap,
 //           cuMemSetAccess for every local GPU) and publishes it in the owner's
-//           range table (host-mapped XRange[kMaxXRanges], local_base last);
+//           range table (XRange[kMaxXRanges] in device memory, local_base last);
 //           a retired tag is unpublished first, then unmapped.
 //  device   a lane reads the owner's tagged address from the mailbox and waits
 //           (preemptible, like a late peer) until the tag's entry covers it.
@@ -53,9 +53,10 @@ class Ipc {
   // The tag of the range holding p on GPU `ordinal` (exported to every peer on first
   // sight); 0 for a null p.  Throws dfccl::Error.
   int Tag(const void* p, int ordinal);
-  // The range table (device address of host-mapped memory) of the process
-  // listening at `peer`; from now on this process's ranges are sent there too.
-  const XRange* AddPeer(const std::string& peer);
+  // The range table of the process listening at `peer` (device memory of GPU
+  // `ordinal` when it is new: a table in host memory cost the lanes ~1 us per
+  // word read); from now on this process's ranges are sent there too.
+  const XRange* AddPeer(const std::string& peer, int ordinal);
   int64_t exported() const { return exported_; }
   int64_t mapped() const { return mapped_; }
   std::vector<std::string> errors();
@@ -66,13 +67,17 @@ class Ipc {
     int tag = 0, fd = -1;
   };
   struct Table {
-    XRange* host = nullptr;                      // host-mapped; device address = host (UVA)
+    std::vector<XRange> entries;                 // the host's copy
+    XRange* dev = nullptr;                       // what the lanes read: device memory of GPU `ordinal`
+    int ordinal = -1;                            // (other local GPUs read it by peer access)
+    cudaStream_t stream = nullptr;               // the serving thread's copies into dev
     std::map<int, Vmm::Mapping> maps;            // by tag
   };
   struct Msg;
   void SendTo(const std::string& peer, int type, int tag, uint64_t base, uint64_t size, int fd);
   int Connect(const std::string& peer);
   Table& TableOf(const std::string& peer);  // tables_mu_ held
+  void Publish(Table& t, int tag);          // tables_mu_ held: entry tag into t.dev (local_base last)
   void Serve();
   void OnMessage(const Msg& m, int fd);  // tables_mu_ held
 

@@ -334,7 +334,7 @@ void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<st
                 << "exported in one of them: see jax_dfccl.initialize)");
     if (c.direct) {
       const std::string name(&blobs[r][kBlobName], strnlen(&blobs[r][kBlobName], kBlobNameBytes));
-      c.view.xmap[r] = ipc_.AddPeer(name);
+      c.view.xmap[r] = ipc_.AddPeer(name, c.io_ordinal);
     }
     auto slots = RankSlots(c, r);
     for (size_t i = 0; i < slots.size(); ++i) {
