@@ -60,8 +60,10 @@ Ipc::~Ipc() {
     if (e.fd >= 0) close(e.fd);
   for (auto& [name, t] : tables_) {
     for (auto& [tag, m] : t.maps) Vmm::Unmap(m);
-    if (t.dev) cudaFree(t.dev);
-    if (t.stream) cudaStreamDestroy(t.stream);
+    for (auto& [ord, c] : t.dev) {
+      cudaFree(c.table);
+      cudaStreamDestroy(c.stream);
+    }
   }
   for (int fd : {listen_fd_, wake_[0], wake_[1]})
     if (fd >= 0) close(fd);
@@ -190,20 +192,22 @@ Ipc::Table& Ipc::TableOf(const std::string& peer) {
   return tables_.emplace(peer, std::move(t)).first->second;
 }
 
-// tables_mu_ held.  Two copies on the table's own stream: the entry with
-// local_base 0, then local_base (a lane that sees it sees the rest).
+// tables_mu_ held.  Into each device copy, two copies on its own stream: the
+// entry with local_base 0, then local_base (a lane that sees it sees the rest).
 void Ipc::Publish(Table& t, int tag) {
-  if (t.dev == nullptr) return;
-  DeviceGuard guard(t.ordinal);
   XRange e = t.entries[tag];
   const uint64_t local = e.local_base;
   e.local_base = 0;
-  cudaError_t r = cudaMemcpyAsync(&t.dev[tag], &e, sizeof(e), cudaMemcpyHostToDevice, t.stream);
-  if (r == cudaSuccess) r = cudaStreamSynchronize(t.stream);
-  if (r == cudaSuccess && local != 0)
-    r = cudaMemcpyAsync(&t.dev[tag].local_base, &local, sizeof(local), cudaMemcpyHostToDevice, t.stream);
-  if (r == cudaSuccess) r = cudaStreamSynchronize(t.stream);
-  DFCCL_CHECK_CODE(r == cudaSuccess, ErrorCode::kInternal, "dfccl: writing a range table: " << cudaGetErrorString(r));
+  for (auto& [ord, c] : t.dev) {
+    DeviceGuard guard(ord);
+    cudaError_t r = cudaMemcpyAsync(&c.table[tag], &e, sizeof(e), cudaMemcpyHostToDevice, c.stream);
+    if (r == cudaSuccess) r = cudaStreamSynchronize(c.stream);
+    if (r == cudaSuccess && local != 0)
+      r = cudaMemcpyAsync(&c.table[tag].local_base, &local, sizeof(local), cudaMemcpyHostToDevice, c.stream);
+    if (r == cudaSuccess) r = cudaStreamSynchronize(c.stream);
+    DFCCL_CHECK_CODE(r == cudaSuccess, ErrorCode::kInternal, "dfccl: writing a range table on GPU " << ord << ": "
+                                                             << cudaGetErrorString(r));
+  }
 }
 
 const XRange* Ipc::AddPeer(const std::string& peer, int ordinal) {
@@ -213,18 +217,18 @@ const XRange* Ipc::AddPeer(const std::string& peer, int ordinal) {
   {
     std::lock_guard tl(tables_mu_);
     Table& t = TableOf(peer);
-    if (t.dev == nullptr) {
+    DevCopy& c = t.dev[ordinal];
+    if (c.table == nullptr) {
       DeviceGuard guard(ordinal);
-      DFCCL_CHECK_CUDA(cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking), "dfccl: range table stream");
+      DFCCL_CHECK_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking), "dfccl: range table stream");
       void* p = nullptr;
       DFCCL_CHECK_CUDA(cudaMalloc(&p, sizeof(XRange) * kMaxXRanges), "dfccl: range table");
-      t.dev = static_cast<XRange*>(p);
-      t.ordinal = ordinal;
-      DFCCL_CHECK_CUDA(cudaMemcpyAsync(t.dev, t.entries.data(), sizeof(XRange) * kMaxXRanges, cudaMemcpyHostToDevice,
-                                       t.stream), "dfccl: range table");
-      DFCCL_CHECK_CUDA(cudaStreamSynchronize(t.stream), "dfccl: range table");
+      DFCCL_CHECK_CUDA(cudaMemcpyAsync(p, t.entries.data(), sizeof(XRange) * kMaxXRanges, cudaMemcpyHostToDevice,
+                                       c.stream), "dfccl: range table");
+      DFCCL_CHECK_CUDA(cudaStreamSynchronize(c.stream), "dfccl: range table");
+      c.table = static_cast<XRange*>(p);
     }
-    table = t.dev;
+    table = c.table;
   }
   if (peers_.find(peer) == peers_.end()) {
     peers_[peer] = Connect(peer);

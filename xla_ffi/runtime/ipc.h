@@ -53,9 +53,9 @@ class Ipc {
   // The tag of the range holding p on GPU `ordinal` (exported to every peer on first
   // sight); 0 for a null p.  Throws dfccl::Error.
   int Tag(const void* p, int ordinal);
-  // The range table of the process listening at `peer` (device memory of GPU
-  // `ordinal` when it is new: a table in host memory cost the lanes ~1 us per
-  // word read); from now on this process's ranges are sent there too.
+  // The range table of the process listening at `peer`, as GPU `ordinal`'s lanes
+  // read it (a copy in its device memory: a table in host memory cost the lanes
+  // ~1 us per word read); from now on this process's ranges are sent there too.
   const XRange* AddPeer(const std::string& peer, int ordinal);
   int64_t exported() const { return exported_; }
   int64_t mapped() const { return mapped_; }
@@ -66,18 +66,20 @@ class Ipc {
     uint64_t size = 0, id = 0;
     int tag = 0, fd = -1;
   };
+  struct DevCopy {                 // what the lanes of one local GPU read (its device memory)
+    XRange* table = nullptr;
+    cudaStream_t stream = nullptr;  // the serving thread's copies into it
+  };
   struct Table {
-    std::vector<XRange> entries;                 // the host's copy
-    XRange* dev = nullptr;                       // what the lanes read: device memory of GPU `ordinal`
-    int ordinal = -1;                            // (other local GPUs read it by peer access)
-    cudaStream_t stream = nullptr;               // the serving thread's copies into dev
-    std::map<int, Vmm::Mapping> maps;            // by tag
+    std::vector<XRange> entries;       // the host's copy
+    std::map<int, DevCopy> dev;        // by local GPU ordinal
+    std::map<int, Vmm::Mapping> maps;  // by tag
   };
   struct Msg;
   void SendTo(const std::string& peer, int type, int tag, uint64_t base, uint64_t size, int fd);
   int Connect(const std::string& peer);
   Table& TableOf(const std::string& peer);  // tables_mu_ held
-  void Publish(Table& t, int tag);          // tables_mu_ held: entry tag into t.dev (local_base last)
+  void Publish(Table& t, int tag);          // tables_mu_ held: entry tag into every device copy (local_base last)
   void Serve();
   void OnMessage(const Msg& m, int fd);  // tables_mu_ held
 

@@ -78,6 +78,7 @@ struct Comm {
   int io_ordinal = 0;            // a local device, for reading the table
   std::vector<void*> opened;     // IPC mappings of the other processes' memory
   std::vector<int32_t> pids;     // per rank: its process's pid when it runs on this host (0: unknown)
+  std::vector<std::string> procs;  // per rank of another process on the direct path: where its process listens (ipc.h)
   std::set<std::pair<uint64_t, uint64_t>> reported;  // daemon-path instances whose failure was reported
 };
 

@@ -193,10 +193,14 @@ void Runtime::Publish(Comm& c) {
   for (int r = 0; r < c.n; ++r) {
     const int ord = c.ordinals[r];
     if (ord < 0) continue;
+    // Ranks of other processes on the direct path: their range tables as this GPU reads them.
+    CommDev view = c.view;
+    for (int q = 0; q < c.n && q < static_cast<int>(c.procs.size()); ++q)
+      if (!c.procs[q].empty()) view.xmap[q] = ipc_.AddPeer(c.procs[q], ord);
     DeviceGuard guard(ord);
     CommDev* p = nullptr;
     DFCCL_CUDA(cudaMalloc(&p, sizeof(CommDev)));
-    DFCCL_CUDA(cudaMemcpyAsync(p, &c.view, sizeof(CommDev), cudaMemcpyHostToDevice, devices_[ord]->aux));
+    DFCCL_CUDA(cudaMemcpyAsync(p, &view, sizeof(CommDev), cudaMemcpyHostToDevice, devices_[ord]->aux));
     DFCCL_CUDA(cudaStreamSynchronize(devices_[ord]->aux));
     c.dev_copy[r] = p;
     c.allocs.push_back({ord, p});
@@ -316,6 +320,7 @@ void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<st
   DeviceGuard guard(c.io_ordinal);
   const uint64_t space = PidSpace();
   c.pids.assign(c.n, 0);
+  c.procs.assign(c.n, "");
   for (int r = 0; r < c.n; ++r) {
     if (c.ordinals[r] >= 0) continue;  // local: already in the view
     DFCCL_CHECK(blobs[r].size() == kBlobBytes, "dfccl: rank " << r << "'s exchange blob has " << blobs[r].size()
@@ -332,10 +337,7 @@ void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<st
                 << (direct ? "takes" : "does not take") << " the direct path across processes, this one "
                 << (c.direct ? "does" : "does not") << " (jax_dfccl.config.direct, or XLA's memory cannot be "
                 << "exported in one of them: see jax_dfccl.initialize)");
-    if (c.direct) {
-      const std::string name(&blobs[r][kBlobName], strnlen(&blobs[r][kBlobName], kBlobNameBytes));
-      c.view.xmap[r] = ipc_.AddPeer(name, c.io_ordinal);
-    }
+    if (c.direct) c.procs[r].assign(&blobs[r][kBlobName], strnlen(&blobs[r][kBlobName], kBlobNameBytes));
     auto slots = RankSlots(c, r);
     for (size_t i = 0; i < slots.size(); ++i) {
       int32_t has = 0;
