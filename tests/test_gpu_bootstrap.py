@@ -1,0 +1,112 @@
+"""jax_dfccl.initialize() on GPUs, without a GPU: the processes agree on the direct path across
+processes (``distributed._initialize_gpu``). Each process probes whether its XLA memory can be
+exported (one buffer per local device, through the runtime's ``can_export``), puts its verdict into
+the key-value store and reads every other process's; the listener starts only when every verdict is
+"ok", so all processes make the same choice. The runtime and the key-value store are stand-ins that
+record what they are asked; the buffers are real (this process's CPU devices)."""
+from __future__ import annotations
+
+import jax
+import pytest
+
+from jax_dfccl._src import distributed
+
+NS = distributed._NS
+
+
+class Store:
+  """The key-value store: what was set, and the other processes' entries given up front."""
+
+  def __init__(self, entries):
+    self.kv = dict(entries)
+
+  def key_value_set(self, key, value):
+    self.kv[key] = value
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    if key not in self.kv:
+      raise TimeoutError(key)
+    return self.kv[key]
+
+
+class Runtime:
+  """The CUDA runtime's bootstrap functions; can_export answers `why` for every buffer."""
+
+  def __init__(self, why=""):
+    self.why, self.started, self.ids, self.probed = why, [], None, []
+
+  def set_device_ids(self, ids):
+    self.ids = ids
+
+  def can_export(self, ordinal, ptr):
+    self.probed.append((ordinal, ptr))
+    return self.why
+
+  def start_ipc(self, name):
+    self.started.append(name)
+
+
+@pytest.fixture
+def bootstrap(monkeypatch):
+  """Runs _initialize_gpu as process `me` of `nprocs`, the others' verdicts given."""
+  def run(why="", others=("ok",), me=1, direct=True):
+    nprocs = len(others) + 1
+    rt = Runtime(why)
+    entries = {f"{NS}/gpu_token": "tok"}
+    for p, v in zip([p for p in range(nprocs) if p != me], others):
+      entries[f"{NS}/tok/export/{p}"] = v
+    store = Store(entries)
+    monkeypatch.setattr(distributed.backend, "load", lambda: {"cuda": rt})
+    monkeypatch.setattr(distributed, "_client", lambda: store)
+    monkeypatch.setattr(distributed, "_state", {})
+    monkeypatch.setattr(jax, "process_index", lambda: me)
+    monkeypatch.setattr(jax, "process_count", lambda: nprocs)
+    monkeypatch.setattr(distributed.config, "direct", direct)
+    distributed._initialize_gpu(1.0)
+    return rt, store, distributed._state
+  return run
+
+
+def test_every_process_can_export_so_the_listener_starts(bootstrap):
+  rt, store, state = bootstrap()
+  assert store.kv[f"{NS}/tok/export/1"] == "ok"
+  assert rt.started == ["jax_dfccl.tok.1"] and state["direct"] and state["staged_because"] == ""
+  devices = jax.local_devices()
+  assert [o for o, _ in rt.probed] == [int(d.local_hardware_id) for d in devices]
+  assert all(ptr != 0 for _, ptr in rt.probed)  # a real buffer of each device
+  assert rt.ids == [(int(d.id), int(d.local_hardware_id)) for d in devices]
+
+
+def test_a_process_that_cannot_export_keeps_everyone_staged(bootstrap):
+  # This process can; process 2 cannot: no listener here, and the reason names process 2.
+  rt, store, state = bootstrap(others=("ok", "GPU 2: cuMemRetainAllocationHandle failed"), me=1)
+  assert store.kv[f"{NS}/tok/export/1"] == "ok"
+  assert rt.started == [] and not state["direct"]
+  assert state["staged_because"].startswith("process 2: GPU 2:")
+
+
+def test_this_process_cannot_export(bootstrap):
+  rt, store, state = bootstrap(why="not a cuMemCreate allocation")
+  verdict = store.kv[f"{NS}/tok/export/1"]
+  assert verdict.startswith("GPU ") and verdict.endswith("not a cuMemCreate allocation")
+  assert rt.started == [] and state["staged_because"] == f"process 1: {verdict}"
+
+
+def test_direct_off_skips_the_probe(bootstrap):
+  rt, store, state = bootstrap(direct=False)
+  assert rt.probed == [] and rt.started == []
+  assert store.kv[f"{NS}/tok/export/1"] == "jax_dfccl.config.direct is False"
+  assert state["staged_because"] == "process 1: jax_dfccl.config.direct is False"
+
+
+def test_a_peer_that_never_gives_its_verdict_is_named(monkeypatch):
+  # Process 0 never wrote its verdict: the wait for it fails naming its key (the store's timeout).
+  rt, store = Runtime(), Store({f"{NS}/gpu_token": "tok"})
+  monkeypatch.setattr(distributed.backend, "load", lambda: {"cuda": rt})
+  monkeypatch.setattr(distributed, "_client", lambda: store)
+  monkeypatch.setattr(distributed, "_state", {})
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(TimeoutError, match="export/0"):
+    distributed._initialize_gpu(1.0)
+  assert rt.started == []
