@@ -78,22 +78,25 @@ def test_every_process_can_export_so_the_listener_starts(bootstrap):
 
 
 def test_a_process_that_cannot_export_keeps_everyone_staged(bootstrap):
-  # This process can; process 2 cannot: no listener here, and the reason names process 2.
-  rt, store, state = bootstrap(others=("ok", "GPU 2: cuMemRetainAllocationHandle failed"), me=1)
+  # This process can; process 2 cannot: no listener here, and the reason (also warned) names process 2.
+  with pytest.warns(RuntimeWarning, match="staged path.*process 2: GPU 2"):
+    rt, store, state = bootstrap(others=("ok", "GPU 2: cuMemRetainAllocationHandle failed"), me=1)
   assert store.kv[f"{NS}/tok/export/1"] == "ok"
   assert rt.started == [] and not state["direct"]
   assert state["staged_because"].startswith("process 2: GPU 2:")
 
 
 def test_this_process_cannot_export(bootstrap):
-  rt, store, state = bootstrap(why="not a cuMemCreate allocation")
+  with pytest.warns(RuntimeWarning, match="not a cuMemCreate allocation"):
+    rt, store, state = bootstrap(why="not a cuMemCreate allocation")
   verdict = store.kv[f"{NS}/tok/export/1"]
   assert verdict.startswith("GPU ") and verdict.endswith("not a cuMemCreate allocation")
   assert rt.started == [] and state["staged_because"] == f"process 1: {verdict}"
 
 
-def test_direct_off_skips_the_probe(bootstrap):
+def test_direct_off_skips_the_probe(bootstrap, recwarn):
   rt, store, state = bootstrap(direct=False)
+  assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # nothing asked for, nothing to say
   assert rt.probed == [] and rt.started == []
   assert store.kv[f"{NS}/tok/export/1"] == "jax_dfccl.config.direct is False"
   assert state["staged_because"] == "process 1: jax_dfccl.config.direct is False"

@@ -115,11 +115,15 @@ def _initialize_gpu(timeout_s: float) -> None:
   client.key_value_set(f"{_NS}/{token}/export/{me}", why or "ok")
   verdicts = [client.blocking_key_value_get(f"{_NS}/{token}/export/{p}", ms) for p in range(jax.process_count())]
   direct = all(v == "ok" for v in verdicts)
+  staged_because = next((f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"), "")
   if direct:
     rt.start_ipc(f"jax_dfccl.{token}.{me}")
+  elif config.direct:  # asked for, not possible: say why (larger messages across processes are slower staged)
+    import warnings
+    warnings.warn(f"jax_dfccl.initialize: groups spanning processes take the staged path ({staged_because})",
+                  RuntimeWarning, stacklevel=3)
   _state.update(token=token, process=me, processes=jax.process_count(), gpu=True,
-                timeout_ms=ms, groups=set(), direct=direct,
-                staged_because=next((f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"), ""))
+                timeout_ms=ms, groups=set(), direct=direct, staged_because=staged_because)
 
 
 def _exportable(rt) -> str:

@@ -194,8 +194,8 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   auto touched_by = [&](int p) { return direct::TouchedBy<Op>(d, p); };
   // Every rank I touch in another process: its buffers' ranges are mapped here.
   // Its tagged mailbox words are then replaced by the local addresses, so the
-  // steps read no range table (host memory); p's other lanes may still store
-  // the tagged words again (the same values), which XLocal maps as well.
+  // steps mostly skip the range table; p's other lanes may still store the
+  // tagged words again (the same values), which XLocal maps as well.
   auto mapped = [&] {
     for (int p = 0; p < n; ++p) {
       if (!touches(p) || cm->xmap[p] == nullptr) continue;

@@ -158,28 +158,29 @@ int Ipc::Tag(const void* p, int ordinal) {
   const Vmm::Range r = Vmm::RangeOf(p);
   auto it = exports_.find(r.base);
   if (it != exports_.end() && it->second.size == r.size && it->second.id == r.id) return it->second.tag;
+  DFCCL_CHECK_CODE(next_tag_ < kMaxXRanges, ErrorCode::kResourceExhausted,
+                   "dfccl: more than " << kMaxXRanges - 1 << " allocations shared with other processes (the "
+                   "direct path across processes needs an allocator that keeps its allocations, XLA's default; "
+                   "or set jax_dfccl.config.direct = False)");
+  const int fd = Vmm::ExportFd(r.base);  // first: a range that cannot be exported changes nothing
   // A range that overlaps known ones replaces them: the allocator gave them back.
   for (auto o = exports_.begin(); o != exports_.end();) {
     if (o->first < r.base + r.size && r.base < o->first + o->second.size) {
-      for (auto& [peer, fd] : peers_) SendTo(peer, kRetire, o->second.tag, o->first, o->second.size, -1);
+      for (auto& [peer, sock] : peers_) SendTo(peer, kRetire, o->second.tag, o->first, o->second.size, -1);
       close(o->second.fd);
       o = exports_.erase(o);
     } else {
       ++o;
     }
   }
-  DFCCL_CHECK_CODE(next_tag_ < kMaxXRanges, ErrorCode::kResourceExhausted,
-                   "dfccl: more than " << kMaxXRanges - 1 << " allocations shared with other processes (the "
-                   "direct path across processes needs an allocator that keeps its allocations, XLA's default; "
-                   "or set jax_dfccl.config.direct = False)");
   Export e;
   e.size = r.size;
   e.id = r.id;
   e.tag = next_tag_++;
-  e.fd = Vmm::ExportFd(r.base);
+  e.fd = fd;
   exports_[r.base] = e;
   exported_++;
-  for (auto& [peer, fd] : peers_) SendTo(peer, kMap, e.tag, r.base, r.size, e.fd);
+  for (auto& [peer, sock] : peers_) SendTo(peer, kMap, e.tag, r.base, r.size, e.fd);
   return e.tag;
 }
 
