@@ -57,7 +57,7 @@ if "--watch" in sys.argv:  # every S seconds, the runtime's counters and errors 
     while True:
       time.sleep(period)
       st = d.stats()["cuda"]
-      print("WATCH", {k: st[k] for k in ("started", "completed", "pending", "ranges_exported", "ranges_mapped")},
+      print("WATCH", {k: st[k] for k in ("started", "completed", "pending", "launches", "ranges_exported", "ranges_mapped")},
             st["errors"][-4:], flush=True)
   threading.Thread(target=_watch, daemon=True).start()
 elems = int(sys.argv[sys.argv.index("--elems") + 1]) if "--elems" in sys.argv else 1024
@@ -148,6 +148,8 @@ elif case == "direct":
     elems = nbytes // 4
     full, x = inputs(7)
     tag = f"_{nbytes}"
+    out.setdefault("input_ptrs", {})[nbytes] = hex(x.addressable_shards[0].data.unsafe_buffer_pointer())
+    print("INPUT", nbytes, out["input_ptrs"][nbytes], flush=True)  # (where a sanitizer's report points)
     check("psum" + tag, local(smap(lambda v: d.psum(v, "x"))(x))[0], full.sum(0), tol=1e-4)
     check("all_gather" + tag, local(smap(lambda v: d.all_gather(v[0], "x")[None])(x))[0], full)
     check("psum_scatter" + tag, local(smap(lambda v: d.psum_scatter(v[0], "x", tiled=True)[None])(x))[0],
