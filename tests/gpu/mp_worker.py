@@ -54,11 +54,16 @@ if "--watch" in sys.argv:  # every S seconds, the runtime's counters and errors 
   import threading
 
   def _watch(period=float(sys.argv[sys.argv.index("--watch") + 1])):
+    last, told = None, False
     while True:
       time.sleep(period)
       st = d.stats()["cuda"]
-      print("WATCH", {k: st[k] for k in ("started", "completed", "pending", "launches", "ranges_exported", "ranges_mapped")},
-            st["errors"][-4:], flush=True)
+      now = {k: st[k] for k in ("started", "completed", "pending", "launches", "ranges_exported", "ranges_mapped")}
+      print("WATCH", now, st["errors"][-4:], flush=True)
+      if now["pending"] and (now["started"], now["completed"]) == last and not told:  # stuck: what is in flight, once
+        print("PENDING", d.pending(), flush=True)
+        told = True
+      last = (now["started"], now["completed"])
   threading.Thread(target=_watch, daemon=True).start()
 elems = int(sys.argv[sys.argv.index("--elems") + 1]) if "--elems" in sys.argv else 1024
 devs = jax.devices()
