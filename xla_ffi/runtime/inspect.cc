@@ -3,6 +3,7 @@
 // are doing), for `jax_dfccl.pending()` while a program seems stuck.  The
 // runtime lock is tried for `wait_ms` only; device words are read on the
 // device's private stream, which never waits on XLA's streams.
+#include <cstddef>
 #include <sstream>
 
 #include "device/daemon.h"
@@ -33,6 +34,24 @@ std::string Runtime::Pending(int wait_ms) {
        << ", copy-engine tickets " << d.ce_oldest << ".." << d.ce_next;
     if (!d.error.ok()) os << ", error: " << d.error.message;
     os << "\n";
+    if (d.launched) {  // the daemon's own words: is its kernel alive, did it ingest, is a handoff pending
+      struct {
+        uint64_t submitted, lo;
+        unsigned long long progress, taken;
+        uint32_t quit;
+      } w{};
+      static_assert(offsetof(DeviceShared, quit) == 32, "DeviceShared: counters first");
+      os << "  daemon kernel " << (Alive(d) ? "alive" : "returned") << "; host words: exiting " << d.host->exiting
+         << ", resize " << d.host->resize;
+      try {
+        CopyOut(d, &w, d.dev, offsetof(DeviceShared, quit) + sizeof(uint32_t));
+        os << "; device words: submitted " << w.submitted << ", complete below " << w.lo << ", taken " << w.taken
+           << ", quit " << w.quit << ", progress " << w.progress;
+      } catch (const std::exception& e) {
+        os << "; device words unreadable (" << e.what() << ")";
+      }
+      os << "\n";
+    }
     PollRecords(d, now);
     auto line = [&](const TaskInfo& ti, uint64_t t, const char* path, const std::string& key, uint32_t started, int n,
                     bool failed, int ready_state, bool done) {
