@@ -4,6 +4,7 @@
 // runtime lock is tried for `wait_ms` only; device words are read on the
 // device's private stream, which never waits on XLA's streams.
 #include <cstddef>
+#include <cstring>
 #include <sstream>
 
 #include "device/daemon.h"
@@ -35,18 +36,20 @@ std::string Runtime::Pending(int wait_ms) {
     if (!d.error.ok()) os << ", error: " << d.error.message;
     os << "\n";
     if (d.launched) {  // the daemon's own words: is its kernel alive, did it ingest, is a handoff pending
-      struct {
-        uint64_t submitted, lo;
-        unsigned long long progress, taken;
-        uint32_t quit;
-      } w{};
-      static_assert(offsetof(DeviceShared, quit) == 32, "DeviceShared: counters first");
       os << "  daemon kernel " << (Alive(d) ? "alive" : "returned") << "; host words: exiting " << d.host->exiting
          << ", resize " << d.host->resize;
       try {
-        CopyOut(d, &w, d.dev, offsetof(DeviceShared, quit) + sizeof(uint32_t));
-        os << "; device words: submitted " << w.submitted << ", complete below " << w.lo << ", taken " << w.taken
-           << ", quit " << w.quit << ", progress " << w.progress;
+        unsigned char head[offsetof(DeviceShared, pub)];  // the counters before the rings (DeviceShared's layout)
+        CopyOut(d, head, d.dev, sizeof(head));
+        auto word = [&](size_t offset, auto v) {
+          std::memcpy(&v, head + offset, sizeof(v));
+          return v;
+        };
+        os << "; device words: submitted " << word(offsetof(DeviceShared, submitted), uint64_t{})
+           << ", complete below " << word(offsetof(DeviceShared, lo), uint64_t{})
+           << ", taken " << word(offsetof(DeviceShared, next_ticket), 0ull)
+           << ", quit " << word(offsetof(DeviceShared, quit), uint32_t{})
+           << ", progress " << word(offsetof(DeviceShared, progress), 0ull);
       } catch (const std::exception& e) {
         os << "; device words unreadable (" << e.what() << ")";
       }
