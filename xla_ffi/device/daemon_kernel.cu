@@ -329,8 +329,11 @@ __device__ void ControlLoop(const DaemonParams& P) {
       if (lane == 0) StVol(&dev->quit, P.launch_id);
       break;
     }
+    // Idle; stalled; or a lane needs a range mapped after this launch (direct.cuh):
+    // the next daemon (launched by the proxy, which sees `exiting`) may read it.
+    const bool stale = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&dev->stale_map) : 0u, 0) == P.launch_id;
     const bool quit = (lo == sub && taken == sub && now - t_busy > static_cast<uint64_t>(P.idle_ns)) ||
-                      (lo < sub && now - t_prog > static_cast<uint64_t>(P.stall_ns));
+                      (lo < sub && now - t_prog > static_cast<uint64_t>(P.stall_ns)) || stale;
     if (quit) {
       // The host proxy relaunches a daemon that left while work arrives: it sees
       // the submit kernels' records (HostShared::sub) and `exiting`.

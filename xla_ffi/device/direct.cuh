@@ -24,7 +24,9 @@
 //
 // Across processes (CommDev::xmap[p] set): p's mailbox addresses are XAddr
 // words; `ready` maps them through p's range table (XLocal) and waits, like for
-// a late peer, while p's range is not mapped here yet (runtime/ipc.h).
+// a late peer, while p's range is not mapped here yet (runtime/ipc.h), or was
+// mapped after the daemon's launch (then the daemon is relaunched: a kernel
+// touches no mapping younger than itself).
 //
 // Lane l of every rank covers the same chunks of the op's unit (DirectUnitBytes;
 // the lane plan depends only on values equal across ranks), so waiting for lane
@@ -140,8 +142,11 @@ DFCCL_DEV int64_t Share(const TaskDesc& d, int64_t unit) {
 
 // A mailbox word of rank p as an address of this process: itself when p is in
 // this process (no range table), else mapped through p's range table; null
-// while that range is not mapped here (or a stale entry still holds its tag).
-DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word) {
+// while that range is not mapped here (or a stale entry still holds its tag),
+// and null with *newer set when it was mapped after this kernel's launch
+// (XRange::gen > map_gen): a kernel reads only mappings older than itself
+// (what memory checkers assume of a launch), so the daemon must be relaunched.
+DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word, uint64_t map_gen, bool* newer) {
   const XRange* table = cm->xmap[p];
   const uint64_t va = word & ((uint64_t{1} << kXTagShift) - 1);
   const int tag = static_cast<int>(word >> kXTagShift);
@@ -151,6 +156,10 @@ DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word) {
   if (local == 0) return nullptr;
   const uint64_t base = LdVol(&x->remote_base), size = LdVol(&x->size);
   if (va < base || va - base >= size) return nullptr;
+  if (LdVol(&x->gen) > map_gen) {
+    *newer = true;
+    return nullptr;
+  }
   return reinterpret_cast<char*>(local + (va - base));
 }
 
@@ -192,19 +201,26 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   };
   auto touches = [&](int p) { return direct::Touches<Op>(d, p); };
   auto touched_by = [&](int p) { return direct::TouchedBy<Op>(d, p); };
-  // Every rank I touch in another process: its buffers' ranges are mapped here.
-  // Its tagged mailbox words are then replaced by the local addresses, so the
-  // steps mostly skip the range table; p's other lanes may still store the
-  // tagged words again (the same values), which XLocal maps as well.
+  // Every rank I touch in another process: its buffers' ranges are mapped here,
+  // before this daemon's launch.  Its tagged mailbox words are then replaced by
+  // the local addresses, so the steps mostly skip the range table; p's other
+  // lanes may still store the tagged words again (the same values), which
+  // XLocal maps as well.  A range mapped after the launch: this daemon leaves
+  // (DeviceShared::stale_map, seen by the control warp) and the proxy launches
+  // the next one, which may read it; the lane waits, preemptible, meanwhile.
   auto mapped = [&] {
+    bool newer = false;
     for (int p = 0; p < n; ++p) {
       if (!touches(p) || cm->xmap[p] == nullptr) continue;
       volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
       for (int k = 0; k < 2; ++k) {
         const uint64_t w = m[k];
         if ((w >> kXTagShift) == 0) continue;
-        char* local = direct::XLocal(cm, p, w);
-        if (local == nullptr) return false;
+        char* local = direct::XLocal(cm, p, w, P.map_gen, &newer);
+        if (local == nullptr) {
+          if (newer) StVol(&P.dev->stale_map, P.launch_id);
+          return false;
+        }
         m[k] = reinterpret_cast<uint64_t>(local);
       }
     }
@@ -237,10 +253,11 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
       result = kMoved;
     } else if (s.c_send == 2) {  // move one step, then let other tasks run
       if (threadIdx.x == 0) {
+        bool newer = false;  // (never: `mapped` saw every range this lane reads, older than the launch)
         for (int p = 0; p < n; ++p) {
           const volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
-          ad.in[p] = p == me ? d.in : touches(p) ? direct::XLocal(cm, p, m[0]) : nullptr;
-          ad.out[p] = p == me ? d.out : touches(p) ? direct::XLocal(cm, p, m[1]) : nullptr;
+          ad.in[p] = p == me ? d.in : touches(p) ? direct::XLocal(cm, p, m[0], P.map_gen, &newer) : nullptr;
+          ad.out[p] = p == me ? d.out : touches(p) ? direct::XLocal(cm, p, m[1], P.map_gen, &newer) : nullptr;
         }
       }
       __syncthreads();

@@ -192,7 +192,7 @@ struct XRange {
   uint64_t remote_base;  // the range in its owner's address space
   uint64_t size;
   uint64_t local_base;   // where this process mapped it
-  uint64_t pad;
+  uint64_t gen;          // mappings this process had made once this one was (Ipc::gen(); 1, 2, ...)
 };
 
 // A communicator as the daemon sees it (a copy in each member's device memory).
@@ -329,7 +329,7 @@ struct DeviceShared {
   unsigned long long progress;   // bumped on every unit of work
   unsigned long long next_ticket;  // taken by submit kernels (atomicAdd)
   uint32_t quit;                 // launch id whose daemon must exit
-  uint32_t pad;
+  uint32_t stale_map;            // launch id of a daemon a lane of which needs a newer mapping (it leaves, the proxy relaunches)
   uint32_t pub[kTaskRing];       // Gen(ticket) once the submit kernel wrote desc[e]
   uint32_t done[kTaskRing];      // waited on by XLA's stream
   uint32_t status[kTaskRing];    // TaskStatus, written before done[e]
@@ -389,6 +389,7 @@ struct DaemonParams {
   int64_t stall_ns;      // quit after this long without progress while tasks are pending
   uint64_t* stamps;      // null (the daemon); the inline kernel with trace on: the lane's
                          // kLaneStamps step times (shared memory, thread 0 writes)
+  uint64_t map_gen;      // Ipc::gen() at the launch: the lanes use no range mapped later (XRange::gen)
 };
 
 }  // namespace dfccl::gpu

@@ -31,7 +31,8 @@ std::string Runtime::Pending(int wait_ms) {
   for (auto& [ord, dp] : devices_) {
     Device& d = *dp;
     os << "GPU " << ord << ": daemon " << (Running(d) ? "running" : "stopped") << " (launch " << d.launch_id
-       << ", " << d.workers << " workers, " << d.launches << " launches), tickets " << d.oldest << ".." << d.seen
+       << ", " << d.workers << " workers, " << d.launches << " launches, ranges mapped before it " << d.map_gen
+       << " of " << ipc_.gen() << "), tickets " << d.oldest << ".." << d.seen
        << ", copy-engine tickets " << d.ce_oldest << ".." << d.ce_next;
     if (!d.error.ok()) os << ", error: " << d.error.message;
     os << "\n";
@@ -49,6 +50,7 @@ std::string Runtime::Pending(int wait_ms) {
            << ", complete below " << word(offsetof(DeviceShared, lo), uint64_t{})
            << ", taken " << word(offsetof(DeviceShared, next_ticket), 0ull)
            << ", quit " << word(offsetof(DeviceShared, quit), uint32_t{})
+           << ", stale map " << word(offsetof(DeviceShared, stale_map), uint32_t{})
            << ", progress " << word(offsetof(DeviceShared, progress), 0ull);
       } catch (const std::exception& e) {
         os << "; device words unreadable (" << e.what() << ")";

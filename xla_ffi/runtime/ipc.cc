@@ -270,7 +270,7 @@ void Ipc::OnMessage(const Msg& m, int fd) {
     DeviceGuard guard(ordinals_[0]);
     const Vmm::Mapping map = Vmm::Import(fd, m.size, ordinals_);
     t.maps[m.tag] = map;
-    x = XRange{m.base, m.size, map.va, 0};
+    x = XRange{m.base, m.size, map.va, gen_.fetch_add(1) + 1};  // (a daemon launched from now on may read it)
     Publish(t, m.tag);
     mapped_++;
   } catch (const std::exception& e) {

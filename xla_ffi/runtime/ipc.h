@@ -17,6 +17,12 @@
 //           a retired tag is unpublished first, then unmapped.
 //  device   a lane reads the owner's tagged address from the mailbox and waits
 //           (preemptible, like a late peer) until the tag's entry covers it.
+//           Each mapping has a generation (XRange::gen, counted by gen()), each
+//           daemon launch the count at its launch (DaemonParams::map_gen): a lane
+//           that meets a mapping younger than its daemon makes the daemon leave
+//           (DeviceShared::stale_map) and the proxy relaunches it, so no kernel
+//           touches memory mapped after its launch (memory checkers check a
+//           launch against the mappings that existed then).
 //
 // So a new range costs its first instance the export and mapping (measured
 // ~40 us and 0.2-0.3 ms on an H200), never a wait on another collective.  A
@@ -57,6 +63,9 @@ class Ipc {
   // read it (a copy in its device memory: a table in host memory cost the lanes
   // ~1 us per word read); from now on this process's ranges are sent there too.
   const XRange* AddPeer(const std::string& peer, int ordinal);
+  // Mappings made so far (every XRange::gen is at most this): a kernel launched
+  // now may read each of them (DaemonParams::map_gen).
+  uint64_t gen() const { return gen_.load(); }
   int64_t exported() const { return exported_; }
   int64_t mapped() const { return mapped_; }
   std::vector<std::string> errors();
@@ -96,6 +105,7 @@ class Ipc {
   std::map<std::string, Table> tables_;  // by owner's name
   std::vector<std::string> errors_, import_errors_;
   std::atomic<int64_t> exported_{0}, mapped_{0};
+  std::atomic<uint64_t> gen_{0};
 };
 
 }  // namespace dfccl::gpu

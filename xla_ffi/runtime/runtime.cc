@@ -315,6 +315,7 @@ void Runtime::Launch(Device& d) {
   p.trace = cfg_.trace ? 1 : 0;
   p.idle_ns = cfg_.idle_ns();
   p.stall_ns = cfg_.stall_ns();
+  p.map_gen = d.map_gen = ipc_.gen();  // before the launch: every range mapped so far is older than it
   busy_in_ = "a daemon launch";
   cudaError_t err = LaunchDaemon(p, d.stream);
   if (err == cudaSuccess) err = cudaEventRecord(d.ev, d.stream);

@@ -118,6 +118,7 @@ struct Device {
   HostShared* host_dev = nullptr;
   DeviceShared* dev = nullptr;
   uint64_t seen = 0, oldest = 0, launches = 0;  // daemon tickets whose record the proxy read; the oldest pending
+  uint64_t map_gen = 0;                         // DaemonParams::map_gen of the latest launch
   // Written under the runtime lock; read without it by the submit handler's hot
   // path (Submit: is a daemon running, is it large enough), hence atomic.
   std::atomic<uint32_t> launch_id{0};
