@@ -57,7 +57,16 @@ if "--watch" in sys.argv:  # every S seconds, the runtime's counters and errors 
     last, told = None, False
     while True:
       time.sleep(period)
-      st = d.stats()["cuda"]
+      got = []  # stats() waits for the runtime lock: a thread blocked inside a CUDA call holds it
+      threading.Thread(target=lambda: got.append(d.stats()["cuda"]), daemon=True).start()
+      for _ in range(int(period * 10)):
+        if got:
+          break
+        time.sleep(0.1)
+      if not got:
+        print("WATCH stats() blocked; PENDING", d.pending(), flush=True)
+        continue
+      st = got[0]
       now = {k: st[k] for k in ("started", "completed", "pending", "launches", "ranges_exported", "ranges_mapped")}
       print("WATCH", now, st["errors"][-4:], flush=True)
       if now["pending"] and (now["started"], now["completed"]) == last and not told:  # stuck: what is in flight, once

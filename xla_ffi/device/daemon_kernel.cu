@@ -348,8 +348,11 @@ __device__ void ControlLoop(const DaemonParams& P) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1) DaemonKernel(DaemonParams P) {
-  if (static_cast<int>(blockIdx.x) == P.workers) ControlLoop(P);
+  const bool control = static_cast<int>(blockIdx.x) == P.workers;
+  if (control && threadIdx.x == 0) StVol(&P.dev->entered, P.launch_id);
+  if (control) ControlLoop(P);
   else WorkerLoop(P);
+  if (threadIdx.x == 0) atomicAdd(&P.dev->blocks_left, 1ull);  // (thread 0 leaves last: it decides when its block stops)
 }
 
 // The blocking form's submit kernel for pool-0 tasks (device/task.h, "inline"):

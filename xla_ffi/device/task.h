@@ -330,6 +330,9 @@ struct DeviceShared {
   unsigned long long next_ticket;  // taken by submit kernels (atomicAdd)
   uint32_t quit;                 // launch id whose daemon must exit
   uint32_t stale_map;            // launch id of a daemon a lane of which needs a newer mapping (it leaves, the proxy relaunches)
+  uint32_t entered;              // launch id of the latest daemon whose control block started (for pending())
+  uint32_t pad;
+  unsigned long long blocks_left;  // daemon blocks that returned, over every launch (for pending())
   uint32_t pub[kTaskRing];       // Gen(ticket) once the submit kernel wrote desc[e]
   uint32_t done[kTaskRing];      // waited on by XLA's stream
   uint32_t status[kTaskRing];    // TaskStatus, written before done[e]

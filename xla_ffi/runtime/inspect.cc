@@ -25,7 +25,7 @@ std::string Runtime::Pending(int wait_ms) {
   std::unique_lock lk(mu_, std::chrono::milliseconds(wait_ms));
   if (!lk.owns_lock())
     return "runtime lock held for " + std::to_string(wait_ms) + " ms: a thread is blocked inside the runtime (" +
-           busy_in_.load() + "; copy engine: " + ce_.Describe() + ")\n";
+           busy_in_.load() + "; copy engine: " + ce_.Describe() + ")\nIPC: " + ipc_.Describe() + "\n";
   std::ostringstream os;
   const auto now = Clock::now();
   for (auto& [ord, dp] : devices_) {
@@ -51,6 +51,8 @@ std::string Runtime::Pending(int wait_ms) {
            << ", taken " << word(offsetof(DeviceShared, next_ticket), 0ull)
            << ", quit " << word(offsetof(DeviceShared, quit), uint32_t{})
            << ", stale map " << word(offsetof(DeviceShared, stale_map), uint32_t{})
+           << ", latest launch entered " << word(offsetof(DeviceShared, entered), uint32_t{})
+           << ", blocks returned " << word(offsetof(DeviceShared, blocks_left), 0ull) << " of " << d.blocks_launched
            << ", progress " << word(offsetof(DeviceShared, progress), 0ull);
       } catch (const std::exception& e) {
         os << "; device words unreadable (" << e.what() << ")";
@@ -88,6 +90,7 @@ std::string Runtime::Pending(int wait_ms) {
     }
   }
   os << "copy engine: " << ce_.Describe() << "\n";
+  if (ipc_.started()) os << "IPC: " << ipc_.Describe() << "\n";
   return os.str();
 }
 

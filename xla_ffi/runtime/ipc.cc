@@ -244,7 +244,7 @@ std::vector<std::string> Ipc::errors() {
     std::lock_guard lk(mu_);
     v = errors_;
   }
-  std::lock_guard tl(tables_mu_);
+  std::lock_guard el(import_errors_mu_);
   v.insert(v.end(), import_errors_.begin(), import_errors_.end());
   return v;
 }
@@ -253,7 +253,7 @@ std::vector<std::string> Ipc::errors() {
 void Ipc::OnMessage(const Msg& m, int fd) {
   const std::string from(m.from, strnlen(m.from, kNameBytes));
   if (m.magic != kMagic || m.tag <= 0 || m.tag >= kMaxXRanges || (m.type == kMap && fd < 0)) {
-    import_errors_.push_back("dfccl: a malformed range message from @" + from);
+    ImportError("dfccl: a malformed range message from @" + from);
     return;
   }
   Table& t = TableOf(from);
@@ -262,22 +262,49 @@ void Ipc::OnMessage(const Msg& m, int fd) {
     auto old = t.maps.find(m.tag);
     if (old != t.maps.end()) {  // retired (or replaced): unpublish, then unmap
       x = XRange{};
+      Serving("unpublishing a retired range (a range table copy)");
       Publish(t, m.tag);
+      Serving("unmapping a retired range (cuMemUnmap)");
       Vmm::Unmap(old->second);
       t.maps.erase(old);
     }
-    if (m.type != kMap) return;
-    DeviceGuard guard(ordinals_[0]);
-    const Vmm::Mapping map = Vmm::Import(fd, m.size, ordinals_);
-    t.maps[m.tag] = map;
-    x = XRange{m.base, m.size, map.va, gen_.fetch_add(1) + 1};  // (a daemon launched from now on may read it)
-    Publish(t, m.tag);
-    mapped_++;
+    if (m.type == kMap) {
+      DeviceGuard guard(ordinals_[0]);
+      Serving("mapping a range (cuMemImportFromShareableHandle, cuMemMap, cuMemSetAccess)");
+      const Vmm::Mapping map = Vmm::Import(fd, m.size, ordinals_);
+      t.maps[m.tag] = map;
+      x = XRange{m.base, m.size, map.va, gen_.fetch_add(1) + 1};  // (a daemon launched from now on may read it)
+      Serving("publishing a range (a range table copy)");
+      Publish(t, m.tag);
+      mapped_++;
+    }
   } catch (const std::exception& e) {
-    import_errors_.push_back("dfccl: mapping range " + Hex(m.base) + " (" + std::to_string(m.size) +
+    ImportError("dfccl: mapping range " + Hex(m.base) + " (" + std::to_string(m.size) +
                              " bytes) of process @" + from + ": " + e.what() +
                              "; its collectives with this process will time out");
   }
+}
+
+void Ipc::ImportError(const std::string& e) {
+  std::lock_guard el(import_errors_mu_);
+  import_errors_.push_back(e);
+}
+
+void Ipc::Serving(const char* what) {
+  serving_in_ = what;
+  serving_since_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string Ipc::Describe() const {
+  if (!started()) return "not started";
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  const int64_t since = serving_since_ns_.load();
+  std::ostringstream os;
+  os << exported_ << " ranges exported, " << mapped_ << " mapped; serving thread " << serving_in_.load();
+  if (since > 0) os << " for " << (now - since) / 1000000 << " ms";
+  return os.str();
 }
 
 void Ipc::Serve() {
@@ -315,8 +342,9 @@ void Ipc::Serve() {
       {
         std::lock_guard tl(tables_mu_);
         if (got == static_cast<ssize_t>(sizeof(m))) OnMessage(m, fd);
-        else import_errors_.push_back("dfccl: a truncated range message");
+        else ImportError("dfccl: a truncated range message");
       }
+      Serving("waiting for ranges");
       if (fd >= 0) close(fd);
       keep.push_back(c);
     }

@@ -69,6 +69,9 @@ class Ipc {
   int64_t exported() const { return exported_; }
   int64_t mapped() const { return mapped_; }
   std::vector<std::string> errors();
+  // What the serving thread is doing and for how long ("waiting for ranges" when
+  // idle): for pending(), never blocks (a CUDA call it makes may wait).
+  std::string Describe() const;
 
  private:
   struct Export {
@@ -91,10 +94,13 @@ class Ipc {
   void Publish(Table& t, int tag);          // tables_mu_ held: entry tag into every device copy (local_base last)
   void Serve();
   void OnMessage(const Msg& m, int fd);  // tables_mu_ held
+  void ImportError(const std::string& e);
+  void Serving(const char* what);        // the serving thread: what it does from now on
 
   // mu_: exports and peers (handler threads); tables_mu_: the range tables (the
-  // serving thread, which never takes mu_, so a send never waits for an import).
-  std::mutex mu_, tables_mu_;
+  // serving thread, which never takes mu_, so a send never waits for an import);
+  // import_errors_mu_: import_errors_ only (errors() never waits for an import).
+  std::mutex mu_, tables_mu_, import_errors_mu_;
   std::string name_;
   std::vector<int> ordinals_;
   int listen_fd_ = -1, wake_[2] = {-1, -1};
@@ -106,6 +112,8 @@ class Ipc {
   std::vector<std::string> errors_, import_errors_;
   std::atomic<int64_t> exported_{0}, mapped_{0};
   std::atomic<uint64_t> gen_{0};
+  std::atomic<const char*> serving_in_{"waiting for ranges"};
+  std::atomic<int64_t> serving_since_ns_{0};
 };
 
 }  // namespace dfccl::gpu

@@ -323,6 +323,7 @@ void Runtime::Launch(Device& d) {
   DFCCL_CHECK_CODE(err == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: daemon launch on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
   d.launched = true;
   d.launches++;
+  d.blocks_launched += p.workers + 1;
 }
 
 void Runtime::EnsureRunning(Device& d) {

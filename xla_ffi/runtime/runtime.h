@@ -119,6 +119,7 @@ struct Device {
   DeviceShared* dev = nullptr;
   uint64_t seen = 0, oldest = 0, launches = 0;  // daemon tickets whose record the proxy read; the oldest pending
   uint64_t map_gen = 0;                         // DaemonParams::map_gen of the latest launch
+  uint64_t blocks_launched = 0;                 // daemon blocks launched (pending(): against DeviceShared::blocks_left)
   // Written under the runtime lock; read without it by the submit handler's hot
   // path (Submit: is a daemon running, is it large enough), hence atomic.
   std::atomic<uint32_t> launch_id{0};

@@ -53,6 +53,7 @@ Device& Runtime::GetDevice(int ordinal) {
   warm.workers = kMaxBlocks - 1;
   DFCCL_CUDA(LaunchDaemon(warm, d->stream));
   DFCCL_CUDA(cudaStreamSynchronize(d->stream));
+  d->blocks_launched = warm.workers + 1;
   d->host->resize = 0;
   ce_.Prepare(ordinal);
   auto& ref = *d;
