@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU check in one go on a machine with 2+ NVIDIA GPUs, steps in the order given:
-#   tools/gpu_check.sh [smoke] [probe] [mover] [crossover] [hang] [bench] [tests] [demo] [sanitize] [swap]
+#   tools/gpu_check.sh [smoke] [probe] [mover] [crossover] [hang] [bench] [tests] [demo] [sanitize] [testbed] [swap]
 #   (default: smoke probe bench tests demo sanitize; a hung smoke stops the rest)
+# testbed (one GPU is enough): two processes on it under MPS (tools/mps_testbed.sh): the direct path
+#   across processes (mp_worker --case direct), under each of TESTBED_SANITIZERS (default memcheck
+#   racecheck synccheck), then TESTBED_RUNS (default 4) times without XLA preallocation (ranges
+#   mapped while collectives run: the daemon's relaunch for a newer mapping), then the chains of psums.
 # probe: link rates (tools/nvlink_probe.py, needs CuPy) and the small-collective latency breakdown.
 # mover: copy-engine chains of MOVER_MIB (default 16,4) MiB: wall and GPU time per collective and the
 #   mover's host time to enqueue one (tools/latency_probe.py --large).
@@ -82,6 +86,29 @@ for step in $steps; do
       log "python -m jax_dfccl.demo"
       timeout ${DEMO_TIMEOUT:-150} $PY -m jax_dfccl.demo > "$OUT/demo.log" 2>&1
       echo "demo rc=$?"; grep -v "^W0000\|^I0000" "$OUT/demo.log" | tail -12 ;;
+    testbed)
+      # (Two processes share the GPU: each takes a fifth of its memory, not the fraction above.)
+      tb() { XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 tools/mps_testbed.sh -n 2 --tail 0 "$@"; }
+      W="$PY tests/gpu/mp_worker.py --case direct"
+      res() { grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$1"/rank*.log; grep -h "^RESULT" "$1"/rank*.log | cut -c1-160; }
+      log "testbed: direct case"; tb --timeout 90 --out "$OUT/tb_direct" -- $W > "$OUT/tb_direct.log" 2>&1
+      echo "direct rc=$?"; res "$OUT/tb_direct"
+      for tool in ${TESTBED_SANITIZERS:-memcheck racecheck synccheck}; do
+        log "testbed: compute-sanitizer $tool"
+        tb --timeout 180 --out "$OUT/tb_$tool" -- compute-sanitizer --tool $tool --print-limit 4 --error-exitcode 9 $W \
+          > "$OUT/tb_$tool.log" 2>&1
+        echo "$tool rc=$?"; res "$OUT/tb_$tool"
+      done
+      for i in $(seq 1 ${TESTBED_RUNS:-4}); do
+        log "testbed: direct case without preallocation ($i)"
+        XLA_PYTHON_CLIENT_PREALLOCATE=false tb --timeout 60 --out "$OUT/tb_noprealloc$i" -- $W --watch 5 \
+          > "$OUT/tb_noprealloc$i.log" 2>&1
+        echo "no preallocation rc=$?"; res "$OUT/tb_noprealloc$i"
+      done
+      log "testbed: chains of psums"
+      tb --timeout 150 --out "$OUT/tb_bench" -- $PY tests/gpu/mp_worker.py --case bench --sizes 4096,1048576,16777216 \
+        > "$OUT/tb_bench.log" 2>&1
+      echo "chains rc=$?"; grep -h "^RESULT" "$OUT/tb_bench/rank0.log" | cut -c1-900 ;;
     sanitize)
       for tool in ${SANITIZERS:-memcheck racecheck}; do
         log "compute-sanitizer $tool"
