@@ -143,10 +143,10 @@ DFCCL_DEV int64_t Share(const TaskDesc& d, int64_t unit) {
 // A mailbox word of rank p as an address of this process: itself when p is in
 // this process (no range table), else mapped through p's range table; null
 // while that range is not mapped here (or a stale entry still holds its tag),
-// and null with *newer set when it was mapped after this kernel's launch
-// (XRange::gen > map_gen): a kernel reads only mappings older than itself
+// and null with *newer set (if given) when it was mapped after this kernel's
+// launch (XRange::gen > map_gen): a kernel reads only mappings older than itself
 // (what memory checkers assume of a launch), so the daemon must be relaunched.
-DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word, uint64_t map_gen, bool* newer) {
+DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word, uint64_t map_gen, bool* newer = nullptr) {
   const XRange* table = cm->xmap[p];
   const uint64_t va = word & ((uint64_t{1} << kXTagShift) - 1);
   const int tag = static_cast<int>(word >> kXTagShift);
@@ -157,7 +157,7 @@ DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word, uint64_t map_gen
   const uint64_t base = LdVol(&x->remote_base), size = LdVol(&x->size);
   if (va < base || va - base >= size) return nullptr;
   if (LdVol(&x->gen) > map_gen) {
-    *newer = true;
+    if (newer) *newer = true;
     return nullptr;
   }
   return reinterpret_cast<char*>(local + (va - base));
@@ -253,11 +253,11 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
       result = kMoved;
     } else if (s.c_send == 2) {  // move one step, then let other tasks run
       if (threadIdx.x == 0) {
-        bool newer = false;  // (never: `mapped` saw every range this lane reads, older than the launch)
+        // (`mapped` saw every range this lane reads mapped before the launch.)
         for (int p = 0; p < n; ++p) {
           const volatile uint64_t* m = cm->mail[me] + 2 * row + 2 * p;
-          ad.in[p] = p == me ? d.in : touches(p) ? direct::XLocal(cm, p, m[0], P.map_gen, &newer) : nullptr;
-          ad.out[p] = p == me ? d.out : touches(p) ? direct::XLocal(cm, p, m[1], P.map_gen, &newer) : nullptr;
+          ad.in[p] = p == me ? d.in : touches(p) ? direct::XLocal(cm, p, m[0], P.map_gen) : nullptr;
+          ad.out[p] = p == me ? d.out : touches(p) ? direct::XLocal(cm, p, m[1], P.map_gen) : nullptr;
         }
       }
       __syncthreads();

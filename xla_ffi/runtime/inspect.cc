@@ -25,7 +25,8 @@ std::string Runtime::Pending(int wait_ms) {
   std::unique_lock lk(mu_, std::chrono::milliseconds(wait_ms));
   if (!lk.owns_lock())
     return "runtime lock held for " + std::to_string(wait_ms) + " ms: a thread is blocked inside the runtime (" +
-           busy_in_.load() + "; copy engine: " + ce_.Describe() + ")\nIPC: " + ipc_.Describe() + "\n";
+           busy_in_.load() + "; copy engine: " + ce_.Describe() + ")\n" +
+           (ipc_.started() ? "IPC: " + ipc_.Describe() + "\n" : "");
   std::ostringstream os;
   const auto now = Clock::now();
   for (auto& [ord, dp] : devices_) {

@@ -290,17 +290,20 @@ void Ipc::ImportError(const std::string& e) {
   import_errors_.push_back(e);
 }
 
+namespace {
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 void Ipc::Serving(const char* what) {
   serving_in_ = what;
-  serving_since_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  serving_since_ns_ = SteadyNs();
 }
 
 std::string Ipc::Describe() const {
-  if (!started()) return "not started";
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch()).count();
-  const int64_t since = serving_since_ns_.load();
+  const int64_t now = SteadyNs(), since = serving_since_ns_.load();
   std::ostringstream os;
   os << exported_ << " ranges exported, " << mapped_ << " mapped; serving thread " << serving_in_.load();
   if (since > 0) os << " for " << (now - since) / 1000000 << " ms";

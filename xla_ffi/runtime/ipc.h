@@ -70,7 +70,7 @@ class Ipc {
   int64_t mapped() const { return mapped_; }
   std::vector<std::string> errors();
   // What the serving thread is doing and for how long ("waiting for ranges" when
-  // idle): for pending(), never blocks (a CUDA call it makes may wait).
+  // idle), once started: for pending(), never blocks (a CUDA call it makes may wait).
   std::string Describe() const;
 
  private:
