@@ -115,6 +115,12 @@ class Config:
   #: better on small GEMMs, wider ones stream fewer operand bytes per flop).
   #: Read (and checked) at trace time.
   overlap_tile_n: int = 0
+  #: Fused GEMMs: the order of a row block's tiles over the CTAs (for
+  #: measurements): 0 (default) the plan's, n tiles in groups of 8 with m
+  #: outer; 1..6 force an order of xla_ffi/overlap/protocol.h kRasters (2:
+  #: m tiles inner, one n column at a time, CUTLASS's "along M").  Read (and
+  #: checked) at trace time.
+  overlap_raster: int = 0
   # ---- GPU daemon tuning (runtime/config.h reads them; benchmarks and tools set them) ----
   #: GPU: cap of the proxy's backoff between relaunches of a daemon that quit
   #: while tasks were pending (it doubles from 20 us).

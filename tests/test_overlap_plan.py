@@ -97,3 +97,23 @@ def test_fewer_sms_for_the_gemm():
   the split."""
   p = plan(1300, 3600, 512, avail=100, mode=forced(256))
   assert p["grid"] <= 100 and p["sk_units"] <= 100
+
+
+# protocol.h kRasters: (m_fast, group_n) of each order config.overlap_raster = 1..6 forces.
+RASTERS = [(0, 8), (1, 1), (0, 0), (1, 4), (1, 8), (0, 2)]
+
+
+def test_tile_order():
+  """The default order (n tiles in groups of 8, m outer) unless config.overlap_raster forces one; nothing
+  else in the plan changes with the order, and an order outside the table is refused."""
+  assert len(RASTERS) == og.RASTERS
+  for rows, n, k in SHAPES:
+    base = plan(rows, n, k)
+    assert (base["m_fast"], base["group_n"]) == RASTERS[0]
+    for r, (m_fast, group_n) in enumerate(RASTERS, start=1):
+      p = plan(rows, n, k, mode=r << og.MODE_RASTER_SHIFT)
+      assert (p["m_fast"], p["group_n"]) == (m_fast, group_n)
+      assert {a: v for a, v in p.items() if a not in ("m_fast", "group_n")} == \
+          {a: v for a, v in base.items() if a not in ("m_fast", "group_n")}
+  with pytest.raises(Exception, match="tile order"):
+    plan(1024, 4096, 4096, mode=(len(RASTERS) + 1) << og.MODE_RASTER_SHIFT)

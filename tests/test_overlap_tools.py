@@ -24,7 +24,7 @@ def _bench():
 
 def _cfg(**kw):
   base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20,
-              overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True, overlap_tile_n=0)
+              overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True, overlap_tile_n=0, overlap_raster=0)
   base.update(kw)
   return types.SimpleNamespace(**base)
 
@@ -87,6 +87,19 @@ def test_mode_constants_match_protocol_h():
   widths = re.search(r"kTileNs\[\] = \{([^}]*)\}", text).group(1)
   assert tuple(int(v) for v in widths.split(",")) == og.TILE_NS
   assert enum["CopyEngine"] == 1 and enum["CtaFence"] == 2 and enum["RsCopyEngine"] == 4  # _mode's literals
+  assert enum["RasterShift"] == og.MODE_RASTER_SHIFT and enum["RasterMask"] == 7 << og.MODE_RASTER_SHIFT
+  rasters = re.search(r"kRasters\[\] = \{(.*)\};", text).group(1)
+  assert len(re.findall(r"\{[^}]*\}", rasters)) == og.RASTERS < 8  # 1 + index fits the 3 bits
+
+
+def test_mode_raster_bits():
+  """overlap_raster: 0 leaves the plan's tile order; 1..RASTERS force kRasters[v - 1]; others are refused."""
+  assert og._mode(_cfg(), "ag", 2, 0) >> og.MODE_RASTER_SHIFT == 0
+  for r in range(1, og.RASTERS + 1):
+    assert og._mode(_cfg(overlap_raster=r), "rs", 2, 0) == 1 | 2 | (r << og.MODE_RASTER_SHIFT)
+  for bad in (-1, og.RASTERS + 1, True, 2.0):
+    with pytest.raises(ValueError, match="overlap_raster"):
+      og._mode(_cfg(overlap_raster=bad), "ag", 2, 0)
 
 
 def _lower_for_cuda(kind):

@@ -7,12 +7,21 @@ median power, and TFLOP/s per GHz of SM clock -- so a slower kernel can be told
 apart as less work per clock (the kernel) or fewer clocks (the power limit).
 
   python tools/gemm_power_probe.py 8192x24576x12288 --impls xla,t128,t256 [--seconds 3] [--json OUT]
+         [--chain 8] [--trace DIR]
   ncu --clock-control none --kernel-name regex:nvjet --launch-skip 2 --launch-count 1 \
       python tools/gemm_power_probe.py 4096x7168x4096 --impls xla,t256 --once
 
+--chain N puts N dependent GEMMs in each program (benchmarks/overlap.py's
+chain, as benchmarks/overlap_gemm.py times them; times are per GEMM).  --trace
+DIR then traces (jax.profiler) 3 programs of each implementation right after
+its timed turn, in that steady state, and reports the GEMM kernel's median
+duration and start-to-start period there, so a slower rate can be told apart as
+a slower kernel or as gaps between kernels.
+
 Implementations: `xla` (jnp.dot under jax.jit), `tN` (the fused GEMM+RS op over
 a one-GPU axis with jax_dfccl.config.overlap_tile_n = N), `auto` (its default
-tile choice).  Needs one GPU and nvidia-smi.
+tile choice); a suffix `-nopdl` turns the programmatic launch off
+(jax_dfccl.config.overlap_pdl = False).  Needs one GPU and nvidia-smi.
 """
 from __future__ import annotations
 
@@ -28,19 +37,54 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _impl(name, x, w):
+def _impl(name, x, w, chain=0):
+  """The jitted implementation: f(x, w) -> one result (chain > 0: a tuple of `chain` dependent results)."""
+  wrap = (lambda body: body) if chain <= 0 else (lambda body: _chain(body, chain))
   if name == "xla":
-    return jax.jit(jnp.dot)
+    return jax.jit(wrap(jnp.dot))
   from jax.sharding import Mesh, PartitionSpec as P
 
   import jax_dfccl
   from jax_dfccl._src import overlap_gpu as og
-  tile_n = 0 if name == "auto" else int(name[1:])
+  base, _, opt = name.partition("-")
+  tile_n = 0 if base == "auto" else int(base[1:])
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
-  f = jax.jit(jax.shard_map(lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1), mesh=mesh,
-                            in_specs=(P(), P()), out_specs=P()))
-  with jax_dfccl.configured(overlap_tile_n=tile_n):
+  f = jax.jit(jax.shard_map(wrap(lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)), mesh=mesh,
+                            in_specs=(P(), P()), out_specs=P() if chain <= 0 else (P(),) * chain))
+  with jax_dfccl.configured(overlap_tile_n=tile_n, overlap_pdl=opt != "nopdl"):
     return f.lower(x, w).compile()
+
+
+def _chain(body, n):
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+  from overlap import chain
+  return chain(body, n)
+
+
+def _steady_trace(f, x, w, calls, trace_dir):
+  """GEMM kernel median duration and start-to-start period (us) over 3 traced programs after `calls` untimed."""
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+  from overlap_gemm import gpu_kernel_events
+  y = None
+  for _ in range(calls):
+    y = f(x, w)
+  with jax.profiler.trace(trace_dir):  # starts while the untimed programs still run: steady state throughout
+    for _ in range(3):
+      y = f(x, w)
+    jax.block_until_ready(y)
+  evs = gpu_kernel_events(trace_dir)
+  if not evs:
+    return None
+  name = max({e[0] for e in evs}, key=lambda nm: sum(e[2] for e in evs if e[0] == nm))
+  ks = [e for e in evs if e[0] == name]
+  periods = [b[1] - a_[1] for a_, b in zip(ks, ks[1:])]
+  return {"kernel": name[:100], "kernels": len(ks), "kernel_us": statistics.median(e[2] for e in ks),
+          "period_us": statistics.median(periods) if periods else None,
+          "max_period_us": max(periods) if periods else None}
 
 
 def main():
@@ -50,6 +94,8 @@ def main():
   p.add_argument("--seconds", type=float, default=3.0)
   p.add_argument("--turns", type=int, default=2)
   p.add_argument("--json", default=None)
+  p.add_argument("--chain", type=int, default=0, help="dependent GEMMs per program (0: one, not chained)")
+  p.add_argument("--trace", default=None, help="folder for the steady-state traces (see the docstring)")
   p.add_argument("--once", action="store_true",
                  help="only call each implementation 3 times (for a profiler: ncu --kernel-name ... )")
   a = p.parse_args()
@@ -57,7 +103,8 @@ def main():
   kx, kw = jax.random.split(jax.random.key(0))
   x = jax.random.normal(kx, (m, k), jnp.bfloat16)
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
-  fns = {i: _impl(i, x, w) for i in a.impls}
+  fns = {i: _impl(i, x, w, a.chain) for i in a.impls}
+  per_prog = max(1, a.chain)
   if a.once:
     for f in fns.values():
       jax.block_until_ready([f(x, w) for _ in range(3)])
@@ -70,6 +117,7 @@ def main():
       y = f(x, w)
     jax.block_until_ready(y)
     per_call[i] = (time.perf_counter() - t) / 5
+  traces = {}
   smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                           "-lms", "50"], stdout=subprocess.PIPE, text=True)
   samples = []  # (time, SM MHz, W), appended by the reader until nvidia-smi ends
@@ -93,7 +141,9 @@ def main():
         y = f(x, w)  # (only the last result is kept: hundreds of outputs would not fit)
       jax.block_until_ready(y)
       dt = time.perf_counter() - t0
-      segs[i].append((t0w + 0.3 * dt, t0w + dt, dt / calls))  # clocks settle over the first 30%
+      segs[i].append((t0w + 0.3 * dt, t0w + dt, dt / (calls * per_prog)))  # clocks settle over the first 30%
+      if a.trace and i not in traces:
+        traces[i] = _steady_trace(f, x, w, calls // 4, f"{a.trace}/{i}")
   time.sleep(0.2)
   smi.terminate()
   reader.join(timeout=2)
@@ -106,9 +156,11 @@ def main():
     tf = flop / (ms * 1e-3) / 1e12
     ghz = statistics.median(clk) / 1e3 if clk else float("nan")
     out["impls"][i] = {"ms": ms, "tflops": tf, "sm_ghz": ghz, "power_w": statistics.median(pw) if pw else None,
-                       "tflops_per_ghz": tf / ghz, "samples": len(clk)}
+                       "tflops_per_ghz": tf / ghz, "samples": len(clk), "chain": a.chain,
+                       "steady_trace": traces.get(i)}
     print(f"{a.shape} {i:5s} {ms:8.3f} ms  {tf:6.0f} TFLOP/s  SM {ghz:5.3f} GHz  "
-          f"{out['impls'][i]['power_w']} W  {tf / ghz:6.1f} TFLOP/s per GHz  ({len(clk)} samples)", flush=True)
+          f"{out['impls'][i]['power_w']} W  {tf / ghz:6.1f} TFLOP/s per GHz  ({len(clk)} samples)"
+          f"  trace {traces.get(i)}", flush=True)
   if a.json:
     with open(a.json, "a") as fh:
       fh.write(json.dumps(out) + "\n")

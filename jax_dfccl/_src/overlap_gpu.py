@@ -52,7 +52,7 @@ from jax_dfccl._src import core as dcore
 __all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_scatter", "errors",
            "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY", "MODE_CLUSTER_M2",
            "MODE_NO_SPLIT", "MODE_CLUSTER_AUTO", "MODE_NO_PDL",
-           "MODE_TILE_SHIFT", "TILE_NS"]
+           "MODE_TILE_SHIFT", "MODE_RASTER_SHIFT", "RASTERS", "TILE_NS"]
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANKS = 8
@@ -65,6 +65,8 @@ MODE_NO_SPLIT = 32       # protocol.h kModeNoSplit (config overlap_split_last_wa
 MODE_CLUSTER_AUTO = 64   # protocol.h kModeClusterAuto (config overlap_cluster_m == 0)
 MODE_NO_PDL = 128        # protocol.h kModeNoPdl (config overlap_pdl False)
 MODE_TILE_SHIFT = 8      # protocol.h kModeTileShift: 1 + the index in TILE_NS of a forced tile width
+MODE_RASTER_SHIFT = 10   # protocol.h kModeRasterShift: 1 + the index of a forced tile order in kRasters
+RASTERS = 6              # len(protocol.h kRasters)
 TILE_NS = (128, 192, 256)  # protocol.h kTileNs (config overlap_tile_n)
 _lock = threading.Lock()
 _mod: list = []  # [module or None] once tried
@@ -254,10 +256,13 @@ def _mode(cfg, kind, nranks, block_bytes) -> int:
   if isinstance(tile_n, bool) or tile_n not in (0, *TILE_NS):
     raise ValueError(f"jax_dfccl.config.overlap_tile_n must be 0 (auto) or one of {TILE_NS}, got {tile_n!r}")
   tile_bits = (TILE_NS.index(tile_n) + 1) << MODE_TILE_SHIFT if tile_n else 0
+  raster = cfg.overlap_raster
+  if not isinstance(raster, int) or isinstance(raster, bool) or not 0 <= raster <= RASTERS:
+    raise ValueError(f"jax_dfccl.config.overlap_raster must be 0 (the plan's) or 1..{RASTERS}, got {raster!r}")
   return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
           | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0)
           | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap_pdl else MODE_NO_PDL)
-          | tile_bits | _diag_bits[0])
+          | tile_bits | (raster << MODE_RASTER_SHIFT) | _diag_bits[0])
 
 
 mlir.register_lowering(fused_p, _lowering, platform="cuda")

@@ -57,8 +57,9 @@ def _close(got, ref, dtype, what):
   assert np.isfinite(got).all() and err < TOL[dtype], f"{what}: max rel error {err:.3g}"
 
 
-def _run(kind, cluster_m, x, w, split=True, tile_n=0):
-  """The fused op traced under overlap_cluster_m / overlap_split_last_wave / overlap_tile_n (read at trace time)."""
+def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0):
+  """The fused op traced under overlap_cluster_m / overlap_split_last_wave / overlap_tile_n / overlap_raster
+  (read at trace time)."""
   og = _og()
   import jax_dfccl
   mesh = Mesh(np.array(gpus()[:1]), ("one",))
@@ -67,7 +68,8 @@ def _run(kind, cluster_m, x, w, split=True, tile_n=0):
   else:
     body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
-  with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_tile_n=tile_n):
+  with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_tile_n=tile_n,
+                            overlap_raster=raster):
     lowered = f.lower(x, w)
   text, compiled = lowered.as_text(), lowered.compile()
   assert f"dfccl_overlap_{kind}" in text, "fused kernel not used"
@@ -75,6 +77,7 @@ def _run(kind, cluster_m, x, w, split=True, tile_n=0):
   assert bool(mode & og.MODE_CLUSTER_M2) == (cluster_m == 2), mode
   assert bool(mode & og.MODE_NO_SPLIT) == (not split), mode
   assert (mode >> og.MODE_TILE_SHIFT) & 3 == (og.TILE_NS.index(tile_n) + 1 if tile_n else 0), mode
+  assert (mode >> og.MODE_RASTER_SHIFT) & 7 == raster, mode
   return compiled
 
 
@@ -105,6 +108,22 @@ def test_tile_widths_alternate_on_one_channel():
   gs = [_run("rs", 1, x, w, tile_n=t) for t in (0, 128, 192, 256)]
   for it in range(8):
     _close(gs[it % 4](x, w), ref, jnp.bfloat16, f"alternating widths iter {it}")
+  _og().check()
+
+
+@pytest.mark.parametrize("raster", range(1, 7))
+@pytest.mark.parametrize("cluster_m", [1, 2], ids=["1x1", "2x1"])
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+def test_tile_orders(kind, cluster_m, raster):
+  """Every forced tile order (config.overlap_raster, protocol.h kRasters) covers every tile once: 9 m tiles
+  (an odd count: the last 2x1 pair half below the matrix) x 7 n tiles of 128 (groups of 2, 4 and 8 columns
+  with a narrower last one), and the split last wave (1x1)."""
+  M, N, K = 1100, 840, 1000
+  x, w = _inputs(M, N, K, jnp.bfloat16, seed=raster)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  g = _run(kind, cluster_m, x, w, tile_n=128, raster=raster)
+  for it in range(2):
+    _close(g(x, w), ref, jnp.bfloat16, f"{kind} cluster {cluster_m} raster {raster} iter {it}")
   _og().check()
 
 

@@ -47,13 +47,14 @@
 
 namespace dfccl::overlap {
 
-constexpr int kGroupN = 8;
 constexpr int kHandoffSlots = 4;
 
 // Unit index -> (segment s of the overlap order, row block, m tile, n tile).
-// Within a row block, units go in groups of kGroupN n tiles, m units outer
-// inside a group, so that the ~132 resident tiles share few A and W panels
-// (L2 reuse).  crank: the CTA's rank in its cluster (the pair's tile 2i + crank).
+// Within a row block, units go in groups of LaunchPlan::raster.group_n n
+// tiles (0: all), a group at a time, so that the ~132 resident tiles share few
+// A and W panels (L2 reuse); inside a group m outer and n inner, or with
+// raster.m_fast n outer and m inner (protocol.h kRasters).  crank: the CTA's
+// rank in its cluster (the pair's tile 2i + crank).
 struct TileCoord {
   int s, b, mi, ni;
 };
@@ -61,9 +62,11 @@ template <int CM>
 __device__ __forceinline__ TileCoord Decode(const GemmLaunch& l, int u, int mt, int nt, int crank) {
   const int mu = (mt + CM - 1) / CM, per = mu * nt, s = u / per, rem = u % per;
   const int b = l.kind == kAllGatherGemm ? (l.rank + s) % l.nranks : (l.rank + 1 + s) % l.nranks;
-  const int g = rem / (mu * kGroupN), in = rem % (mu * kGroupN);
-  const int gw = min(kGroupN, nt - g * kGroupN);
-  return {s, b, (in / gw) * CM + crank, g * kGroupN + in % gw};
+  const int gn = l.plan.raster.group_n > 0 ? min(l.plan.raster.group_n, nt) : nt;
+  const int g = rem / (mu * gn), in = rem % (mu * gn);
+  const int gw = min(gn, nt - g * gn);
+  if (l.plan.raster.m_fast) return {s, b, (in % mu) * CM + crank, g * gn + in / mu};
+  return {s, b, (in / gw) * CM + crank, g * gn + in % gw};
 }
 
 // The work of a unit: k iterations [k0, k0 + kn) of tile `tile` (its CM = 1

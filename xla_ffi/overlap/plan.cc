@@ -127,6 +127,9 @@ LaunchPlan PlanLaunch(int nranks, int rows, int n, int k, int avail, int cluster
   // overlap_gemm_2026-12-02_h200_pdl.md); stream order there.
   p.pdl = (mode & kModeNoPdl) || p.cluster_m != 1 ? 0 : 1;
   p.grid = GemmGrid(cluster_ctas, avail, p.units, p.cluster_m);
+  const int raster = (mode & kModeRasterMask) >> kModeRasterShift;
+  DFCCL_CHECK(raster <= int(std::size(kRasters)), "dfccl overlap: no tile order " << raster);
+  if (raster > 0) p.raster = kRasters[raster - 1];
   return p;
 }
 

@@ -112,8 +112,22 @@ enum Mode : int32_t {
   // config overlap_tile_n: bits 8..9 hold 0 (the host picks per shape) or
   // 1 + the index of the forced width in kTileNs.
   kModeTileShift = 8,
-  kModeTileMask = 768
+  kModeTileMask = 768,
+  // config overlap_raster: bits 10..12 hold 0 (the plan's order) or 1 + the
+  // index of a forced order in kRasters.
+  kModeRasterShift = 10,
+  kModeRasterMask = 7168
 };
+
+// Orders of the tiles of a row block (gemm_sched.cuh Decode): the n tiles in
+// groups of `group_n` columns (0: all of them), a group after another, and
+// inside a group the m tiles outer and n inner (m_fast = 0) or n outer and m
+// inner (m_fast = 1; with group_n = 1 CUTLASS's raster "along M").  The
+// first is the default (LaunchPlan).
+struct Raster {
+  int32_t m_fast, group_n;
+};
+constexpr Raster kRasters[] = {{0, 8}, {1, 1}, {0, 0}, {1, 4}, {1, 8}, {0, 2}};
 
 // Profile timeline (globaltimer ns, written only when GemmLaunch::tl is set):
 // per tile t of the launch kTlWords words at tl[t * kTlWords]: consumer got the
@@ -171,6 +185,7 @@ struct LaunchPlan {
   int32_t sk_units = 0, sk_tiles = 0;
   int32_t grid = 0;            // CTAs (cluster_m = 2: even)
   int32_t pdl = 0;             // programmatic dependent launch (gemm.cuh: LaunchConfig, GridDependencyWait)
+  Raster raster = kRasters[0];  // order of a row block's tiles (gemm_sched.cuh Decode)
 };
 
 // One launch of the fused GEMM (both kinds; no CUTLASS types here).
