@@ -107,8 +107,8 @@ def default_plan(kind, m, n, k):
 
 
 def interleaved(fns, iters, reps, min_rep_s):
-  """{name: ms per op} for {name: (fn, args)}: per rep every variant once, in turn (rep r starts with
-  the r-th variant: none always follows the same one); median over reps."""
+  """({name: ms per op}, {name: [ms per op of each rep]}) for {name: (fn, args)}: per rep every variant
+  once, in turn (rep r starts with the r-th variant: none always follows the same one); median over reps."""
   import math
   import time
 
@@ -133,7 +133,18 @@ def interleaved(fns, iters, reps, min_rep_s):
         out = f(*a)
       jax.block_until_ready(out)
       ts[v].append((time.perf_counter() - t) / (calls[v] * iters))
-  return {v: statistics.median(x) * 1e3 for v, x in ts.items()}
+  return {v: statistics.median(x) * 1e3 for v, x in ts.items()}, {v: [t * 1e3 for t in x] for v, x in ts.items()}
+
+
+def paired_ratios(per_rep, base="xla_dot"):
+  """{variant: median over reps of (its ms / base's ms in the same rep)}: every rep times each variant once,
+  close together, so drift of the GPU's clocks from rep to rep (a power-limited GPU: up to 5% for the
+  identical kernel) cancels in the ratio, which a ratio of the two medians keeps."""
+  if base not in per_rep:
+    return {}
+  b = per_rep[base]
+  return {v: statistics.median(x / y for x, y in zip(xs, b)) for v, xs in per_rep.items()
+          if v != base and len(xs) == len(b) and b}
 
 
 def gpu_kernel_events(trace_dir):
@@ -217,7 +228,10 @@ def main():
             row.setdefault("errors", {})[v] = f"{type(e).__name__}: {e}"[:300]
         if args.interleave and built:
           try:
-            row["ms"].update(interleaved(built, iters, args.reps, args.min_rep_ms / 1e3))
+            med, per_rep = interleaved(built, iters, args.reps, args.min_rep_ms / 1e3)
+            row["ms"].update(med)
+            row["ms_per_rep"] = per_rep
+            row["paired_vs_xla_dot"] = paired_ratios(per_rep)
           except Exception as e:  # noqa: BLE001
             row.setdefault("errors", {})["interleaved"] = f"{type(e).__name__}: {e}"[:300]
             built = {}
@@ -249,13 +263,17 @@ def main():
            + f"median of {args.reps} reps of at least {args.min_rep_ms:g} ms.", "",
            "`plan`: the default configuration's tile width and, where a partial last wave is split, its tiles x"
            " chunks (xla_ffi/overlap/plan.cc PlanLaunch).", "",
+           "`fused_1x1 / xla_dot`: the ratio of the two medians; `paired`: the median over reps of the ratio within"
+           " each rep (drift of the clocks between reps cancels).", "",
            "| op | M | N | K | GEMM m x n x k | plan | " + " | ".join(args.variants) + " | fused_1x1 / xla_dot |"
-           + (" fused_auto / xla_dot |" if "fused_auto" in args.variants else ""),
-           "|---|---|---|---|---|---|" + "---|" * (len(args.variants) + 1 + ("fused_auto" in args.variants))]
+           + " paired |" + (" fused_auto / xla_dot |" if "fused_auto" in args.variants else ""),
+           "|---|---|---|---|---|---|" + "---|" * (len(args.variants) + 2 + ("fused_auto" in args.variants))]
   for r in rows:
     cells = [f"{r['ms'][v]:.3f} ({r['tflops'][v]:.0f})" if r["ms"].get(v) else "err" for v in args.variants]
     ratio = (f"{r['ms']['fused_1x1'] / r['ms']['xla_dot']:.3f}"
              if r["ms"].get("fused_1x1") and r["ms"].get("xla_dot") else "-")
+    paired = r.get("paired_vs_xla_dot", {}).get("fused_1x1")
+    ratio += f" | {paired:.3f}" if paired else " | -"
     if "fused_auto" in args.variants:
       ratio += (f" | {r['ms']['fused_auto'] / r['ms']['xla_dot']:.3f}"
                 if r["ms"].get("fused_auto") and r["ms"].get("xla_dot") else " | -")

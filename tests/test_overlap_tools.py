@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import pathlib
+import statistics
 import types
 
 import pytest
@@ -199,3 +200,20 @@ def test_benchmark_row_targets():
   assert b._md(("ag", 1024, 14336, 4096), slow, llama=True)[-1] == "✗✗"
   none = b._row(("ag", 1024, 14336, 4096), {"t_gemm": 0.1})
   assert none["ours"] is None and b._md(("ag", 1024, 14336, 4096), none, llama=True)[-1] == "—"
+
+
+def test_paired_ratios():
+  """benchmarks/overlap_gemm.py's paired ratio: per rep ours / XLA's of the same rep, median over reps; a
+  drift that slows every variant of a rep alike cancels (the ratio of the medians would keep some)."""
+  spec = importlib.util.spec_from_file_location("overlap_gemm_bench", ROOT / "benchmarks" / "overlap_gemm.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  drift = [1.0, 1.05, 0.96, 1.02, 1.08]  # the GPU's state per rep
+  per_rep = {"xla_dot": [0.100 * d for d in drift], "fused_1x1": [0.103 * d for d in drift],
+             "fused_t256": [0.110 * d for d in drift[::-1]]}
+  got = mod.paired_ratios(per_rep)
+  assert set(got) == {"fused_1x1", "fused_t256"}
+  assert got["fused_1x1"] == pytest.approx(1.03)
+  assert got["fused_t256"] == pytest.approx(statistics.median(0.110 * a / (0.100 * b)
+                                                              for a, b in zip(drift[::-1], drift)))
+  assert mod.paired_ratios({"fused_1x1": [1.0]}) == {}
