@@ -55,19 +55,22 @@ def _impl(name, x, w, chain=0):
     return f.lower(x, w).compile()
 
 
-def _chain(body, n):
+def _benchmarks():
+  """Puts benchmarks/ on sys.path (its overlap.py and overlap_gemm.py)."""
   import os
   import sys
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+
+
+def _chain(body, n):
+  _benchmarks()
   from overlap import chain
   return chain(body, n)
 
 
 def _steady_trace(f, x, w, calls, trace_dir):
   """GEMM kernel median duration and start-to-start period (us) over 3 traced programs after `calls` untimed."""
-  import os
-  import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+  _benchmarks()
   from overlap_gemm import gpu_kernel_events
   y = None
   for _ in range(calls):
