@@ -47,7 +47,7 @@ def test_mode_cluster_bit():
   assert og._mode(_cfg(overlap_cluster_m=2), "rs", 2, 8 << 20) == 1 | 2 | 4 | 16
   assert og._mode(_cfg(overlap_cluster_m=1), "rs", 2, 8 << 20) == 1 | 2 | 4
   assert og._mode(_cfg(overlap_cluster_m=0), "ag", 2, 0) == 1 | 2 | 64  # auto: the host picks
-  for bad in (-1, 3, 4, True, "2"):
+  for bad in (-1, 3, 4, True, "2", 2.0):
     with pytest.raises(ValueError, match="overlap_cluster_m"):
       og._mode(_cfg(overlap_cluster_m=bad), "ag", 2, 0)
 
@@ -71,7 +71,7 @@ def test_mode_tile_bits():
   assert og._mode(_cfg(), "ag", 2, 0) >> og.MODE_TILE_SHIFT == 0
   for i, t in enumerate(og.TILE_NS):
     assert og._mode(_cfg(overlap_tile_n=t), "ag", 2, 0) == 1 | 2 | ((i + 1) << og.MODE_TILE_SHIFT)
-  for bad in (64, 100, True, 512):
+  for bad in (64, 100, True, 512, 128.0):
     with pytest.raises(ValueError, match="overlap_tile_n"):
       og._mode(_cfg(overlap_tile_n=bad), "rs", 2, 0)
 

@@ -245,20 +245,22 @@ def _lowering(ctx, x, w, *, kind, axis, nranks, gather):
               timeout_ns=np.int64(timeout_ns), mode=np.int32(_mode(cfg, kind, nranks, block_bytes)))
 
 
+def _int_entry(cfg, name, allowed, what):
+  """cfg.<name>, an int (not a bool, not a float) among `allowed`, else a ValueError naming the entry."""
+  v = getattr(cfg, name)
+  if not isinstance(v, int) or isinstance(v, bool) or v not in allowed:
+    raise ValueError(f"jax_dfccl.config.{name} must be {what}, got {v!r}")
+  return v
+
+
 def _mode(cfg, kind, nranks, block_bytes) -> int:
   """The custom call's `mode` bits (xla_ffi/overlap/protocol.h, enum Mode)."""
   lim = cfg.overlap_rs_copy_engine_min_bytes
   rs_ce = kind == "rs" and nranks == 2 and lim >= 0 and block_bytes >= lim
-  cluster_m = cfg.overlap_cluster_m
-  if isinstance(cluster_m, bool) or cluster_m not in (0, 1, 2):
-    raise ValueError(f"jax_dfccl.config.overlap_cluster_m must be 0 (auto), 1 or 2, got {cluster_m!r}")
-  tile_n = cfg.overlap_tile_n
-  if isinstance(tile_n, bool) or tile_n not in (0, *TILE_NS):
-    raise ValueError(f"jax_dfccl.config.overlap_tile_n must be 0 (auto) or one of {TILE_NS}, got {tile_n!r}")
+  cluster_m = _int_entry(cfg, "overlap_cluster_m", (0, 1, 2), "0 (auto), 1 or 2")
+  tile_n = _int_entry(cfg, "overlap_tile_n", (0, *TILE_NS), f"0 (auto) or one of {TILE_NS}")
   tile_bits = (TILE_NS.index(tile_n) + 1) << MODE_TILE_SHIFT if tile_n else 0
-  raster = cfg.overlap_raster
-  if not isinstance(raster, int) or isinstance(raster, bool) or not 0 <= raster <= RASTERS:
-    raise ValueError(f"jax_dfccl.config.overlap_raster must be 0 (the plan's) or 1..{RASTERS}, got {raster!r}")
+  raster = _int_entry(cfg, "overlap_raster", range(RASTERS + 1), f"0 (the plan's) or 1..{RASTERS}")
   return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
           | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0)
           | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap_pdl else MODE_NO_PDL)
