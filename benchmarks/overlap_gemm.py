@@ -24,6 +24,8 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
               fused_1x1 with jax_dfccl.config.overlap_raster = 1 ... 6 (the
               order of a row block's tiles forced: protocol.h kRasters);
               fused_2x1_r1 ... fused_2x1_r6 the same with 2x1 clusters
+  fused_tma   fused_1x1 with jax_dfccl.config.overlap_tma_store = True (the
+              epilogue's bulk tensor stores)
 
 Timing as in overlap.py (a chain of dependent ops per program, programs
 called back to back), but the variants of a shape take turns rep by rep
@@ -74,14 +76,14 @@ def build(kind, M, N, K, names, iters):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
 
-  def fused(cluster_m, split=True, pdl=True, tile_n=0, raster=0):
+  def fused(cluster_m, split=True, pdl=True, tile_n=0, raster=0, tma_store=False):
     if kind == "ag":
       body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
     else:
       body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
     f = jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
     with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_pdl=pdl,
-                              overlap_tile_n=tile_n, overlap_raster=raster):
+                              overlap_tile_n=tile_n, overlap_raster=raster, overlap_tma_store=tma_store):
       lowered = f.lower(x, w)
     if "dfccl_overlap_" not in lowered.as_text():
       raise RuntimeError("fused kernel not used")
@@ -94,6 +96,7 @@ def build(kind, M, N, K, names, iters):
             "fused_t256": lambda: fused(1, tile_n=256)}
   makers.update({f"fused_r{r}": (lambda r=r: fused(1, raster=r)) for r in range(1, 7)})
   makers.update({f"fused_2x1_r{r}": (lambda r=r: fused(2, raster=r)) for r in range(1, 7)})
+  makers["fused_tma"] = lambda: fused(1, tma_store=True)
   return {v: makers[v] for v in names}, (m, n, k)
 
 

@@ -121,6 +121,12 @@ class Config:
   #: m tiles inner, one n column at a time, CUTLASS's "along M").  Read (and
   #: checked) at trace time.
   overlap_raster: int = 0
+  #: Fused GEMMs on 1x1 clusters: the epilogue stores the tiles whose
+  #: destination is the rank's own output (AG; RS on one rank) with bulk
+  #: tensor stores (TMA) from the staging tile, so the consumers go on to
+  #: the next tile instead of storing it thread by thread.  Off by default:
+  #: not yet measured.  Read at trace time.
+  overlap_tma_store: bool = False
   # ---- GPU daemon tuning (runtime/config.h reads them; benchmarks and tools set them) ----
   #: GPU: cap of the proxy's backoff between relaunches of a daemon that quit
   #: while tasks were pending (it doubles from 20 us).

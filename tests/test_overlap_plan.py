@@ -117,3 +117,16 @@ def test_tile_order():
           {a: v for a, v in base.items() if a not in ("m_fast", "group_n")}
   with pytest.raises(Exception, match="tile order"):
     plan(1024, 4096, 4096, mode=(len(RASTERS) + 1) << og.MODE_RASTER_SHIFT)
+
+
+def test_tma_store():
+  """config.overlap_tma_store sets the plan's bulk-store flag on 1x1 clusters only (the kernel's TMA variants are
+  1x1); nothing else in the plan changes."""
+  bit = og.MODE_TMA_STORE
+  for rows, n, k in SHAPES:
+    base = plan(rows, n, k)
+    assert base["tma_store"] == 0
+    p = plan(rows, n, k, mode=bit)
+    assert p["tma_store"] == 1
+    assert {a: v for a, v in p.items() if a != "tma_store"} == {a: v for a, v in base.items() if a != "tma_store"}
+    assert plan(rows, n, k, mode=bit | og.MODE_CLUSTER_M2)["tma_store"] == 0

@@ -25,7 +25,8 @@ def _bench():
 
 def _cfg(**kw):
   base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20,
-              overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True, overlap_tile_n=0, overlap_raster=0)
+              overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True, overlap_tile_n=0, overlap_raster=0,
+              overlap_tma_store=False)
   base.update(kw)
   return types.SimpleNamespace(**base)
 
@@ -89,8 +90,14 @@ def test_mode_constants_match_protocol_h():
   assert tuple(int(v) for v in widths.split(",")) == og.TILE_NS
   assert enum["CopyEngine"] == 1 and enum["CtaFence"] == 2 and enum["RsCopyEngine"] == 4  # _mode's literals
   assert enum["RasterShift"] == og.MODE_RASTER_SHIFT and enum["RasterMask"] == 7 << og.MODE_RASTER_SHIFT
+  assert enum["TmaStore"] == og.MODE_TMA_STORE and og.MODE_TMA_STORE > enum["RasterMask"]
   rasters = re.search(r"kRasters\[\] = \{(.*)\};", text).group(1)
   assert len(re.findall(r"\{[^}]*\}", rasters)) == og.RASTERS < 8  # 1 + index fits the 3 bits
+
+
+def test_mode_tma_store_bit():
+  assert og._mode(_cfg(overlap_tma_store=True), "ag", 2, 0) == 1 | 2 | og.MODE_TMA_STORE
+  assert og._mode(_cfg(), "rs", 1, 0) & og.MODE_TMA_STORE == 0
 
 
 def test_mode_raster_bits():

@@ -52,7 +52,7 @@ from jax_dfccl._src import core as dcore
 __all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_scatter", "errors",
            "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY", "MODE_CLUSTER_M2",
            "MODE_NO_SPLIT", "MODE_CLUSTER_AUTO", "MODE_NO_PDL",
-           "MODE_TILE_SHIFT", "MODE_RASTER_SHIFT", "RASTERS", "TILE_NS"]
+           "MODE_TILE_SHIFT", "MODE_RASTER_SHIFT", "RASTERS", "MODE_TMA_STORE", "TILE_NS"]
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANKS = 8
@@ -67,6 +67,7 @@ MODE_NO_PDL = 128        # protocol.h kModeNoPdl (config overlap_pdl False)
 MODE_TILE_SHIFT = 8      # protocol.h kModeTileShift: 1 + the index in TILE_NS of a forced tile width
 MODE_RASTER_SHIFT = 10   # protocol.h kModeRasterShift: 1 + the index of a forced tile order in kRasters
 RASTERS = 6              # len(protocol.h kRasters)
+MODE_TMA_STORE = 8192    # protocol.h kModeTmaStore (config overlap_tma_store)
 TILE_NS = (128, 192, 256)  # protocol.h kTileNs (config overlap_tile_n)
 _lock = threading.Lock()
 _mod: list = []  # [module or None] once tried
@@ -264,7 +265,8 @@ def _mode(cfg, kind, nranks, block_bytes) -> int:
   return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
           | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0)
           | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap_pdl else MODE_NO_PDL)
-          | tile_bits | (raster << MODE_RASTER_SHIFT) | _diag_bits[0])
+          | tile_bits | (raster << MODE_RASTER_SHIFT) | (MODE_TMA_STORE if cfg.overlap_tma_store else 0)
+          | _diag_bits[0])
 
 
 mlir.register_lowering(fused_p, _lowering, platform="cuda")

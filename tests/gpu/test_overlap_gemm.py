@@ -57,9 +57,9 @@ def _close(got, ref, dtype, what):
   assert np.isfinite(got).all() and err < TOL[dtype], f"{what}: max rel error {err:.3g}"
 
 
-def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0):
-  """The fused op traced under overlap_cluster_m / overlap_split_last_wave / overlap_tile_n / overlap_raster
-  (read at trace time)."""
+def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0, tma_store=False):
+  """The fused op traced under overlap_cluster_m / overlap_split_last_wave / overlap_tile_n / overlap_raster /
+  overlap_tma_store (read at trace time)."""
   og = _og()
   import jax_dfccl
   mesh = Mesh(np.array(gpus()[:1]), ("one",))
@@ -69,7 +69,7 @@ def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0):
     body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
   with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_tile_n=tile_n,
-                            overlap_raster=raster):
+                            overlap_raster=raster, overlap_tma_store=tma_store):
     lowered = f.lower(x, w)
   text, compiled = lowered.as_text(), lowered.compile()
   assert f"dfccl_overlap_{kind}" in text, "fused kernel not used"
@@ -78,6 +78,7 @@ def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0):
   assert bool(mode & og.MODE_NO_SPLIT) == (not split), mode
   assert (mode >> og.MODE_TILE_SHIFT) & 3 == (og.TILE_NS.index(tile_n) + 1 if tile_n else 0), mode
   assert (mode >> og.MODE_RASTER_SHIFT) & 7 == raster, mode
+  assert bool(mode & og.MODE_TMA_STORE) == tma_store, mode
   return compiled
 
 
@@ -124,6 +125,33 @@ def test_tile_orders(kind, cluster_m, raster):
   g = _run(kind, cluster_m, x, w, tile_n=128, raster=raster)
   for it in range(2):
     _close(g(x, w), ref, jnp.bfloat16, f"{kind} cluster {cluster_m} raster {raster} iter {it}")
+  _og().check()
+
+
+@pytest.mark.parametrize("dtype,tile_n", DTYPE_TILES, ids=[f"{'bf16' if d == jnp.bfloat16 else 'f16'}-t{t}"
+                                                          for d, t in DTYPE_TILES])
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("M,N,K", SHAPES + [(1300, 3600, 704)])
+def test_tma_store(M, N, K, kind, dtype, tile_n):
+  """config.overlap_tma_store: the epilogue's bulk tensor stores (a group of one: every tile's destination is the
+  output) -- partial tiles clipped at M and N (odd multiples of 8), K = 8, a split last wave (1300x3600x704 at
+  128 columns), every width and both types -- exact against the same reference as the threads' stores; repeated
+  instances reuse the staging tile while earlier stores may still read it."""
+  x, w = _inputs(M, N, K, dtype, seed=3 * M + N + K)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  g = _run(kind, 1, x, w, tile_n=tile_n, tma_store=True)
+  for it in range(3):
+    _close(g(x, w), ref, dtype, f"{kind} {M}x{N}x{K} tile_n {tile_n} tma iter {it}")
+  _og().check()
+
+
+def test_tma_store_and_thread_stores_alternate():
+  """Launches with and without bulk tensor stores share a channel (and the output buffers XLA reuses)."""
+  x, w = _inputs(600, 1040, 1000, jnp.bfloat16, seed=11)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  gs = [_run("ag", 1, x, w, tma_store=t) for t in (False, True)]
+  for it in range(6):
+    _close(gs[it % 2](x, w), ref, jnp.bfloat16, f"alternating tma iter {it}")
   _og().check()
 
 

@@ -28,6 +28,13 @@
 // may split a partial last wave's tiles into k chunks, one unit each; the
 // last chunk adds the others' f32 partials and runs the tile's epilogue as
 // usual (gemm_sched.cuh, GemmLaunch::sk_units).
+// TMA (LaunchPlan::tma_store, 1x1 clusters): a tile whose destination is
+// this rank's own output (AG; RS on one rank) leaves the staging tile through
+// bulk tensor stores (the tensor map of the output, bounds clipped per row
+// block by its 3 dimensions) issued by one thread; the consumers go on to the
+// next piece or tile, and only wait for the stores' shared-memory reads before
+// they write the staging tile again.  The staging tile is then laid out as the
+// 128-byte swizzle of the bulk copies (two 64-column halves of 128-byte rows).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -38,19 +45,37 @@
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include <cuda.h>
+
+#include <exception>
 #include <iterator>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "overlap/gemm_sched.cuh"
 #include "overlap/launch.h"
 #include "overlap/sync.cuh"
+#include "runtime/driver.h"
 
 namespace dfccl::overlap {
 
-template <class T, int CM, int TN>
+// Byte offset of the 16-byte chunk `ch` (0..15) of row r in the epilogue's
+// staging tile (128 rows x 128 columns of a 2-byte type), swizzled so that a
+// warp's stores and loads meet no bank conflict: rows of 256 bytes, or with
+// kTma the bulk copies' 128-byte swizzle (two 64-column halves of 128-byte
+// rows; the buffer 1024-byte aligned).
+template <bool kTma>
+__device__ __forceinline__ int StageChunk(int r, int ch) {
+  if constexpr (kTma) return (ch >> 3) * (kTileM * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+  else return r * 256 + ((ch ^ (r & 7)) << 4);
+}
+
+template <class T, int CM, int TN, bool TMA = false>
 struct GemmCfg {
   static_assert(CM == 1 || CM == 2, "cluster shape 1x1 or 2x1");
+  static_assert(!TMA || CM == 1, "bulk tensor stores on 1x1 clusters only");
+  static constexpr bool kTma = TMA;
   static_assert(TN % 64 == 0 && TN >= kTileNMin && TN <= kTileNMax, "tile width: a multiple of 64 in 128..256");
   static constexpr int kTileN = TN;
   // The epilogue moves the tile in pieces of up to 128 columns (the staging
@@ -66,7 +91,8 @@ struct GemmCfg {
     uint64_t peer_recv[kMaxRanks];
     uint64_t peer_flags[kMaxRanks];
     int ready_ok[kMaxRanks];
-    alignas(128) char stage[kTileM * 256];  // epilogue: half a tile (128 x 128) of T, swizzled
+    alignas(128) char stage[kTileM * 256 + (TMA ? 1024 : 0)];  // epilogue: 128 x 128 of T (StageChunk); TMA: from
+                                                                // its first 1024-byte boundary
   };
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, 8, T,
@@ -77,6 +103,7 @@ struct GemmCfg {
   using PipelineState = typename Mainloop::PipelineState;
   using SchedPipeline = cutlass::PipelineAsync<4>;
   using TiledMma = typename Mainloop::TiledMma;
+  static constexpr int kStages = Mainloop::DispatchPolicy::Stages;
   static constexpr int kMmaThreads = cute::size(TiledMma{});  // 256
   static constexpr int kThreads = kMmaThreads + 128;
   struct SharedStorage {
@@ -84,11 +111,33 @@ struct GemmCfg {
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(128) Extra extra;
   };
-  struct Params {
+  struct PlainParams {
     typename Mainloop::Params ml[kMaxRanks];  // per row block (A differs)
     GemmLaunch l;
   };
+  struct TmaParams : PlainParams {
+    alignas(64) CUtensorMap out_map;  // the output as (n, mb, blocks), boxes of 64 x 128 x 1 (EncodeOutputMap)
+  };
+  using Params = std::conditional_t<TMA, TmaParams, PlainParams>;
 };
+// The staging tile's alignment costs no pipeline stage.
+static_assert(GemmCfg<cutlass::bfloat16_t, 1, 256, true>::kStages == GemmCfg<cutlass::bfloat16_t, 1, 256>::kStages &&
+                  GemmCfg<cutlass::bfloat16_t, 1, 192, true>::kStages == GemmCfg<cutlass::bfloat16_t, 1, 192>::kStages &&
+                  GemmCfg<cutlass::bfloat16_t, 1, 128, true>::kStages == GemmCfg<cutlass::bfloat16_t, 1, 128>::kStages,
+              "the TMA variants keep the stage count");
+
+// Bulk tensor stores (sm90): shared -> global through the tensor map at `map`
+// (a kernel parameter), coordinates innermost first; committed as one group.
+__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void BulkStore3D(const void* map, uint32_t smem, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void BulkWaitRead() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void BulkWaitAll() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 __device__ __forceinline__ void ConsumerBarrier(int threads) {
   asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory");  // id 8: unused by CUTLASS here
@@ -134,11 +183,11 @@ __device__ __forceinline__ void ClusterSyncBeforeExit() {
   }
 }
 
-template <class T, int CM, int TN>
-__global__ void __launch_bounds__(GemmCfg<T, CM, TN>::kThreads, 1)
-    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T, CM, TN>::Params p) {
+template <class T, int CM, int TN, bool TMA>
+__global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
+    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T, CM, TN, TMA>::Params p) {
   using namespace cute;
-  using C = GemmCfg<T, CM, TN>;
+  using C = GemmCfg<T, CM, TN, TMA>;
   constexpr int kTileN = C::kTileN;
   using Mainloop = typename C::Mainloop;
   const GemmLaunch& l = p.l;
@@ -270,6 +319,14 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN>::kThreads, 1)
   Tensor cD = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
   Tensor tCcD = tiled_mma.get_slice(mma_tid).partition_C(cD);
   T* out = static_cast<T*>(l.out);
+  // The staging tile (recomputed where used: nothing held across the mainloop).
+  auto stage_tile = [&]() -> char* {
+    if constexpr (C::kTma) {  // its first 1024-byte boundary (an offset in the shared window: 32-bit addresses)
+      const uint32_t a = SmemAddr(ss.extra.stage);
+      return ss.extra.stage + (((a + 1023u) & ~1023u) - a);
+    } else
+      return ss.extra.stage;
+  };
   while (true) {
     sched.consumer_wait(sstate);
     const int u = ss.extra.tile_ids[sstate.index()];
@@ -308,131 +365,159 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN>::kThreads, 1)
                                      mma_tid);
     }
 
-    const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
-    const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
-    const int tile_idx = tc.mi * nt + tc.ni;
-    const bool rs = l.kind == kGemmReduceScatter && !l.no_comm;
-    T* dst = nullptr;
-    if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
-      dst = static_cast<T*>(l.send) + tile_off;
-    } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
-      if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {  // once per CTA and peer
-        const bool ok = WaitReady(l.ready_in != nullptr ? l.ready_in + tc.b : nullptr, &l.mbox->ready[tc.b], l.seq,
-                                  l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
-        // Addresses from the host once known there, else from the mailbox
-        // (published before the peer's first ready write).
-        const uint64_t recv = l.peer_recv[tc.b] != 0 ? l.peer_recv[tc.b] : LoadMailboxPtr(&l.mbox->recv[tc.b]);
-        const uint64_t flags = l.peer_flags[tc.b] != 0 ? l.peer_flags[tc.b] : LoadMailboxPtr(&l.mbox->flags[tc.b]);
-        ss.extra.peer_recv[tc.b] = ok ? recv : 0;
-        ss.extra.peer_flags[tc.b] = ok ? flags : 0;
-        ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
-      }
-      ConsumerBarrier(C::kMmaThreads);
-      if (tl) tl[2] = GlobalTimer();
-      if (ss.extra.peer_recv[tc.b] != 0)
-        dst = reinterpret_cast<T*>(ss.extra.peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
-    } else if (rs) {  // own block: fold in the peers' partials (waited for below)
-      dst = out + tile_off;
-    } else if (l.kind == kGemmReduceScatter) {  // no_comm diagnostic: every block to the local recv buffer
-      dst = const_cast<T*>(static_cast<const T*>(l.local_recv)) + size_t(tc.b) * l.mb * l.n + tile_off;
-    } else {
-      dst = out + size_t(tc.b) * l.mb * l.n + tile_off;
-    }
-    const bool fold = rs && tc.b == l.rank && l.nranks > 1;  // one rank: nothing to fold in
-    // Epilogue through shared memory, in two halves of 128 columns: the
-    // accumulator (rounded to T) goes to a swizzled 128 x 128 staging tile,
-    // then every thread moves 16-byte vectors, a warp two contiguous 256-byte
-    // row pieces (local HBM or, for a peer's partial, NVLink).  The own RS
-    // block adds the peers' partials (16-byte loads) in f32 on the way.
-    // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
-    // a thread holds TN / 2 values, [64h, 64h + 64) the columns [128h, 128h +
-    // 128) (TN = 192: the second piece is 64 columns wide, values [64, 96)).
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < C::kPieces; ++h) {
-      ConsumerBarrier(C::kMmaThreads);  // the previous piece / tile was read out
+    if constexpr (C::kTma) {
+      // Every tile's destination is this rank's output (LaunchGemm picks this variant only for AG and for RS on one
+      // rank): the staging tile leaves through bulk tensor stores, one thread issuing them; the consumers wait only
+      // for their shared-memory reads before they write the staging tile again.
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 64 * h; i < 64 * h + 64 && i < kTileN / 2; i += 2) {
-        const auto c0 = tCcD(i);
-        const int r = get<0>(c0), c = get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
-        const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
-        *reinterpret_cast<uint32_t*>(ss.extra.stage + r * 256 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2) = packed;
+      for (int h = 0; h < C::kPieces; ++h) {
+        if (mma_tid == 0) BulkWaitRead();  // the previous piece's / tile's stores have read the staging tile
+        ConsumerBarrier(C::kMmaThreads);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 64 * h; i < 64 * h + 64 && i < kTileN / 2; i += 2) {
+          const auto c0 = tCcD(i);
+          const int r = get<0>(c0), c = get<1>(c0) - 128 * h;
+          const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
+          *reinterpret_cast<uint32_t*>(stage_tile() + StageChunk<true>(r, c >> 3) + (c & 7) * 2) = packed;
+        }
+        FenceProxyAsyncShared();  // these generic stores, visible to the bulk copies
+        ConsumerBarrier(C::kMmaThreads);
+        if (mma_tid == 0) {  // the piece's 64-column halves, clipped at the row block's and the output's bounds
+          for (int half = 0; half < 2 && 128 * h + 64 * half < kTileN; ++half)
+            BulkStore3D(&p.out_map, SmemAddr(stage_tile() + half * (kTileM * 128)), tc.ni * kTileN + 128 * h + 64 * half,
+                        tc.mi * kTileM, tc.b);
+          BulkCommit();
+        }
       }
-      ConsumerBarrier(C::kMmaThreads);
-      if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
-        WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
-                ErrorCode(kWaitPartial, l.rank, mma_tid));
-      if (fold && h == 0) {
+    } else {
+      const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
+      const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
+      const int tile_idx = tc.mi * nt + tc.ni;
+      const bool rs = l.kind == kGemmReduceScatter && !l.no_comm;
+      T* dst = nullptr;
+      if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
+        dst = static_cast<T*>(l.send) + tile_off;
+      } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
+        if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {  // once per CTA and peer
+          const bool ok = WaitReady(l.ready_in != nullptr ? l.ready_in + tc.b : nullptr, &l.mbox->ready[tc.b], l.seq,
+                                    l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
+          // Addresses from the host once known there, else from the mailbox
+          // (published before the peer's first ready write).
+          const uint64_t recv = l.peer_recv[tc.b] != 0 ? l.peer_recv[tc.b] : LoadMailboxPtr(&l.mbox->recv[tc.b]);
+          const uint64_t flags = l.peer_flags[tc.b] != 0 ? l.peer_flags[tc.b] : LoadMailboxPtr(&l.mbox->flags[tc.b]);
+          ss.extra.peer_recv[tc.b] = ok ? recv : 0;
+          ss.extra.peer_flags[tc.b] = ok ? flags : 0;
+          ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
+        }
         ConsumerBarrier(C::kMmaThreads);
         if (tl) tl[2] = GlobalTimer();
+        if (ss.extra.peer_recv[tc.b] != 0)
+          dst = reinterpret_cast<T*>(ss.extra.peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
+      } else if (rs) {  // own block: fold in the peers' partials (waited for below)
+        dst = out + tile_off;
+      } else if (l.kind == kGemmReduceScatter) {  // no_comm diagnostic: every block to the local recv buffer
+        dst = const_cast<T*>(static_cast<const T*>(l.local_recv)) + size_t(tc.b) * l.mb * l.n + tile_off;
+      } else {
+        dst = out + size_t(tc.b) * l.mb * l.n + tile_off;
       }
-      if (dst != nullptr) {
-        constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
-        // Fold: the first peer's partials of this half are loaded up front (all
-        // kVecs 16-byte loads in flight at once, not one per store).
-        const int q0 = l.rank == 0 ? 1 : 0;
-        uint4 pre[kVecs];
-        if (fold) {
+      const bool fold = rs && tc.b == l.rank && l.nranks > 1;  // one rank: nothing to fold in
+      // Epilogue through shared memory, in two halves of 128 columns: the
+      // accumulator (rounded to T) goes to a swizzled 128 x 128 staging tile,
+      // then every thread moves 16-byte vectors, a warp two contiguous 256-byte
+      // row pieces (local HBM or, for a peer's partial, NVLink).  The own RS
+      // block adds the peers' partials (16-byte loads) in f32 on the way.
+      // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
+      // a thread holds TN / 2 values, [64h, 64h + 64) the columns [128h, 128h +
+      // 128) (TN = 192: the second piece is 64 columns wide, values [64, 96)).
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < C::kPieces; ++h) {
+        ConsumerBarrier(C::kMmaThreads);  // the previous piece / tile was read out
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 64 * h; i < 64 * h + 64 && i < kTileN / 2; i += 2) {
+          const auto c0 = tCcD(i);
+          const int r = get<0>(c0), c = get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
+          const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
+          *reinterpret_cast<uint32_t*>(stage_tile() + StageChunk<false>(r, c >> 3) + (c & 7) * 2) = packed;
+        }
+        ConsumerBarrier(C::kMmaThreads);
+        if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
+          WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
+                  ErrorCode(kWaitPartial, l.rank, mma_tid));
+        if (fold && h == 0) {
+          ConsumerBarrier(C::kMmaThreads);
+          if (tl) tl[2] = GlobalTimer();
+        }
+        if (dst != nullptr) {
+          constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
+          // Fold: the first peer's partials of this half are loaded up front (all
+          // kVecs 16-byte loads in flight at once, not one per store).
+          const int q0 = l.rank == 0 ? 1 : 0;
+          uint4 pre[kVecs];
+          if (fold) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kVecs; ++j) {
+              const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
+              pre[j] = make_uint4(0, 0, 0, 0);
+              if (r < rows && col < cols)
+                pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
+                                                         tile_off + size_t(r) * l.n + col);
+            }
+          }
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kVecs; ++j) {
-            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
-            pre[j] = make_uint4(0, 0, 0, 0);
-            if (r < rows && col < cols)
-              pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
-                                                       tile_off + size_t(r) * l.n + col);
-          }
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kVecs; ++j) {
-          const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
-          const int col = 128 * h + ch * 8;
-          if (r >= rows || col >= cols) continue;  // cols % 8 == 0: a chunk is all in or all out
-          uint4 v = *reinterpret_cast<const uint4*>(ss.extra.stage + r * 256 + ((ch ^ (r & 7)) << 4));
-          if (fold) {
-            float f[8];
-            const T* pv = reinterpret_cast<const T*>(&v);
-            for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
-            for (int q = 0; q < l.nranks; ++q) {
-              if (q == l.rank) continue;
-              const uint4 u = q == q0 ? pre[j]
-                                      : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
-                                                                        size_t(q) * l.mb * l.n + tile_off +
-                                                                        size_t(r) * l.n + col);
-              const T* pu = reinterpret_cast<const T*>(&u);
-              for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
+            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
+            const int col = 128 * h + ch * 8;
+            if (r >= rows || col >= cols) continue;  // cols % 8 == 0: a chunk is all in or all out
+            uint4 v = *reinterpret_cast<const uint4*>(stage_tile() + StageChunk<false>(r, ch));
+            if (fold) {
+              float f[8];
+              const T* pv = reinterpret_cast<const T*>(&v);
+              for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
+              for (int q = 0; q < l.nranks; ++q) {
+                if (q == l.rank) continue;
+                const uint4 u = q == q0 ? pre[j]
+                                        : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
+                                                                          size_t(q) * l.mb * l.n + tile_off +
+                                                                          size_t(r) * l.n + col);
+                const T* pu = reinterpret_cast<const T*>(&u);
+                for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
+              }
+              T* pw = reinterpret_cast<T*>(&v);
+              for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
             }
-            T* pw = reinterpret_cast<T*>(&v);
-            for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
+            *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) = v;
           }
-          *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) = v;
         }
       }
-    }
-    if (rs && tc.b != l.rank && l.send != nullptr) {
-      ConsumerBarrier(C::kMmaThreads);  // the tile's local stores, then one cumulative fence + count
-      if (mma_tid == 0) {
-        FenceAcqRelSys();
-        atomicAdd(l.done_counter, 1u);
-      }
-    } else if (rs && tc.b != l.rank) {
-      if (l.thread_fences) __threadfence_system();  // every storing thread: its remote stores before the flag
-      ConsumerBarrier(C::kMmaThreads);              // all stores of the tile issued (CTA-ordered before ...)
-      if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0) {
-        uint32_t* flag = reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx;
-        if (l.thread_fences) {
-          StReleaseSys(flag, l.seq);
-        } else {  // ... this one cumulative system fence, then a strong store (release pattern)
+      if (rs && tc.b != l.rank && l.send != nullptr) {
+        ConsumerBarrier(C::kMmaThreads);  // the tile's local stores, then one cumulative fence + count
+        if (mma_tid == 0) {
           FenceAcqRelSys();
-          StRelaxedSys(flag, l.seq);
+          atomicAdd(l.done_counter, 1u);
+        }
+      } else if (rs && tc.b != l.rank) {
+        if (l.thread_fences) __threadfence_system();  // every storing thread: its remote stores before the flag
+        ConsumerBarrier(C::kMmaThreads);              // all stores of the tile issued (CTA-ordered before ...)
+        if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0) {
+          uint32_t* flag = reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx;
+          if (l.thread_fences) {
+            StReleaseSys(flag, l.seq);
+          } else {  // ... this one cumulative system fence, then a strong store (release pattern)
+            FenceAcqRelSys();
+            StRelaxedSys(flag, l.seq);
+          }
         }
       }
     }
     if (tl) {
-      tl[3] = GlobalTimer();
+      tl[3] = GlobalTimer();  // TMA: the tile's stores issued
       uint32_t sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
       tl[6] = sm;
     }
   }
+  if constexpr (C::kTma)  // every bulk store complete before the CTA (and its shared memory) goes
+    if (mma_tid == 0) BulkWaitAll();
   ClusterSyncBeforeExit<CM>();
 }
 
@@ -442,40 +527,42 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN>::kThreads, 1)
 // device to be idle -- including a side stream's wait kernel that spins until
 // this very GEMM has made progress (RS copy engine): a deadlock until the wait
 // times out.
-template <class T, int CM, int TN>
+template <class T, int CM, int TN, bool TMA>
 cudaError_t PreloadVariant() {
   cudaFuncAttributes a;
-  const cudaError_t e = cudaFuncSetAttribute(OverlapGemmKernel<T, CM, TN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(sizeof(typename GemmCfg<T, CM, TN>::SharedStorage)));
-  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T, CM, TN>);
+  const cudaError_t e =
+      cudaFuncSetAttribute(OverlapGemmKernel<T, CM, TN, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(sizeof(typename GemmCfg<T, CM, TN, TMA>::SharedStorage)));
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T, CM, TN, TMA>);
 }
 
-// The one dispatch over the variants: f<CM, TN>() for a launch's cluster shape
-// and tile width, TN one of kTileNs (instantiated from that table), or
-// cudaErrorInvalidValue for others.
-template <int CM, class F, size_t... I>
+// The one dispatch over the variants: f<CM, TN, TMA>() for a launch's cluster
+// shape, tile width (one of kTileNs: instantiated from that table) and bulk
+// tensor stores (1x1 clusters only), or cudaErrorInvalidValue for others.
+template <int CM, bool TMA, class F, size_t... I>
 cudaError_t ForWidth(int tile_n, F& f, std::index_sequence<I...>) {
   cudaError_t e = cudaErrorInvalidValue;
-  (void)((tile_n == kTileNs[I] && ((e = f.template operator()<CM, kTileNs[I]>()), true)) || ...);
+  (void)((tile_n == kTileNs[I] && ((e = f.template operator()<CM, kTileNs[I], TMA>()), true)) || ...);
   return e;
 }
 template <class F>
-cudaError_t ForVariant(int cluster_m, int tile_n, F&& f) {
+cudaError_t ForVariant(int cluster_m, int tile_n, bool tma, F&& f) {
   constexpr auto widths = std::make_index_sequence<std::size(kTileNs)>{};
-  switch (cluster_m) {
-    case 1: return ForWidth<1>(tile_n, f, widths);
-    case 2: return ForWidth<2>(tile_n, f, widths);
-    default: return cudaErrorInvalidValue;
-  }
+  if (cluster_m == 1) return tma ? ForWidth<1, true>(tile_n, f, widths) : ForWidth<1, false>(tile_n, f, widths);
+  if (cluster_m == 2 && !tma) return ForWidth<2, false>(tile_n, f, widths);
+  return cudaErrorInvalidValue;
 }
 
 template <class T>
 cudaError_t PreloadGemm() {
   for (int cm : {1, 2})
-    for (int tn : kTileNs) {
-      const cudaError_t e = ForVariant(cm, tn, [&]<int CM, int TN>() { return PreloadVariant<T, CM, TN>(); });
-      if (e != cudaSuccess) return e;
-    }
+    for (bool tma : {false, true})
+      for (int tn : kTileNs) {
+        if (tma && cm != 1) continue;
+        const cudaError_t e =
+            ForVariant(cm, tn, tma, [&]<int CM, int TN, bool TMA>() { return PreloadVariant<T, CM, TN, TMA>(); });
+        if (e != cudaSuccess) return e;
+      }
   return cudaSuccess;
 }
 
@@ -484,9 +571,9 @@ cudaError_t PreloadGemm() {
 // With `pdl`, programmatic stream serialization: the kernel may launch while the
 // stream's previous kernel still runs (it waits for it in GridDependencyWait).
 // `attr` holds two entries and must outlive the launch.
-template <class T, int CM, int TN>
+template <class T, int CM, int TN, bool TMA>
 cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool pdl = false) {
-  using C = GemmCfg<T, CM, TN>;
+  using C = GemmCfg<T, CM, TN, TMA>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
   cfg.blockDim = dim3(C::kThreads, 1, 1);
@@ -514,11 +601,11 @@ template <class T>
 cudaError_t GemmClusterCtas(int* ctas) {
   *ctas = 1 << 30;
   for (int tn : kTileNs) {
-    const cudaError_t e = ForVariant(2, tn, [&]<int CM, int TN>() {
+    const cudaError_t e = ForVariant(2, tn, false, [&]<int CM, int TN, bool TMA>() {
       cudaLaunchAttribute attr[2];
-      const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN>(2, nullptr, attr);
+      const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN, TMA>(2, nullptr, attr);
       int clusters = 0;
-      const cudaError_t r = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, CM, TN>, &cfg);
+      const cudaError_t r = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, CM, TN, TMA>, &cfg);
       *ctas = std::min(*ctas, 2 * clusters);
       return r;
     });
@@ -527,12 +614,33 @@ cudaError_t GemmClusterCtas(int* ctas) {
   return cudaSuccess;
 }
 
+// The tensor map of the output for the bulk tensor stores (TMA variants): the
+// output as (n, mb, blocks) -- AG [P * mb, n]: one block per rank; RS [mb, n]
+// -- so that a box below a row block's last row is clipped there, boxes of
+// 64 columns x 128 rows (the staging tile's halves), 128-byte swizzle.
+template <class T>
+CUresult EncodeOutputMap(CUtensorMap* map, const GemmLaunch& l) {
+  static_assert(sizeof(T) == 2, "bf16 or f16");
+  const uint64_t blocks = l.kind == kAllGatherGemm ? uint64_t(l.nranks) : 1;
+  const uint64_t dims[3] = {uint64_t(l.n), uint64_t(l.mb), blocks};
+  const uint64_t strides[2] = {uint64_t(l.n) * sizeof(T), uint64_t(l.mb) * l.n * sizeof(T)};
+  const uint32_t box[3] = {64, uint32_t(kTileM), 1};
+  const CUtensorMapDataType type =
+      std::is_same_v<T, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  try {
+    return gpu::TensorMaps::EncodeTiled(map, type, 3, l.out, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+  } catch (const std::exception&) {  // the driver has no cuTensorMapEncodeTiled
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 // Host: builds the per-block TMA descriptors (cached for the last operands of
 // each device: XLA reuses buffer addresses, so steady-state calls encode
-// nothing) and launches on `stream` (CM = 2: clusters of 2x1 CTAs, grid even).
-template <class T, int CM, int TN>
+// nothing) and, for the TMA variants, the output's tensor map (likewise), and
+// launches on `stream` (CM = 2: clusters of 2x1 CTAs, grid even).
+template <class T, int CM, int TN, bool TMA>
 cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
-  using C = GemmCfg<T, CM, TN>;
+  using C = GemmCfg<T, CM, TN, TMA>;
   using Mainloop = typename C::Mainloop;
   static_assert(sizeof(typename C::SharedStorage) <= 232448, "shared memory over the sm90 limit");
   static_assert(sizeof(typename C::Params) <= 32000, "kernel parameters too large (CUDA >= 12.1 allows 32 KiB)");
@@ -543,6 +651,9 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     const void* w = nullptr;
     int nranks = 0, mb = 0, n = 0, k = 0;
     typename Mainloop::Params ml[kMaxRanks];
+    const void* out = nullptr;  // TMA: the output of out_map
+    int out_kind = -1;
+    CUtensorMap out_map;
   };
   static std::mutex mu;
   static Cached cache[64];  // per device ordinal
@@ -555,7 +666,7 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     Cached& c = cache[dev & 63];
     if (!c.attr) {  // per device (normally done by PreloadGemm already)
-      e = PreloadVariant<T, CM, TN>();
+      e = PreloadVariant<T, CM, TN, TMA>();
       if (e != cudaSuccess) return e;
       c.attr = true;
     }
@@ -574,15 +685,32 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
       c.w = l.w; c.nranks = l.nranks; c.mb = l.mb; c.n = l.n; c.k = l.k;
     }
     for (int b = 0; b < l.nranks; ++b) p.ml[b] = c.ml[b];
+    if constexpr (TMA) {
+      if (!hit || c.out != l.out || c.out_kind != l.kind) {
+        c.out = nullptr;
+        if (EncodeOutputMap<T>(&c.out_map, l) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+        c.out = l.out;
+        c.out_kind = l.kind;
+      }
+      p.out_map = c.out_map;
+    }
   }
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN>(l.plan.grid, stream, attr, l.plan.pdl != 0);
-  return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM, TN>, p);
+  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN, TMA>(l.plan.grid, stream, attr, l.plan.pdl != 0);
+  return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM, TN, TMA>, p);
 }
 
+// The launch's variant; the TMA variant (LaunchPlan::tma_store) where every
+// tile's destination is this rank's output -- AG, and RS on one rank, not the
+// diagnostic without communication -- and the output can be described by a
+// tensor map (16-byte aligned rows: n a multiple of 8); else the plain one.
 template <class T>
 cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
-  return ForVariant(l.plan.cluster_m, l.plan.tile_n, [&]<int CM, int TN>() { return LaunchVariant<T, CM, TN>(l, stream); });
+  const bool tma = l.plan.tma_store != 0 && l.plan.cluster_m == 1 && !l.no_comm &&
+                   (l.kind == kAllGatherGemm || l.nranks == 1) && l.n % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(l.out) % 16 == 0;
+  return ForVariant(l.plan.cluster_m, l.plan.tile_n, tma,
+                    [&]<int CM, int TN, bool TMA>() { return LaunchVariant<T, CM, TN, TMA>(l, stream); });
 }
 
 }  // namespace dfccl::overlap

@@ -130,6 +130,7 @@ LaunchPlan PlanLaunch(int nranks, int rows, int n, int k, int avail, int cluster
   const int raster = (mode & kModeRasterMask) >> kModeRasterShift;
   DFCCL_CHECK(raster <= int(std::size(kRasters)), "dfccl overlap: no tile order " << raster);
   if (raster > 0) p.raster = kRasters[raster - 1];
+  p.tma_store = (mode & kModeTmaStore) && p.cluster_m == 1 ? 1 : 0;
   return p;
 }
 

@@ -116,7 +116,8 @@ enum Mode : int32_t {
   // config overlap_raster: bits 10..12 hold 0 (the plan's order) or 1 + the
   // index of a forced order in kRasters.
   kModeRasterShift = 10,
-  kModeRasterMask = 7168
+  kModeRasterMask = 7168,
+  kModeTmaStore = 8192  // config overlap_tma_store: the epilogue's plain local stores through TMA (1x1 clusters)
 };
 
 // Orders of the tiles of a row block (gemm_sched.cuh Decode): the n tiles in
@@ -186,6 +187,12 @@ struct LaunchPlan {
   int32_t grid = 0;            // CTAs (cluster_m = 2: even)
   int32_t pdl = 0;             // programmatic dependent launch (gemm.cuh: LaunchConfig, GridDependencyWait)
   Raster raster = kRasters[0];  // order of a row block's tiles (gemm_sched.cuh Decode)
+  // The epilogue stores tiles whose destination is this rank's own output (AG;
+  // RS on one rank) through the tensor memory accelerator (gemm.cuh: bulk
+  // tensor stores from the staging tile, the consumers not waiting for them);
+  // 1x1 clusters only.  Other tiles (RS peers' partials, the fold) keep the
+  // threads' stores.
+  int32_t tma_store = 0;
 };
 
 // One launch of the fused GEMM (both kinds; no CUTLASS types here).
