@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <cstdio>
 #include <cstdlib>
@@ -75,7 +76,7 @@ float Run(const char* name, int m, int n, int k, T* a, T* b, T* d, std::vector<P
   auto hw = cutlass::KernelHardwareInfo::make_kernel_hardware_info<K>(0);
   typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, {m, n, k, 1}, {a, sa, b, sb},
                                 {{1.0f, 0.0f}, d, sc, d, sd}, hw};
-  auto* gp = new Gemm;
+  auto gp = std::make_unique<Gemm>();
   Gemm& gemm = *gp;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
     std::printf("  %-34s cannot implement\n", name);
@@ -86,7 +87,7 @@ float Run(const char* name, int m, int n, int k, T* a, T* b, T* d, std::vector<P
   if (wsz) CHECK_CUDA(cudaMalloc(&ws, wsz));
   if (gemm.initialize(args, ws) != cutlass::Status::kSuccess) std::exit(2);
   if (g_steady) {  // timed later, in turns (ws and the Gemm live until the process ends)
-    keep->push_back({name, [](void* g) { static_cast<Gemm*>(g)->run(); }, gp});
+    keep->push_back({name, [](void* g) { static_cast<Gemm*>(g)->run(); }, gp.release()});
     return 0;
   }
   cudaEvent_t e0, e1;
@@ -108,7 +109,6 @@ float Run(const char* name, int m, int n, int k, T* a, T* b, T* d, std::vector<P
   const float us = ts[ts.size() / 2] * 1e3f;
   std::printf("  %-34s %8.1f us %6.0f TFLOP/s\n", name, us, 2.0 * m * n * k / (us * 1e-6) / 1e12);
   if (ws) CHECK_CUDA(cudaFree(ws));
-  delete gp;
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
   return us;

@@ -35,6 +35,8 @@
 // next piece or tile, and only wait for the stores' shared-memory reads before
 // they write the staging tile again.  The staging tile is then laid out as the
 // 128-byte swizzle of the bulk copies (two 64-column halves of 128-byte rows).
+// This file is the device side; the variants' loading, dispatch, descriptors and
+// launch are in gemm_launch.cuh.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -47,16 +49,11 @@
 
 #include <cuda.h>
 
-#include <exception>
-#include <iterator>
-#include <mutex>
 #include <type_traits>
-#include <utility>
 
 #include "overlap/gemm_sched.cuh"
 #include "overlap/launch.h"
 #include "overlap/sync.cuh"
-#include "runtime/driver.h"
 
 namespace dfccl::overlap {
 
@@ -126,18 +123,9 @@ static_assert(GemmCfg<cutlass::bfloat16_t, 1, 256, true>::kStages == GemmCfg<cut
                   GemmCfg<cutlass::bfloat16_t, 1, 128, true>::kStages == GemmCfg<cutlass::bfloat16_t, 1, 128>::kStages,
               "the TMA variants keep the stage count");
 
-// Bulk tensor stores (sm90): shared -> global through the tensor map at `map`
-// (a kernel parameter), coordinates innermost first; committed as one group.
-__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void BulkStore3D(const void* map, uint32_t smem, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(smem), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-__device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void BulkWaitRead() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void BulkWaitAll() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// The bulk tensor stores are CuTe's (cute::SM90_TMA_STORE_3D, tma_store_fence /
+// _arrive / _wait: the reads of shared memory); this waits for their writes too.
+__device__ __forceinline__ void TmaStoreWaitWrites() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 __device__ __forceinline__ void ConsumerBarrier(int threads) {
   asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory");  // id 8: unused by CUTLASS here
@@ -371,7 +359,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
       // for their shared-memory reads before they write the staging tile again.
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < C::kPieces; ++h) {
-        if (mma_tid == 0) BulkWaitRead();  // the previous piece's / tile's stores have read the staging tile
+        if (mma_tid == 0) cute::tma_store_wait<0>();  // the previous piece's / tile's stores read the staging tile
         ConsumerBarrier(C::kMmaThreads);
         CUTLASS_PRAGMA_UNROLL
         for (int i = 64 * h; i < 64 * h + 64 && i < kTileN / 2; i += 2) {
@@ -380,13 +368,13 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
           const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
           *reinterpret_cast<uint32_t*>(stage_tile() + StageChunk<true>(r, c >> 3) + (c & 7) * 2) = packed;
         }
-        FenceProxyAsyncShared();  // these generic stores, visible to the bulk copies
+        cute::tma_store_fence();  // these generic stores, visible to the bulk copies
         ConsumerBarrier(C::kMmaThreads);
         if (mma_tid == 0) {  // the piece's 64-column halves, clipped at the row block's and the output's bounds
           for (int half = 0; half < 2 && 128 * h + 64 * half < kTileN; ++half)
-            BulkStore3D(&p.out_map, SmemAddr(stage_tile() + half * (kTileM * 128)), tc.ni * kTileN + 128 * h + 64 * half,
-                        tc.mi * kTileM, tc.b);
-          BulkCommit();
+            cute::SM90_TMA_STORE_3D::copy(&p.out_map, stage_tile() + half * (kTileM * 128),
+                                          tc.ni * kTileN + 128 * h + 64 * half, tc.mi * kTileM, tc.b);
+          cute::tma_store_arrive();
         }
       }
     } else {
@@ -517,200 +505,8 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
     }
   }
   if constexpr (C::kTma)  // every bulk store complete before the CTA (and its shared memory) goes
-    if (mma_tid == 0) BulkWaitAll();
+    if (mma_tid == 0) TmaStoreWaitWrites();
   ClusterSyncBeforeExit<CM>();
-}
-
-// Loads the kernel variants on the current device and sets their shared-memory
-// size.  Called when a device is first used (handlers.cc): with lazy module
-// loading the first launch of a kernel loads it, which waits for the whole
-// device to be idle -- including a side stream's wait kernel that spins until
-// this very GEMM has made progress (RS copy engine): a deadlock until the wait
-// times out.
-template <class T, int CM, int TN, bool TMA>
-cudaError_t PreloadVariant() {
-  cudaFuncAttributes a;
-  const cudaError_t e =
-      cudaFuncSetAttribute(OverlapGemmKernel<T, CM, TN, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(sizeof(typename GemmCfg<T, CM, TN, TMA>::SharedStorage)));
-  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T, CM, TN, TMA>);
-}
-
-// The one dispatch over the variants: f<CM, TN, TMA>() for a launch's cluster
-// shape, tile width (one of kTileNs: instantiated from that table) and bulk
-// tensor stores (1x1 clusters only), or cudaErrorInvalidValue for others.
-template <int CM, bool TMA, class F, size_t... I>
-cudaError_t ForWidth(int tile_n, F& f, std::index_sequence<I...>) {
-  cudaError_t e = cudaErrorInvalidValue;
-  (void)((tile_n == kTileNs[I] && ((e = f.template operator()<CM, kTileNs[I], TMA>()), true)) || ...);
-  return e;
-}
-template <class F>
-cudaError_t ForVariant(int cluster_m, int tile_n, bool tma, F&& f) {
-  constexpr auto widths = std::make_index_sequence<std::size(kTileNs)>{};
-  if (cluster_m == 1) return tma ? ForWidth<1, true>(tile_n, f, widths) : ForWidth<1, false>(tile_n, f, widths);
-  if (cluster_m == 2 && !tma) return ForWidth<2, false>(tile_n, f, widths);
-  return cudaErrorInvalidValue;
-}
-
-template <class T>
-cudaError_t PreloadGemm() {
-  for (int cm : {1, 2})
-    for (bool tma : {false, true})
-      for (int tn : kTileNs) {
-        if (tma && cm != 1) continue;
-        const cudaError_t e =
-            ForVariant(cm, tn, tma, [&]<int CM, int TN, bool TMA>() { return PreloadVariant<T, CM, TN, TMA>(); });
-        if (e != cudaSuccess) return e;
-      }
-  return cudaSuccess;
-}
-
-// Launch configuration of variant CM with `grid` CTAs on `stream`: dynamic
-// shared memory and, for CM > 1, the cluster shape (`attr` must outlive it).
-// With `pdl`, programmatic stream serialization: the kernel may launch while the
-// stream's previous kernel still runs (it waits for it in GridDependencyWait).
-// `attr` holds two entries and must outlive the launch.
-template <class T, int CM, int TN, bool TMA>
-cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool pdl = false) {
-  using C = GemmCfg<T, CM, TN, TMA>;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid, 1, 1);
-  cfg.blockDim = dim3(C::kThreads, 1, 1);
-  cfg.dynamicSmemBytes = sizeof(typename C::SharedStorage);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  if constexpr (CM > 1) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attr[cfg.numAttrs].val.clusterDim.x = CM;
-    attr[cfg.numAttrs].val.clusterDim.y = 1;
-    attr[cfg.numAttrs].val.clusterDim.z = 1;
-    ++cfg.numAttrs;
-  }
-  if (pdl) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-    ++cfg.numAttrs;
-  }
-  return cfg;
-}
-
-// CTAs of the 2x1 cluster variants that can be resident at once, the least
-// over the tile widths (after PreloadGemm).
-template <class T>
-cudaError_t GemmClusterCtas(int* ctas) {
-  *ctas = 1 << 30;
-  for (int tn : kTileNs) {
-    const cudaError_t e = ForVariant(2, tn, false, [&]<int CM, int TN, bool TMA>() {
-      cudaLaunchAttribute attr[2];
-      const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN, TMA>(2, nullptr, attr);
-      int clusters = 0;
-      const cudaError_t r = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, CM, TN, TMA>, &cfg);
-      *ctas = std::min(*ctas, 2 * clusters);
-      return r;
-    });
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
-}
-
-// The tensor map of the output for the bulk tensor stores (TMA variants): the
-// output as (n, mb, blocks) -- AG [P * mb, n]: one block per rank; RS [mb, n]
-// -- so that a box below a row block's last row is clipped there, boxes of
-// 64 columns x 128 rows (the staging tile's halves), 128-byte swizzle.
-template <class T>
-CUresult EncodeOutputMap(CUtensorMap* map, const GemmLaunch& l) {
-  static_assert(sizeof(T) == 2, "bf16 or f16");
-  const uint64_t blocks = l.kind == kAllGatherGemm ? uint64_t(l.nranks) : 1;
-  const uint64_t dims[3] = {uint64_t(l.n), uint64_t(l.mb), blocks};
-  const uint64_t strides[2] = {uint64_t(l.n) * sizeof(T), uint64_t(l.mb) * l.n * sizeof(T)};
-  const uint32_t box[3] = {64, uint32_t(kTileM), 1};
-  const CUtensorMapDataType type =
-      std::is_same_v<T, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  try {
-    return gpu::TensorMaps::EncodeTiled(map, type, 3, l.out, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
-  } catch (const std::exception&) {  // the driver has no cuTensorMapEncodeTiled
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
-}
-
-// Host: builds the per-block TMA descriptors (cached for the last operands of
-// each device: XLA reuses buffer addresses, so steady-state calls encode
-// nothing) and, for the TMA variants, the output's tensor map (likewise), and
-// launches on `stream` (CM = 2: clusters of 2x1 CTAs, grid even).
-template <class T, int CM, int TN, bool TMA>
-cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
-  using C = GemmCfg<T, CM, TN, TMA>;
-  using Mainloop = typename C::Mainloop;
-  static_assert(sizeof(typename C::SharedStorage) <= 232448, "shared memory over the sm90 limit");
-  static_assert(sizeof(typename C::Params) <= 32000, "kernel parameters too large (CUDA >= 12.1 allows 32 KiB)");
-  if (l.plan.grid <= 0 || l.plan.grid % CM != 0) return cudaErrorInvalidConfiguration;
-  struct Cached {
-    bool attr = false;
-    const void* a[kMaxRanks] = {};
-    const void* w = nullptr;
-    int nranks = 0, mb = 0, n = 0, k = 0;
-    typename Mainloop::Params ml[kMaxRanks];
-    const void* out = nullptr;  // TMA: the output of out_map
-    int out_kind = -1;
-    CUtensorMap out_map;
-  };
-  static std::mutex mu;
-  static Cached cache[64];  // per device ordinal
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  typename C::Params p;
-  p.l = l;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    Cached& c = cache[dev & 63];
-    if (!c.attr) {  // per device (normally done by PreloadGemm already)
-      e = PreloadVariant<T, CM, TN, TMA>();
-      if (e != cudaSuccess) return e;
-      c.attr = true;
-    }
-    bool hit = c.w == l.w && c.nranks == l.nranks && c.mb == l.mb && c.n == l.n && c.k == l.k;
-    for (int b = 0; hit && b < l.nranks; ++b) hit = c.a[b] == l.a[b];
-    if (!hit) {
-      for (int b = 0; b < l.nranks; ++b) {
-        typename Mainloop::Arguments args{
-            static_cast<const T*>(l.a[b]),
-            cute::make_stride(int64_t(l.k), cute::Int<1>{}, int64_t(l.mb) * l.k),
-            static_cast<const T*>(l.w),
-            cute::make_stride(cute::Int<1>{}, int64_t(l.n), int64_t(l.n) * l.k)};
-        c.ml[b] = Mainloop::to_underlying_arguments(cute::make_shape(l.mb, l.n, l.k, 1), args, nullptr);
-        c.a[b] = l.a[b];
-      }
-      c.w = l.w; c.nranks = l.nranks; c.mb = l.mb; c.n = l.n; c.k = l.k;
-    }
-    for (int b = 0; b < l.nranks; ++b) p.ml[b] = c.ml[b];
-    if constexpr (TMA) {
-      if (!hit || c.out != l.out || c.out_kind != l.kind) {
-        c.out = nullptr;
-        if (EncodeOutputMap<T>(&c.out_map, l) != CUDA_SUCCESS) return cudaErrorInvalidValue;
-        c.out = l.out;
-        c.out_kind = l.kind;
-      }
-      p.out_map = c.out_map;
-    }
-  }
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN, TMA>(l.plan.grid, stream, attr, l.plan.pdl != 0);
-  return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM, TN, TMA>, p);
-}
-
-// The launch's variant; the TMA variant (LaunchPlan::tma_store) where every
-// tile's destination is this rank's output -- AG, and RS on one rank, not the
-// diagnostic without communication -- and the output can be described by a
-// tensor map (16-byte aligned rows: n a multiple of 8); else the plain one.
-template <class T>
-cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
-  const bool tma = l.plan.tma_store != 0 && l.plan.cluster_m == 1 && !l.no_comm &&
-                   (l.kind == kAllGatherGemm || l.nranks == 1) && l.n % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(l.out) % 16 == 0;
-  return ForVariant(l.plan.cluster_m, l.plan.tile_n, tma,
-                    [&]<int CM, int TN, bool TMA>() { return LaunchVariant<T, CM, TN, TMA>(l, stream); });
 }
 
 }  // namespace dfccl::overlap

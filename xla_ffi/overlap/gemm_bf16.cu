@@ -1,6 +1,6 @@
 // One instantiation per element type (two TUs: they compile in parallel),
-// both cluster variants of each.
-#include "overlap/gemm.cuh"
+// every variant of each (cluster shapes, tile widths, bulk tensor stores: gemm_launch.cuh).
+#include "overlap/gemm_launch.cuh"
 
 namespace dfccl::overlap {
 cudaError_t LaunchGemmBF16(const GemmLaunch& l, cudaStream_t s) { return LaunchGemm<cutlass::bfloat16_t>(l, s); }

@@ -19,7 +19,7 @@ cudaError_t LaunchGemmF16(const GemmLaunch& l, cudaStream_t stream);
 
 // Load every overlap kernel on the current device before any of them runs
 // (lazy module loading would otherwise wait for the device to be idle at a
-// kernel's first launch, while a wait kernel of ours spins: gemm.cuh).
+// kernel's first launch, while a wait kernel of ours spins: gemm_launch.cuh).
 // Both cluster variants of each (GemmLaunch::cluster_m 1 and 2).
 cudaError_t PreloadGemmBF16();
 cudaError_t PreloadGemmF16();

@@ -185,7 +185,7 @@ struct LaunchPlan {
   // fold), so a tile's signal still covers the whole tile.
   int32_t sk_units = 0, sk_tiles = 0;
   int32_t grid = 0;            // CTAs (cluster_m = 2: even)
-  int32_t pdl = 0;             // programmatic dependent launch (gemm.cuh: LaunchConfig, GridDependencyWait)
+  int32_t pdl = 0;             // programmatic dependent launch (gemm_launch.cuh LaunchConfig, gemm.cuh GridDependencyWait)
   Raster raster = kRasters[0];  // order of a row block's tiles (gemm_sched.cuh Decode)
   // The epilogue stores tiles whose destination is this rank's own output (AG;
   // RS on one rank) through the tensor memory accelerator (gemm.cuh: bulk

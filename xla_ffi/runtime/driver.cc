@@ -124,23 +124,6 @@ void Vmm::Unmap(const Mapping& m) noexcept {
   if (m.handle) V().release(m.handle);
 }
 
-CUresult TensorMaps::EncodeTiled(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, void* addr,
-                                 const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
-                                 CUtensorMapSwizzle swizzle) {
-  static const auto encode = Lookup<decltype(&cuTensorMapEncodeTiled)>("cuTensorMapEncodeTiled");
-  cuuint64_t d[5], st[4];
-  cuuint32_t b[5], es[5];
-  if (rank < 1 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
-  for (uint32_t i = 0; i < rank; ++i) {
-    d[i] = dims[i];
-    b[i] = box[i];
-    es[i] = 1;
-    if (i + 1 < rank) st[i] = strides[i];
-  }
-  return encode(map, type, rank, addr, d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}
-
 void StreamOps::Write32(cudaStream_t s, void* addr, uint32_t v) {
   Check(T().write32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
                     CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32_v2");

@@ -3,11 +3,9 @@
 // (no libcuda at link time; on the H200 machines the legacy cuStreamWriteValue32
 // entry point returns CUDA_ERROR_NOT_SUPPORTED (801); the _v2 one, CUDA >= 11.7
 // ABI, works), the current-device guard and peer access, and the virtual
-// memory calls that share XLA's allocations with other processes (Vmm), and
-// the tensor maps of the fused GEMM's bulk tensor stores (TensorMaps).
+// memory calls that share XLA's allocations with other processes (Vmm).
 #pragma once
 
-#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -38,17 +36,6 @@ struct Vmm {
   // (those that cannot reach it are skipped; none at all throws).  Does not close fd.
   static Mapping Import(int fd, uint64_t size, const std::vector<int>& ordinals);
   static void Unmap(const Mapping& m) noexcept;
-};
-
-// cuTensorMapEncodeTiled: a tiled tensor map of `rank` dimensions over global
-// memory at `addr` (dims innermost first; strides in bytes, of dims 1 .. rank-1;
-// element strides 1, no interleave, no L2 promotion, no fill).  Returns the
-// driver's result (CUDA_SUCCESS or its error; an entry point that cannot be
-// found throws dfccl::Error).
-struct TensorMaps {
-  static CUresult EncodeTiled(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, void* addr,
-                              const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
-                              CUtensorMapSwizzle swizzle);
 };
 
 // DeviceGuard(ordinal): `ordinal` is the current device for the guard's scope
