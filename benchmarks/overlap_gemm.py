@@ -25,7 +25,9 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
               order of a row block's tiles forced: protocol.h kRasters);
               fused_2x1_r1 ... fused_2x1_r6 the same with 2x1 clusters
   fused_tma   fused_1x1 with jax_dfccl.config.overlap_tma_store = True (the
-              epilogue's bulk tensor stores)
+              epilogue's bulk tensor stores on every shape); fused_notma
+              the same with False (the threads' stores on every shape;
+              fused_1x1 leaves the choice to the plan)
 
 Timing as in overlap.py (a chain of dependent ops per program, programs
 called back to back), but the variants of a shape take turns rep by rep
@@ -76,7 +78,7 @@ def build(kind, M, N, K, names, iters):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
 
-  def fused(cluster_m, split=True, pdl=True, tile_n=0, raster=0, tma_store=False):
+  def fused(cluster_m, split=True, pdl=True, tile_n=0, raster=0, tma_store=None):
     if kind == "ag":
       body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
     else:
@@ -97,6 +99,7 @@ def build(kind, M, N, K, names, iters):
   makers.update({f"fused_r{r}": (lambda r=r: fused(1, raster=r)) for r in range(1, 7)})
   makers.update({f"fused_2x1_r{r}": (lambda r=r: fused(2, raster=r)) for r in range(1, 7)})
   makers["fused_tma"] = lambda: fused(1, tma_store=True)
+  makers["fused_notma"] = lambda: fused(1, tma_store=False)
   return {v: makers[v] for v in names}, (m, n, k)
 
 

@@ -55,6 +55,21 @@ def test_configured_sets_for_a_block_and_restores():
   assert dc.config.timeout_s == before
 
 
+def test_configure_keeps_an_entrys_declared_type():
+  """Values are converted to the entry's declared type; an entry declared ``bool | None`` takes None, True and
+  False (and keeps them: None is not False)."""
+  assert dc.config.overlap_tma_store is None
+  with dc.configured(overlap_tma_store=True, timeout_s=9, overlap_tile_n=128.0):
+    assert dc.config.overlap_tma_store is True
+    assert type(dc.config.timeout_s) is float and type(dc.config.overlap_tile_n) is int
+    with dc.configured(overlap_tma_store=None):
+      assert dc.config.overlap_tma_store is None
+    with dc.configured(overlap_tma_store=False):
+      assert dc.config.overlap_tma_store is False
+    assert dc.config.overlap_tma_store is True
+  assert dc.config.overlap_tma_store is None and dc.config.overlap_tile_n == 0
+
+
 def test_pending_names_the_stuck_collective_and_its_ranks(mesh8):
   """jax_dfccl.pending(), called from another thread while a program waits for peers that never
   start a collective, names the collective and which ranks did and did not start it."""

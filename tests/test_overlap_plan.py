@@ -130,3 +130,27 @@ def test_tma_store():
     assert p["tma_store"] == 1
     assert {a: v for a, v in p.items() if a != "tma_store"} == {a: v for a, v in base.items() if a != "tma_store"}
     assert plan(rows, n, k, mode=bit | og.MODE_CLUSTER_M2)["tma_store"] == 0
+
+
+@pytest.mark.parametrize("rows,n,k", SHAPES + [(4096, 7168, 4096), (2048, 4096, 4160), (8192, 4096, 7168)])
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_tma_store_auto(rows, n, k, nranks):
+  """overlap_tma_store=None (kModeTmaStoreAuto): bulk stores exactly where the tiles take more than one wave, on
+  1x1 clusters; the rest of the plan is the one without them."""
+  auto = og.MODE_TMA_STORE_AUTO
+  base, p = plan(rows, n, k, nranks), plan(rows, n, k, nranks, mode=auto)
+  assert {a: v for a, v in p.items() if a != "tma_store"} == {a: v for a, v in base.items() if a != "tma_store"}
+  tiles = whole_tiles(rows, n, p["tile_n"], nranks)
+  assert p["tiles"] == tiles
+  assert p["tma_store"] == int(tiles > SMS)
+  assert plan(rows, n, k, nranks, mode=auto | og.MODE_CLUSTER_M2)["tma_store"] == 0
+  assert plan(rows, n, k, nranks, mode=auto | og.MODE_TMA_STORE)["tma_store"] == 1  # forced wins
+
+
+def test_tma_store_auto_examples():
+  """Measured cases the rule was drawn from (overlap_gemm_2026-12-03_h200_tma{,_auto}.md)."""
+  auto = og.MODE_TMA_STORE_AUTO
+  assert plan(4096, 7168, 4096, mode=auto)["tma_store"] == 1   # 3.5 waves, K = 4096: 0.94x
+  assert plan(512, 7168, 4096, mode=auto)["tma_store"] == 0    # one wave: 1.069x
+  assert plan(1024, 4096, 7168, mode=auto)["tma_store"] == 0   # 128 tiles, one wave: 1.013-1.017x
+  assert plan(8192, 4096, 7168, mode=auto)["tma_store"] == 1   # 8 waves: 0.983x

@@ -12,6 +12,7 @@ import types
 import pytest
 
 from jax_dfccl._src import overlap_gpu as og
+from jax_dfccl.config import Config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -91,13 +92,20 @@ def test_mode_constants_match_protocol_h():
   assert enum["CopyEngine"] == 1 and enum["CtaFence"] == 2 and enum["RsCopyEngine"] == 4  # _mode's literals
   assert enum["RasterShift"] == og.MODE_RASTER_SHIFT and enum["RasterMask"] == 7 << og.MODE_RASTER_SHIFT
   assert enum["TmaStore"] == og.MODE_TMA_STORE and og.MODE_TMA_STORE > enum["RasterMask"]
+  assert enum["TmaStoreAuto"] == og.MODE_TMA_STORE_AUTO == 2 * og.MODE_TMA_STORE
   rasters = re.search(r"kRasters\[\] = \{(.*)\};", text).group(1)
   assert len(re.findall(r"\{[^}]*\}", rasters)) == og.RASTERS < 8  # 1 + index fits the 3 bits
 
 
-def test_mode_tma_store_bit():
+def test_mode_tma_store_bits():
+  """overlap_tma_store: None (default) asks the plan, True / False force; anything else is refused."""
   assert og._mode(_cfg(overlap_tma_store=True), "ag", 2, 0) == 1 | 2 | og.MODE_TMA_STORE
-  assert og._mode(_cfg(), "rs", 1, 0) & og.MODE_TMA_STORE == 0
+  assert og._mode(_cfg(overlap_tma_store=False), "ag", 2, 0) == 1 | 2
+  assert og._mode(_cfg(overlap_tma_store=None), "ag", 2, 0) == 1 | 2 | og.MODE_TMA_STORE_AUTO
+  assert Config().overlap_tma_store is None
+  for bad in (1, 0, "on", 1.0):
+    with pytest.raises(ValueError, match="overlap_tma_store"):
+      og._mode(_cfg(overlap_tma_store=bad), "rs", 1, 0)
 
 
 def test_mode_raster_bits():
@@ -139,7 +147,7 @@ def test_lowering_for_cuda_carries_the_cluster_bit(monkeypatch, kind, cluster_m)
   monkeypatch.setattr(config, "overlap_rs_copy_engine_min_bytes", -1)
   text = _lower_for_cuda(kind)
   assert f"dfccl_overlap_{kind}" in text
-  assert f"mode = {1 | 2 | (16 if cluster_m == 2 else 0)} : i32" in text
+  assert f"mode = {1 | 2 | (16 if cluster_m == 2 else 0) | og.MODE_TMA_STORE_AUTO} : i32" in text  # defaults
 
 
 def test_lowering_rejects_a_bad_cluster_m(monkeypatch):

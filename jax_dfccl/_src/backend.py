@@ -74,7 +74,7 @@ def configure(**entries):
       raise AttributeError(f"jax_dfccl.configure: unknown entry {k!r}; see jax_dfccl.config")
   try:
     for k, v in entries.items():
-      setattr(config, k, type(getattr(config, k))(v))
+      setattr(config, k, type(config).coerce(k, v))
     for rt in load().values():
       rt.configure(config.as_dict())
   except Exception:

@@ -52,7 +52,8 @@ from jax_dfccl._src import core as dcore
 __all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_scatter", "errors",
            "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY", "MODE_CLUSTER_M2",
            "MODE_NO_SPLIT", "MODE_CLUSTER_AUTO", "MODE_NO_PDL",
-           "MODE_TILE_SHIFT", "MODE_RASTER_SHIFT", "RASTERS", "MODE_TMA_STORE", "TILE_NS"]
+           "MODE_TILE_SHIFT", "MODE_RASTER_SHIFT", "RASTERS", "MODE_TMA_STORE", "MODE_TMA_STORE_AUTO",
+           "TILE_NS"]
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANKS = 8
@@ -68,6 +69,7 @@ MODE_TILE_SHIFT = 8      # protocol.h kModeTileShift: 1 + the index in TILE_NS o
 MODE_RASTER_SHIFT = 10   # protocol.h kModeRasterShift: 1 + the index of a forced tile order in kRasters
 RASTERS = 6              # len(protocol.h kRasters)
 MODE_TMA_STORE = 8192    # protocol.h kModeTmaStore (config overlap_tma_store)
+MODE_TMA_STORE_AUTO = 16384  # protocol.h kModeTmaStoreAuto (config overlap_tma_store=None)
 TILE_NS = (128, 192, 256)  # protocol.h kTileNs (config overlap_tile_n)
 _lock = threading.Lock()
 _mod: list = []  # [module or None] once tried
@@ -262,10 +264,13 @@ def _mode(cfg, kind, nranks, block_bytes) -> int:
   tile_n = _int_entry(cfg, "overlap_tile_n", (0, *TILE_NS), f"0 (auto) or one of {TILE_NS}")
   tile_bits = (TILE_NS.index(tile_n) + 1) << MODE_TILE_SHIFT if tile_n else 0
   raster = _int_entry(cfg, "overlap_raster", range(RASTERS + 1), f"0 (the plan's) or 1..{RASTERS}")
+  tma = cfg.overlap_tma_store
+  if tma is not None and not isinstance(tma, bool):
+    raise ValueError(f"jax_dfccl.config.overlap_tma_store must be None (the plan's), True or False, got {tma!r}")
   return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
           | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0)
           | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap_pdl else MODE_NO_PDL)
-          | tile_bits | (raster << MODE_RASTER_SHIFT) | (MODE_TMA_STORE if cfg.overlap_tma_store else 0)
+          | tile_bits | (raster << MODE_RASTER_SHIFT) | (MODE_TMA_STORE_AUTO if tma is None else MODE_TMA_STORE if tma else 0)
           | _diag_bits[0])
 
 

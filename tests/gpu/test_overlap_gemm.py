@@ -78,7 +78,8 @@ def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0, tma_store=False)
   assert bool(mode & og.MODE_NO_SPLIT) == (not split), mode
   assert (mode >> og.MODE_TILE_SHIFT) & 3 == (og.TILE_NS.index(tile_n) + 1 if tile_n else 0), mode
   assert (mode >> og.MODE_RASTER_SHIFT) & 7 == raster, mode
-  assert bool(mode & og.MODE_TMA_STORE) == tma_store, mode
+  tma_bits = og.MODE_TMA_STORE_AUTO if tma_store is None else og.MODE_TMA_STORE if tma_store else 0
+  assert mode & (og.MODE_TMA_STORE | og.MODE_TMA_STORE_AUTO) == tma_bits, mode
   return compiled
 
 
@@ -143,6 +144,25 @@ def test_tma_store(M, N, K, kind, dtype, tile_n):
   for it in range(3):
     _close(g(x, w), ref, dtype, f"{kind} {M}x{N}x{K} tile_n {tile_n} tma iter {it}")
   _og().check()
+
+
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("M,N,K", [(2048, 4096, 512), (1300, 3600, 704), (2000, 4000, 4096)])
+def test_tma_store_auto(M, N, K, kind):
+  """overlap_tma_store=None (the default): on shapes of more than one wave with K <= 4096 the plan picks the bulk
+  stores (checked on the plan the handler makes from the same mode bits and SM count), and the result is exact."""
+  og = _og()
+  import jax_dfccl
+  x, w = _inputs(M, N, K, jnp.bfloat16, seed=M + 7 * K)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  g = _run(kind, 1, x, w, tma_store=None)
+  sms = getattr(gpus()[0], "core_count", None) or 132
+  with jax_dfccl.configured(overlap_cluster_m=1, overlap_tma_store=None):
+    plan = og.module().plan(1, M, N, K, sms, sms, og._mode(og._config(), kind, 1, 0))
+  assert plan["tma_store"] == 1 and plan["tiles"] > sms, plan
+  for it in range(3):
+    _close(g(x, w), ref, jnp.bfloat16, f"{kind} {M}x{N}x{K} tma auto iter {it}")
+  og.check()
 
 
 def test_tma_store_and_thread_stores_alternate():

@@ -63,9 +63,11 @@ struct DeviceState {  // per device: side stream for the AG pushes
   int cluster_ctas = 0;  // CTAs of the 2x1-cluster GEMM resident at once (both dtypes)
 };
 
-std::mutex g_mu;
-std::unordered_map<std::string, std::unique_ptr<Channel>> g_channels;
-std::unordered_map<int, std::unique_ptr<DeviceState>> g_devices;
+// Leaked, never destroyed: the watcher thread reads them until it is stopped
+// at exit (StartWatcher), and static destructors do not wait for it.
+std::mutex& g_mu = *new std::mutex;
+auto& g_channels = *new std::unordered_map<std::string, std::unique_ptr<Channel>>;
+auto& g_devices = *new std::unordered_map<int, std::unique_ptr<DeviceState>>;
 
 using prof::HostTimer;
 using prof::Keep;
@@ -149,12 +151,16 @@ std::string Describe(const Channel& c, uint32_t code) {
 // The watcher: prints each channel's recorded timeout once, as soon as it
 // appears in the (host-mapped) mailbox.  The kernels trap right after
 // recording it (protocol.h), so the failing program's own error names only the
-// CUDA failure; this line names the op key and the ranks.
+// CUDA failure; this line names the op key and the ranks.  Stopped and joined
+// at exit, before CUDA's teardown (registered after it, at the first op, so
+// run before it) unmaps the mailboxes it reads.
 void StartWatcher() {
   static std::once_flag once;
+  static std::atomic<bool> stop{false};
+  static std::thread* watcher = nullptr;
   std::call_once(once, [] {
-    std::thread([] {  // detached and leaked, like the runtimes' threads
-      while (true) {
+    watcher = new std::thread([] {
+      while (!stop.load(std::memory_order_relaxed)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         std::vector<std::string> found;
         {
@@ -169,7 +175,11 @@ void StartWatcher() {
         }
         for (const std::string& m : found) std::fprintf(stderr, "%s\n", m.c_str());
       }
-    }).detach();
+    });
+    std::atexit([] {
+      stop = true;
+      watcher->join();
+    });
   });
 }
 

@@ -130,7 +130,14 @@ LaunchPlan PlanLaunch(int nranks, int rows, int n, int k, int avail, int cluster
   const int raster = (mode & kModeRasterMask) >> kModeRasterShift;
   DFCCL_CHECK(raster <= int(std::size(kRasters)), "dfccl overlap: no tile order " << raster);
   if (raster > 0) p.raster = kRasters[raster - 1];
-  p.tma_store = (mode & kModeTmaStore) && p.cluster_m == 1 ? 1 : 0;
+  // Bulk tensor stores: forced (kModeTmaStore), or picked (kModeTmaStoreAuto)
+  // where the tiles take more than one wave, so the next tile hides a tile's
+  // stores.  One H200, the GEMM alone, 22 shapes, two runs, against the
+  // threads' stores per rep (overlap_gemm_2026-12-03_h200_tma{,_auto}.md):
+  // multi-wave 0.95-0.97x at K = 4096, 0.97-1.02x (mean 0.995) at larger K;
+  // single-wave 0.99-1.07x (the stores of a CTA's one tile end the kernel).
+  const bool tma_auto = (mode & kModeTmaStoreAuto) && tiles > avail;
+  p.tma_store = ((mode & kModeTmaStore) || tma_auto) && p.cluster_m == 1 ? 1 : 0;
   return p;
 }
 

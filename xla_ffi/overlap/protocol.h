@@ -117,7 +117,8 @@ enum Mode : int32_t {
   // index of a forced order in kRasters.
   kModeRasterShift = 10,
   kModeRasterMask = 7168,
-  kModeTmaStore = 8192  // config overlap_tma_store: the epilogue's plain local stores through TMA (1x1 clusters)
+  kModeTmaStore = 8192,  // config overlap_tma_store=True: the epilogue's own-output stores through TMA (1x1 clusters)
+  kModeTmaStoreAuto = 16384  // config overlap_tma_store=None: the plan picks them per launch (plan.cc PlanLaunch)
 };
 
 // Orders of the tiles of a row block (gemm_sched.cuh Decode): the n tiles in
