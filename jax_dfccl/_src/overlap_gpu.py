@@ -267,10 +267,11 @@ def _mode(cfg, kind, nranks, block_bytes) -> int:
   tma = cfg.overlap_tma_store
   if tma is not None and not isinstance(tma, bool):
     raise ValueError(f"jax_dfccl.config.overlap_tma_store must be None (the plan's), True or False, got {tma!r}")
+  tma_bits = MODE_TMA_STORE_AUTO if tma is None else MODE_TMA_STORE if tma else 0
   return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
           | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0)
           | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap_pdl else MODE_NO_PDL)
-          | tile_bits | (raster << MODE_RASTER_SHIFT) | (MODE_TMA_STORE_AUTO if tma is None else MODE_TMA_STORE if tma else 0)
+          | tile_bits | (raster << MODE_RASTER_SHIFT) | tma_bits
           | _diag_bits[0])
 
 
