@@ -252,3 +252,34 @@ def test_dependent_chain(kind, between, pdl):
   for it in range(3):
     _close(g(x, w), ref, jnp.bfloat16, f"{kind} chain pdl={pdl} between={between} iter {it}")
   _og().check()
+
+
+_EXIT_PROBE = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from jax_dfccl._src import overlap_gpu as og
+mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
+x = jax.random.normal(jax.random.key(0), (2048, 512), jnp.bfloat16)
+w = jax.random.normal(jax.random.key(1), (512, 4096), jnp.bfloat16)
+f = jax.jit(jax.shard_map(lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0], mesh=mesh, in_specs=(P(), P()),
+                          out_specs=P()))
+ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+err = float(jnp.max(jnp.abs(f(x, w).astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
+assert err < 1e-2, err
+print("ok")
+"""
+
+
+def test_process_exits_cleanly():
+  """A process that ran a fused op exits with status 0: the module's watcher thread is stopped before the
+  static destructors and CUDA's teardown (it reads the channels and their host-mapped mailboxes)."""
+  _og()
+  import os
+  import subprocess
+  import sys
+  for _ in range(2):
+    r = subprocess.run([sys.executable, "-c", _EXIT_PROBE], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                            "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+
