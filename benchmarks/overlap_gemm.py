@@ -45,6 +45,11 @@ the other pairs keep --m.  The ratio column is fused_1x1 / xla_dot.
 
 --profile also traces one call of each chain (jax.profiler) and reports the
 GEMM kernel's own time and the GPU's idle gap between consecutive GEMMs.
+
+--cutlass-probe BINARY (tools/cutlass_gemm_probe.cu, built with the line in
+its header) also times stock CUTLASS's sm90 GEMMs on the same shapes, timed
+the same way, in a process of its own after this one's timing; the table gets
+the best of its configurations per shape and that time / xla_dot's.
 """
 from __future__ import annotations
 
@@ -55,7 +60,9 @@ import glob
 import gzip
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 
 VARIANTS = ["xla_dot", "fused_1x1", "fused_t128", "fused_t192", "fused_t256", "fused_dp", "fused_2x1", "fused_auto",
@@ -186,6 +193,45 @@ def chain_profile(f, a, trace_dir):
           "period_us": statistics.median(periods) if periods else None, "other_activities": dict(between)}
 
 
+def parse_cutlass_probe(text):
+  """{"MxNxK": {configuration: us}} from the output of tools/cutlass_gemm_probe.cu (a shape line, then one
+  line per configuration: name, us, TFLOP/s; "cannot implement" lines are left out)."""
+  out, shape = {}, None
+  for line in text.splitlines():
+    if re.fullmatch(r"\d+x\d+x\d+", line.strip()):
+      shape = line.strip()
+      out[shape] = {}
+      continue
+    m = re.match(r"^\s+(\S.*?)\s+([\d.]+) us\s+\d+ TFLOP/s", line)
+    if m and shape is not None:
+      out[shape][m.group(1)] = float(m.group(2))
+  return out
+
+
+def add_cutlass(rows, probe_us):
+  """Each row's stock CUTLASS times (`cutlass_us`) and the best configuration against XLA's dot of the row."""
+  for r in rows:
+    us = probe_us.get("x".join(map(str, r["gemm"])))
+    if not us:
+      continue
+    best = min(us, key=us.get)
+    r["cutlass_us"] = us
+    r["cutlass_best"] = {"config": best, "ms": us[best] / 1e3}
+    if r["ms"].get("xla_dot"):
+      r["cutlass_best"]["vs_xla_dot"] = us[best] / 1e3 / r["ms"]["xla_dot"]
+
+
+def run_cutlass_probe(binary, rows, timeout_s):
+  """Runs the stock CUTLASS probe (--steady, timed like this benchmark) on the rows' GEMMs in a process of
+  its own, after this one's timing, and adds its times to the rows; its output is returned for the log."""
+  shapes = list(dict.fromkeys("x".join(map(str, r["gemm"])) for r in rows))
+  res = subprocess.run([binary, "--steady", *shapes], capture_output=True, text=True, timeout=timeout_s)
+  if res.returncode != 0:
+    raise RuntimeError(f"{binary} exited with {res.returncode}: {res.stderr[-500:]}")
+  add_cutlass(rows, parse_cutlass_probe(res.stdout))
+  return res.stdout
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--ops", default="ag,rs", type=lambda s: s.split(","))
@@ -200,6 +246,11 @@ def main():
   p.add_argument("--min-rep-ms", type=float, default=30.0)
   p.add_argument("--tag", default="local")
   p.add_argument("--outdir", default=None, help="default benchmarks/results")
+  p.add_argument("--cutlass-probe", default=None, metavar="BINARY",
+                 help="also time stock CUTLASS (tools/cutlass_gemm_probe.cu, built with the line in its header) on"
+                      " the same GEMMs, in its own process after this one's timing: the best of its configurations"
+                      " per shape goes into the table")
+  p.add_argument("--cutlass-timeout-s", type=float, default=600.0)
   p.add_argument("--profile", action="store_true",
                  help="also trace one call of each chain: GEMM kernel time and the GPU's idle gap between GEMMs")
   args = p.parse_args()
@@ -253,6 +304,13 @@ def main():
             row.setdefault("errors", {})[v] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
         print(json.dumps(row), flush=True)
+  probe_log = None
+  if args.cutlass_probe:
+    try:
+      probe_log = run_cutlass_probe(args.cutlass_probe, rows, args.cutlass_timeout_s)
+    except Exception as e:  # noqa: BLE001  (recorded, the run's own results are kept)
+      probe_log = f"cutlass probe failed: {type(e).__name__}: {e}"[:1000]
+      print(probe_log, flush=True)
   now = dt.datetime.now(dt.timezone.utc)
   dev = jax.devices()[0]
   meta = {"date": now.isoformat(timespec="seconds"), "device": getattr(dev, "device_kind", str(dev)),
@@ -261,8 +319,11 @@ def main():
   outdir = args.outdir or os.path.join(here, "results")
   os.makedirs(outdir, exist_ok=True)
   base = os.path.join(outdir, f"overlap_gemm_{now:%Y-%m-%d}_{args.tag}")
+  if probe_log is not None:
+    meta["cutlass_probe"] = {"command": f"{args.cutlass_probe} --steady SHAPES", "output": probe_log}
   with open(base + ".json", "w") as fh:
     json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+  cut = any("cutlass_best" in r for r in rows)
   lines = [f"# Fused overlap GEMM alone vs XLA dot ({meta['device']}, {meta['date']})", "",
            f"`{meta['command']}` (jax {meta['jax']}); ms per op (TFLOP/s), bfloat16, per-rank GEMM of TP=2.", "",
            ("Variants in turns rep by rep, " if args.interleave else "Variants one after another, ")
@@ -271,9 +332,14 @@ def main():
            " chunks (xla_ffi/overlap/plan.cc PlanLaunch).", "",
            "`fused_1x1 / xla_dot`: the ratio of the two medians; `paired`: the median over reps of the ratio within"
            " each rep (drift of the clocks between reps cancels).", "",
+           *(["`stock CUTLASS`: the best of the configurations of tools/cutlass_gemm_probe.cu (--steady, the"
+              " same timing, in its own process after this one's) and its time / xla_dot's median.", ""]
+             if cut else []),
            "| op | M | N | K | GEMM m x n x k | plan | " + " | ".join(args.variants) + " | fused_1x1 / xla_dot |"
-           + " paired |" + (" fused_auto / xla_dot |" if "fused_auto" in args.variants else ""),
-           "|---|---|---|---|---|---|" + "---|" * (len(args.variants) + 2 + ("fused_auto" in args.variants))]
+           + " paired |" + (" fused_auto / xla_dot |" if "fused_auto" in args.variants else "")
+           + (" stock CUTLASS | CUTLASS / xla_dot |" if cut else ""),
+           "|---|---|---|---|---|---|" + "---|" * (len(args.variants) + 2 + ("fused_auto" in args.variants)
+                                                   + 2 * cut)]
   for r in rows:
     cells = [f"{r['ms'][v]:.3f} ({r['tflops'][v]:.0f})" if r["ms"].get(v) else "err" for v in args.variants]
     ratio = (f"{r['ms']['fused_1x1'] / r['ms']['xla_dot']:.3f}"
@@ -283,6 +349,10 @@ def main():
     if "fused_auto" in args.variants:
       ratio += (f" | {r['ms']['fused_auto'] / r['ms']['xla_dot']:.3f}"
                 if r["ms"].get("fused_auto") and r["ms"].get("xla_dot") else " | -")
+    if cut:
+      cb = r.get("cutlass_best")
+      ratio += (f" | {cb['ms']:.3f} ({cb['config']}) | " + (f"{cb['vs_xla_dot']:.3f}" if "vs_xla_dot" in cb else "-")
+                if cb else " | - | -")
     pl = r.get("plan")
     plan_cell = "-" if not pl else f"{pl['tile_n']}" + (
         f", {pl['sk_tiles']}x{pl['sk_units'] // pl['sk_tiles']}" if pl["sk_units"] else "")

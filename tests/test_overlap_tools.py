@@ -217,12 +217,17 @@ def test_benchmark_row_targets():
   assert none["ours"] is None and b._md(("ag", 1024, 14336, 4096), none, llama=True)[-1] == "—"
 
 
-def test_paired_ratios():
-  """benchmarks/overlap_gemm.py's paired ratio: per rep ours / XLA's of the same rep, median over reps; a
-  drift that slows every variant of a rep alike cancels (the ratio of the medians would keep some)."""
+def _gemm_bench():
   spec = importlib.util.spec_from_file_location("overlap_gemm_bench", ROOT / "benchmarks" / "overlap_gemm.py")
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
+  return mod
+
+
+def test_paired_ratios():
+  """benchmarks/overlap_gemm.py's paired ratio: per rep ours / XLA's of the same rep, median over reps; a
+  drift that slows every variant of a rep alike cancels (the ratio of the medians would keep some)."""
+  mod = _gemm_bench()
   drift = [1.0, 1.05, 0.96, 1.02, 1.08]  # the GPU's state per rep
   per_rep = {"xla_dot": [0.100 * d for d in drift], "fused_1x1": [0.103 * d for d in drift],
              "fused_t256": [0.110 * d for d in drift[::-1]]}
@@ -232,3 +237,30 @@ def test_paired_ratios():
   assert got["fused_t256"] == pytest.approx(statistics.median(0.110 * a / (0.100 * b)
                                                               for a, b in zip(drift[::-1], drift)))
   assert mod.paired_ratios({"fused_1x1": [1.0]}) == {}
+
+
+def test_cutlass_probe_output_joins_the_rows():
+  """benchmarks/overlap_gemm.py --cutlass-probe: the probe's output (a committed run of it, 22 shapes x 7
+  configurations) parsed per shape; each row gets the fastest configuration and its ratio to the row's XLA dot,
+  checked against a parse of the same lines done here."""
+  mod = _gemm_bench()
+  text = (ROOT / "benchmarks" / "results" / "cutlass_gemm_probe_2026-12-03_h200_steady22.log").read_text()
+  got = mod.parse_cutlass_probe(text)
+  assert len(got) == 22 and all(len(v) == 7 for v in got.values())
+  ref, shape = {}, None
+  for line in text.splitlines():
+    if line and line[0].isdigit():
+      shape = line.strip()
+    elif line.startswith("  ") and " us " in line:
+      ref.setdefault(shape, {})[line[:38].strip()] = float(line[38:].split()[0])
+  assert got == ref
+  assert got["512x7168x4096"]["coop 128x256x64 cluster 1x1"] == 49.2
+  rows = [{"gemm": [512, 7168, 4096], "ms": {"xla_dot": 0.0492}}, {"gemm": [7, 7, 7], "ms": {}}]
+  mod.add_cutlass(rows, got)
+  best = min(ref["512x7168x4096"].values())
+  assert rows[0]["cutlass_best"]["ms"] == pytest.approx(best / 1e3)
+  assert ref["512x7168x4096"][rows[0]["cutlass_best"]["config"]] == best
+  assert rows[0]["cutlass_best"]["vs_xla_dot"] == pytest.approx(best / 49.2)
+  assert "cutlass_best" not in rows[1]  # a shape the probe did not time
+  assert mod.parse_cutlass_probe("1x2x3\n  coop 128x256x64 cluster 1x1   cannot implement\n") == {"1x2x3": {}}
+
