@@ -293,6 +293,27 @@ def test_cluster_m2_numerics(kind, M, N, K, dtype, rs_ce):
   og.check()
 
 
+# (global M, N, K) of AG+GEMM for the bulk tensor stores across row blocks (every tile goes to the rank's own
+# output, 2 row blocks of M / 2 rows): blocks that end inside a tile (200 and 328 rows: a box must clip at its
+# block's end, not run into the next block), n an odd multiple of 8, and a multi-wave launch (16 x 16 tiles).
+TMA_SHAPES = [(400, 528, 200), (656, 1040, 1000), (2000, 8000, 512)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("M,N,K", TMA_SHAPES)
+def test_tma_store_row_blocks(M, N, K, dtype):
+  """overlap_tma_store=True on 2 ranks (AG: the 3-D output tensor map's block coordinate) and the default (the
+  plan's choice) against the f32 reference, alternating with the threads' stores on the same channel."""
+  x, w = _inputs(M, N, K, dtype, seed=17)
+  ft, args = _traced_with({"overlap_tma_store": True}, "ag", x, w)
+  fd, _ = _traced_with({"overlap_tma_store": None}, "ag", x, w)
+  fp, _ = _traced_with({"overlap_tma_store": False}, "ag", x, w)
+  ref = _ref("ag", x, w)
+  for it in range(6):
+    _close((ft, fd, fp)[it % 3](*args), ref, dtype, f"ag {M}x{N}x{K} tma {(True, None, False)[it % 3]} iter {it}")
+  og.check()
+
+
 _FIRST_CALL = r"""
 import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
