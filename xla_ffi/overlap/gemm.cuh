@@ -68,6 +68,20 @@ __device__ __forceinline__ int StageChunk(int r, int ch) {
   else return r * 256 + ((ch ^ (r & 7)) << 4);
 }
 
+// Piece h of a consumer thread's accumulator (its values [64h, 64h + 64), the
+// tile's columns [128h, 128h + 128)), rounded to T, into the staging tile in the
+// layout of StageChunk<kTma>.  `coords` maps a value to its (row, column).
+template <bool kTma, class T, int TN, class Acc, class Coords>
+__device__ __forceinline__ void StagePiece(char* stage, const Acc& acc, const Coords& coords, int h) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 64 * h; i < 64 * h + 64 && i < TN / 2; i += 2) {
+    const auto c0 = coords(i);
+    const int r = cute::get<0>(c0), c = cute::get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
+    const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
+    *reinterpret_cast<uint32_t*>(stage + StageChunk<kTma>(r, c >> 3) + (c & 7) * 2) = packed;
+  }
+}
+
 template <class T, int CM, int TN, bool TMA = false>
 struct GemmCfg {
   static_assert(CM == 1 || CM == 2, "cluster shape 1x1 or 2x1");
@@ -361,13 +375,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
       for (int h = 0; h < C::kPieces; ++h) {
         if (mma_tid == 0) cute::tma_store_wait<0>();  // the previous piece's / tile's stores read the staging tile
         ConsumerBarrier(C::kMmaThreads);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 64 * h; i < 64 * h + 64 && i < kTileN / 2; i += 2) {
-          const auto c0 = tCcD(i);
-          const int r = get<0>(c0), c = get<1>(c0) - 128 * h;
-          const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
-          *reinterpret_cast<uint32_t*>(stage_tile() + StageChunk<true>(r, c >> 3) + (c & 7) * 2) = packed;
-        }
+        StagePiece<true, T, kTileN>(stage_tile(), acc, tCcD, h);
         cute::tma_store_fence();  // these generic stores, visible to the bulk copies
         ConsumerBarrier(C::kMmaThreads);
         if (mma_tid == 0) {  // the piece's 64-column halves, clipped at the row block's and the output's bounds
@@ -420,13 +428,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < C::kPieces; ++h) {
         ConsumerBarrier(C::kMmaThreads);  // the previous piece / tile was read out
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 64 * h; i < 64 * h + 64 && i < kTileN / 2; i += 2) {
-          const auto c0 = tCcD(i);
-          const int r = get<0>(c0), c = get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
-          const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
-          *reinterpret_cast<uint32_t*>(stage_tile() + StageChunk<false>(r, c >> 3) + (c & 7) * 2) = packed;
-        }
+        StagePiece<false, T, kTileN>(stage_tile(), acc, tCcD, h);
         ConsumerBarrier(C::kMmaThreads);
         if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
           WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
