@@ -173,24 +173,30 @@ def gpu_kernel_events(trace_dir):
   return sorted(out, key=lambda e: e[1])
 
 
-def chain_profile(f, a, trace_dir):
-  """One traced call of a chain: median GEMM kernel time and median idle gap between consecutive GEMMs (us)."""
-  import jax
-  with jax.profiler.trace(trace_dir):
-    jax.block_until_ready(f(*a))
-  evs = gpu_kernel_events(trace_dir)
+def gemm_kernel_stats(evs):
+  """The GEMM of traced GPU activities (the kernel with the most time) and the rest: its median duration, the
+  median idle gap between consecutive GEMMs and the start-to-start period (us), or None without activities."""
   if not evs:
     return None
-  name = max({e[0] for e in evs}, key=lambda n: sum(e[2] for e in evs if e[0] == n))  # the GEMM: most time
+  name = max({e[0] for e in evs}, key=lambda n: sum(e[2] for e in evs if e[0] == n))
   ks = [e for e in evs if e[0] == name]
   gaps = [b[1] - (a_[1] + a_[2]) for a_, b in zip(ks, ks[1:])]
-  between = collections.Counter(e[0][:60] for e in evs if e[0] != name)
   # Start to start: with programmatic launch a kernel starts (and waits) before its predecessor
   # ends, so its duration includes that wait and the gap is negative; the period is the cost.
   periods = [b[1] - a_[1] for a_, b in zip(ks, ks[1:])]
-  return {"kernel": name[:120], "kernel_us": statistics.median(e[2] for e in ks),
+  return {"kernel": name[:120], "kernels": len(ks), "kernel_us": statistics.median(e[2] for e in ks),
           "gap_us": statistics.median(gaps) if gaps else None,
-          "period_us": statistics.median(periods) if periods else None, "other_activities": dict(between)}
+          "period_us": statistics.median(periods) if periods else None,
+          "max_period_us": max(periods) if periods else None,
+          "other_activities": dict(collections.Counter(e[0][:60] for e in evs if e[0] != name))}
+
+
+def chain_profile(f, a, trace_dir):
+  """One traced call of a chain: gemm_kernel_stats of its GPU activities."""
+  import jax
+  with jax.profiler.trace(trace_dir):
+    jax.block_until_ready(f(*a))
+  return gemm_kernel_stats(gpu_kernel_events(trace_dir))
 
 
 def parse_cutlass_probe(text):

@@ -264,3 +264,15 @@ def test_cutlass_probe_output_joins_the_rows():
   assert "cutlass_best" not in rows[1]  # a shape the probe did not time
   assert mod.parse_cutlass_probe("1x2x3\n  coop 128x256x64 cluster 1x1   cannot implement\n") == {"1x2x3": {}}
 
+
+
+def test_gemm_kernel_stats():
+  """The trace summary of benchmarks/overlap_gemm.py --profile and tools/gemm_power_probe.py --trace: the kernel
+  with the most time is the GEMM; its duration, gaps and start-to-start periods by hand."""
+  mod = _gemm_bench()
+  evs = [("gemm", 0.0, 10.0), ("copy", 10.5, 1.0), ("gemm", 12.0, 10.0), ("gemm", 21.0, 11.0)]  # a PDL overlap
+  s = mod.gemm_kernel_stats(evs)
+  assert s["kernel"] == "gemm" and s["kernels"] == 3 and s["kernel_us"] == 10.0
+  assert s["gap_us"] == statistics.median([2.0, -1.0]) and s["period_us"] == statistics.median([12.0, 9.0])
+  assert s["max_period_us"] == 12.0 and s["other_activities"] == {"copy": 1}
+  assert mod.gemm_kernel_stats([]) is None

@@ -69,9 +69,10 @@ def _chain(body, n):
 
 
 def _steady_trace(f, x, w, calls, trace_dir):
-  """GEMM kernel median duration and start-to-start period (us) over 3 traced programs after `calls` untimed."""
+  """The GEMM kernel's median duration and start-to-start period (us) over 3 traced programs after `calls`
+  untimed (benchmarks/overlap_gemm.py gemm_kernel_stats)."""
   _benchmarks()
-  from overlap_gemm import gpu_kernel_events
+  from overlap_gemm import gemm_kernel_stats, gpu_kernel_events
   y = None
   for _ in range(calls):
     y = f(x, w)
@@ -79,15 +80,7 @@ def _steady_trace(f, x, w, calls, trace_dir):
     for _ in range(3):
       y = f(x, w)
     jax.block_until_ready(y)
-  evs = gpu_kernel_events(trace_dir)
-  if not evs:
-    return None
-  name = max({e[0] for e in evs}, key=lambda nm: sum(e[2] for e in evs if e[0] == nm))
-  ks = [e for e in evs if e[0] == name]
-  periods = [b[1] - a_[1] for a_, b in zip(ks, ks[1:])]
-  return {"kernel": name[:100], "kernels": len(ks), "kernel_us": statistics.median(e[2] for e in ks),
-          "period_us": statistics.median(periods) if periods else None,
-          "max_period_us": max(periods) if periods else None}
+  return gemm_kernel_stats(gpu_kernel_events(trace_dir))
 
 
 def main():
