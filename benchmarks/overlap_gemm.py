@@ -116,7 +116,7 @@ def default_plan(kind, m, n, k):
 
   from jax_dfccl._src import overlap_gpu as og
   sms = getattr(jax.devices()[0], "core_count", None) or 132
-  return og.module().plan(1, m, n, k, sms, sms, og._mode(og._config(), kind, 1, 0))
+  return og.module().plan(1, m, n, k, sms, sms, og._mode(og._config(), kind, 1, 0), kind)
 
 
 def interleaved(fns, iters, reps, min_rep_s):

@@ -18,8 +18,8 @@ SMS = 132  # an H200
 TILE_M = 128
 
 
-def plan(rows, n, k, nranks=1, avail=SMS, cluster_ctas=SMS, mode=0):
-  return ov.plan(nranks, rows, n, k, avail, cluster_ctas, mode)
+def plan(rows, n, k, nranks=1, avail=SMS, cluster_ctas=SMS, mode=0, kind="ag"):
+  return ov.plan(nranks, rows, n, k, avail, cluster_ctas, mode, kind)
 
 
 def forced(tile_n):
@@ -134,17 +134,20 @@ def test_tma_store():
 
 @pytest.mark.parametrize("rows,n,k", SHAPES + [(4096, 7168, 4096), (2048, 4096, 4160), (8192, 4096, 7168)])
 @pytest.mark.parametrize("nranks", [1, 2])
-def test_tma_store_auto(rows, n, k, nranks):
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+def test_tma_store_auto(rows, n, k, nranks, kind):
   """overlap_tma_store=None (kModeTmaStoreAuto): bulk stores exactly where the tiles take more than one wave, on
-  1x1 clusters; the rest of the plan is the one without them."""
+  1x1 clusters, for tiles of this rank's own output (AG; RS on one rank: RS on several keeps the threads'
+  stores, forced or not); the rest of the plan is the one without them."""
   auto = og.MODE_TMA_STORE_AUTO
-  base, p = plan(rows, n, k, nranks), plan(rows, n, k, nranks, mode=auto)
+  base, p = plan(rows, n, k, nranks, kind=kind), plan(rows, n, k, nranks, mode=auto, kind=kind)
   assert {a: v for a, v in p.items() if a != "tma_store"} == {a: v for a, v in base.items() if a != "tma_store"}
   tiles = whole_tiles(rows, n, p["tile_n"], nranks)
   assert p["tiles"] == tiles
-  assert p["tma_store"] == int(tiles > SMS)
-  assert plan(rows, n, k, nranks, mode=auto | og.MODE_CLUSTER_M2)["tma_store"] == 0
-  assert plan(rows, n, k, nranks, mode=auto | og.MODE_TMA_STORE)["tma_store"] == 1  # forced wins
+  own = kind == "ag" or nranks == 1
+  assert p["tma_store"] == int(own and tiles > SMS)
+  assert plan(rows, n, k, nranks, mode=auto | og.MODE_CLUSTER_M2, kind=kind)["tma_store"] == 0
+  assert plan(rows, n, k, nranks, mode=auto | og.MODE_TMA_STORE, kind=kind)["tma_store"] == int(own)  # forced wins
 
 
 def test_tma_store_auto_examples():
@@ -154,3 +157,11 @@ def test_tma_store_auto_examples():
   assert plan(512, 7168, 4096, mode=auto)["tma_store"] == 0    # one wave: 1.069x
   assert plan(1024, 4096, 7168, mode=auto)["tma_store"] == 0   # 128 tiles, one wave: 1.013-1.017x
   assert plan(8192, 4096, 7168, mode=auto)["tma_store"] == 1   # 8 waves: 0.983x
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_plan_needs_a_kind(nranks):
+  """The plan is per op kind (the bulk stores are for tiles of the rank's own output); other kinds are refused."""
+  assert plan(1024, 4096, 4096, nranks, kind="ag") == plan(1024, 4096, 4096, nranks, kind="rs")  # no bulk stores
+  with pytest.raises(Exception, match="kind"):
+    plan(1024, 4096, 4096, nranks, kind="ar")

@@ -158,7 +158,7 @@ def test_tma_store_auto(M, N, K, kind):
   g = _run(kind, 1, x, w, tma_store=None)
   sms = getattr(gpus()[0], "core_count", None) or 132
   with jax_dfccl.configured(overlap_cluster_m=1, overlap_tma_store=None):
-    plan = og.module().plan(1, M, N, K, sms, sms, og._mode(og._config(), kind, 1, 0))
+    plan = og.module().plan(1, M, N, K, sms, sms, og._mode(og._config(), kind, 1, 0), kind)
   assert plan["tma_store"] == 1 and plan["tiles"] > sms, plan
   for it in range(3):
     _close(g(x, w), ref, jnp.bfloat16, f"{kind} {M}x{N}x{K} tma auto iter {it}")

@@ -1,8 +1,12 @@
 // nanobind module _dfccl_overlap: the fused GEMM+communication overlap ops
 // (tile-wise signaling Hopper GEMM, CUTLASS 3 sm90 mainloop), CUDA only.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
 
 #include "bindings/errors.h"
+#include "dfccl/check.h"
 #include "overlap/handlers.h"
 #include "overlap/plan.h"
 
@@ -29,8 +33,11 @@ NB_MODULE(_dfccl_overlap, m) {
   // The plan of a launch (overlap/plan.h): tests and benchmarks.
   m.def(
       "plan",
-      [](int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode) {
-        const dfccl::overlap::LaunchPlan p = dfccl::overlap::PlanLaunch(nranks, rows, n, k, avail, cluster_ctas, mode);
+      [](int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode, const std::string& kind) {
+        DFCCL_CHECK(kind == "ag" || kind == "rs", "dfccl overlap: kind is 'ag' or 'rs', got " << kind);
+        const dfccl::overlap::LaunchPlan p =
+            dfccl::overlap::PlanLaunch(kind == "ag" ? dfccl::overlap::kAllGatherGemm : dfccl::overlap::kGemmReduceScatter,
+                                       nranks, rows, n, k, avail, cluster_ctas, mode);
         nb::dict d;
         d["tile_n"] = p.tile_n; d["cluster_m"] = p.cluster_m; d["tiles"] = p.tiles; d["units"] = p.units;
         d["sk_units"] = p.sk_units; d["sk_tiles"] = p.sk_tiles; d["grid"] = p.grid; d["pdl"] = p.pdl;
@@ -38,7 +45,7 @@ NB_MODULE(_dfccl_overlap, m) {
         return d;
       },
       nb::arg("nranks"), nb::arg("rows"), nb::arg("n"), nb::arg("k"), nb::arg("avail"), nb::arg("cluster_ctas"),
-      nb::arg("mode"));
+      nb::arg("mode"), nb::arg("kind"));
 
   // Diagnostics (benchmarks/overlap_diag.py); see handlers.h.
   m.def("_set_diag", &dfccl::overlap::SetDiag, nb::arg("no_comm"), nb::arg("profile"));

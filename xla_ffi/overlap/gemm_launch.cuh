@@ -195,15 +195,14 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM, TN, TMA>, p);
 }
 
-// The launch's variant; the TMA variant (LaunchPlan::tma_store) where every
-// tile's destination is this rank's output -- AG, and RS on one rank, not the
-// diagnostic without communication -- and the output can be described by a
-// tensor map (16-byte aligned rows: n a multiple of 8); else the plain one.
+// The launch's variant; the TMA variant where the plan picks it (LaunchPlan::
+// tma_store: 1x1 clusters, every tile's destination this rank's output), not
+// in the diagnostic without communication, and where the output can be
+// described by a tensor map (16-byte aligned rows: n a multiple of 8); else
+// the plain one.
 template <class T>
 cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
-  const bool tma = l.plan.tma_store != 0 && l.plan.cluster_m == 1 && !l.no_comm &&
-                   (l.kind == kAllGatherGemm || l.nranks == 1) && l.n % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(l.out) % 16 == 0;
+  const bool tma = l.plan.tma_store != 0 && !l.no_comm && l.n % 8 == 0 && reinterpret_cast<uintptr_t>(l.out) % 16 == 0;
   return ForVariant(l.plan.cluster_m, l.plan.tile_n, tma,
                     [&]<int CM, int TN, bool TMA>() { return LaunchVariant<T, CM, TN, TMA>(l, stream); });
 }

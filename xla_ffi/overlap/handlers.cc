@@ -338,7 +338,7 @@ ffi::Error AgImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     const int push_ctas = ce ? 0 : std::min<int>(16, (P - 1) * mtiles * 4);  // 4: pieces per chunk (push.cu)
     pl.grid = push_ctas;
     const LaunchPlan plan =
-        PlanLaunch(P, m, n, K, dev.sms - (push ? std::max(push_ctas, 1) : 0), dev.cluster_ctas, mode);
+        PlanLaunch(kAllGatherGemm, P, m, n, K, dev.sms - (push ? std::max(push_ctas, 1) : 0), dev.cluster_ctas, mode);
     const int tiles = plan.tiles;
     uint64_t* tl = TimelineAlloc(stream, size_t(tiles) * kTlWords + size_t(kMaxRanks) * kTlSide);
     if (push) {
@@ -416,7 +416,7 @@ ffi::Error RsImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::A
     gl.kind = kGemmReduceScatter; gl.rank = g.rank; gl.nranks = P; gl.mb = mb; gl.n = N; gl.k = k;
     for (int b = 0; b < P; ++b) gl.a[b] = static_cast<const char*>(x.untyped_data()) + size_t(b) * mb * k * esz;
     // Copy engine: one SM stays free for the side stream's wait / signal kernels.
-    const LaunchPlan plan = PlanLaunch(P, mb, N, k, dev.sms - (ce ? 1 : 0), dev.cluster_ctas, mode);
+    const LaunchPlan plan = PlanLaunch(kGemmReduceScatter, P, mb, N, k, dev.sms - (ce ? 1 : 0), dev.cluster_ctas, mode);
     const int per_block = plan.tiles / P;
     gl.w = w.untyped_data(); gl.out = out->untyped_data(); gl.local_recv = pro.rs->buf;
     gl.local_flags = pro.rs->flags; gl.tile_counter = pro.rs->counter; gl.mbox = pro.c->mbox;

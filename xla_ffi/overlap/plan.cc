@@ -108,7 +108,8 @@ int ChooseTileN(int nranks, int mtiles, int n, int k_tiles, int avail, int32_t m
 // split or the tiles fit in one wave, else 2x1 (one H200, the GEMM alone: 2x1
 // within the run-to-run spread of 1x1 on the multi-wave benchmark shapes, 0-3%
 // ahead on most in overlap_gemm_2026-12-01_h200_configs_rot.md).
-LaunchPlan PlanLaunch(int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode) {
+LaunchPlan PlanLaunch(int32_t kind, int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode) {
+  DFCCL_CHECK(kind == kAllGatherGemm || kind == kGemmReduceScatter, "dfccl overlap: no op kind " << kind);
   LaunchPlan p;
   avail = std::max(1, avail);
   const int mtiles = (rows + kTileM - 1) / kTileM, k_tiles = (k + 63) / 64;
@@ -136,8 +137,11 @@ LaunchPlan PlanLaunch(int nranks, int rows, int n, int k, int avail, int cluster
   // threads' stores per rep (overlap_gemm_2026-12-03_h200_tma{,_auto}.md):
   // multi-wave 0.95-0.97x at K = 4096, 0.97-1.02x (mean 0.995) at larger K;
   // single-wave 0.99-1.07x (the stores of a CTA's one tile end the kernel).
+  // Only tiles whose destination is this rank's own output take them (AG; RS
+  // on one rank): RS on several ranks keeps the threads' stores.
   const bool tma_auto = (mode & kModeTmaStoreAuto) && tiles > avail;
-  p.tma_store = ((mode & kModeTmaStore) || tma_auto) && p.cluster_m == 1 ? 1 : 0;
+  const bool own_output = kind == kAllGatherGemm || nranks == 1;
+  p.tma_store = ((mode & kModeTmaStore) || tma_auto) && p.cluster_m == 1 && own_output ? 1 : 0;
   return p;
 }
 
