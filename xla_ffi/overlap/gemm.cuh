@@ -437,44 +437,52 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
           ConsumerBarrier(C::kMmaThreads);
           if (tl) tl[2] = GlobalTimer();
         }
-        if (dst != nullptr) {
-          constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
+        constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
+        if (dst != nullptr && !fold) {
+          // Plain stores: one short unrolled loop, contiguous in the code (the
+          // fold's longer body is a separate loop below, so this path's
+          // instructions are fetched in one run, not between fold blocks).
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kVecs; ++j) {
+            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
+            const int col = 128 * h + ch * 8;
+            if (r < rows && col < cols)  // cols % 8 == 0: a chunk is all in or all out
+              *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) =
+                  *reinterpret_cast<const uint4*>(stage_tile() + StageChunk<false>(r, ch));
+          }
+        } else if (dst != nullptr) {
           // Fold: the first peer's partials of this half are loaded up front (all
           // kVecs 16-byte loads in flight at once, not one per store).
           const int q0 = l.rank == 0 ? 1 : 0;
           uint4 pre[kVecs];
-          if (fold) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kVecs; ++j) {
-              const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
-              pre[j] = make_uint4(0, 0, 0, 0);
-              if (r < rows && col < cols)
-                pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
-                                                         tile_off + size_t(r) * l.n + col);
-            }
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kVecs; ++j) {
+            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
+            pre[j] = make_uint4(0, 0, 0, 0);
+            if (r < rows && col < cols)
+              pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
+                                                       tile_off + size_t(r) * l.n + col);
           }
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kVecs; ++j) {
             const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
             const int col = 128 * h + ch * 8;
-            if (r >= rows || col >= cols) continue;  // cols % 8 == 0: a chunk is all in or all out
+            if (r >= rows || col >= cols) continue;
             uint4 v = *reinterpret_cast<const uint4*>(stage_tile() + StageChunk<false>(r, ch));
-            if (fold) {
-              float f[8];
-              const T* pv = reinterpret_cast<const T*>(&v);
-              for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
-              for (int q = 0; q < l.nranks; ++q) {
-                if (q == l.rank) continue;
-                const uint4 u = q == q0 ? pre[j]
-                                        : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
-                                                                          size_t(q) * l.mb * l.n + tile_off +
-                                                                          size_t(r) * l.n + col);
-                const T* pu = reinterpret_cast<const T*>(&u);
-                for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
-              }
-              T* pw = reinterpret_cast<T*>(&v);
-              for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
+            float f[8];
+            const T* pv = reinterpret_cast<const T*>(&v);
+            for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
+            for (int q = 0; q < l.nranks; ++q) {
+              if (q == l.rank) continue;
+              const uint4 u = q == q0 ? pre[j]
+                                      : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
+                                                                        size_t(q) * l.mb * l.n + tile_off +
+                                                                        size_t(r) * l.n + col);
+              const T* pu = reinterpret_cast<const T*>(&u);
+              for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
             }
+            T* pw = reinterpret_cast<T*>(&v);
+            for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
             *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) = v;
           }
         }
