@@ -70,15 +70,25 @@ __device__ __forceinline__ int StageChunk(int r, int ch) {
 
 // Piece h of a consumer thread's accumulator (its values [64h, 64h + 64), the
 // tile's columns [128h, 128h + 128)), rounded to T, into the staging tile in the
-// layout of StageChunk<kTma>.  `coords` maps a value to its (row, column).
+// layout of StageChunk<kTma>, by `stmatrix` (four 8x8 matrices per
+// instruction).  The WGMMA accumulator of a warp is a 16-row slab: value
+// 4j + 2v + e of lane l sits at row l / 4 + 8v, column 8j + 2(l % 4) + e (the
+// mma C fragment, which is stmatrix's), so values 8q .. 8q + 7 of every lane
+// are the four matrices (rows 0-7 | 8-15) x (chunk 2q | 2q + 1), and lane l
+// names row l % 8 of matrix l / 8.  `coords` maps a value to its (row,
+// column): the slab's first row and each step's chunk come from it.
 template <bool kTma, class T, int TN, class Acc, class Coords>
 __device__ __forceinline__ void StagePiece(char* stage, const Acc& acc, const Coords& coords, int h) {
+  const int lane = static_cast<int>(threadIdx.x & 31u), m = lane >> 3;
+  const int row = cute::get<0>(coords(0)) - (lane >> 2) + (m & 1) * 8 + (lane & 7);  // of the matrix row it names
+  auto pack = [&](int i) { return uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16); };
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 64 * h; i < 64 * h + 64 && i < TN / 2; i += 2) {
-    const auto c0 = coords(i);
-    const int r = cute::get<0>(c0), c = cute::get<1>(c0) - 128 * h;  // c even, c + 1 in the same chunk
-    const uint32_t packed = uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16);
-    *reinterpret_cast<uint32_t*>(stage + StageChunk<kTma>(r, c >> 3) + (c & 7) * 2) = packed;
+  for (int i = 64 * h; i < 64 * h + 64 && i < TN / 2; i += 8) {
+    const int ch = ((cute::get<1>(coords(i)) - 128 * h) >> 3) + (m >> 1);
+    const uint32_t addr = SmemAddr(stage + StageChunk<kTma>(row, ch));
+    asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(pack(i)),
+                 "r"(pack(i + 2)), "r"(pack(i + 4)), "r"(pack(i + 6))
+                 : "memory");
   }
 }
 
