@@ -265,7 +265,6 @@ def test_cutlass_probe_output_joins_the_rows():
   assert mod.parse_cutlass_probe("1x2x3\n  coop 128x256x64 cluster 1x1   cannot implement\n") == {"1x2x3": {}}
 
 
-
 def test_gemm_kernel_stats():
   """The trace summary of benchmarks/overlap_gemm.py --profile and tools/gemm_power_probe.py --trace: the kernel
   with the most time is the GEMM; its duration, gaps and start-to-start periods by hand."""

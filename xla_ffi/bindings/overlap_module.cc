@@ -6,7 +6,6 @@
 #include <string>
 
 #include "bindings/errors.h"
-#include "dfccl/check.h"
 #include "overlap/handlers.h"
 #include "overlap/plan.h"
 
@@ -34,10 +33,9 @@ NB_MODULE(_dfccl_overlap, m) {
   m.def(
       "plan",
       [](int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode, const std::string& kind) {
-        DFCCL_CHECK(kind == "ag" || kind == "rs", "dfccl overlap: kind is 'ag' or 'rs', got " << kind);
-        const dfccl::overlap::LaunchPlan p =
-            dfccl::overlap::PlanLaunch(kind == "ag" ? dfccl::overlap::kAllGatherGemm : dfccl::overlap::kGemmReduceScatter,
-                                       nranks, rows, n, k, avail, cluster_ctas, mode);
+        using namespace dfccl::overlap;  // PlanLaunch refuses any other kind (-1)
+        const int32_t kd = kind == "ag" ? kAllGatherGemm : kind == "rs" ? kGemmReduceScatter : -1;
+        const LaunchPlan p = PlanLaunch(kd, nranks, rows, n, k, avail, cluster_ctas, mode);
         nb::dict d;
         d["tile_n"] = p.tile_n; d["cluster_m"] = p.cluster_m; d["tiles"] = p.tiles; d["units"] = p.units;
         d["sk_units"] = p.sk_units; d["sk_tiles"] = p.sk_tiles; d["grid"] = p.grid; d["pdl"] = p.pdl;

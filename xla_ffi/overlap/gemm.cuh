@@ -76,7 +76,9 @@ __device__ __forceinline__ int StageChunk(int r, int ch) {
 // mma C fragment, which is stmatrix's), so values 8q .. 8q + 7 of every lane
 // are the four matrices (rows 0-7 | 8-15) x (chunk 2q | 2q + 1), and lane l
 // names row l % 8 of matrix l / 8.  `coords` maps a value to its (row,
-// column): the slab's first row and each step's chunk come from it.
+// column): the slab's first row and each step's chunk come from it.  (CuTe's
+// SM90_U32x4_STSM_N issues the same instruction without a memory clobber; the
+// barrier after the piece must not be passed by these stores.)
 template <bool kTma, class T, int TN, class Acc, class Coords>
 __device__ __forceinline__ void StagePiece(char* stage, const Acc& acc, const Coords& coords, int h) {
   const int lane = static_cast<int>(threadIdx.x & 31u), m = lane >> 3;

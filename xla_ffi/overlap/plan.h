@@ -12,10 +12,11 @@
 
 namespace dfccl::overlap {
 
-// kind: kAllGatherGemm or kGemmReduceScatter (protocol.h Kind); rows: rows of one row block (AG: x's rows; RS: M / nranks); n, k: the GEMM's
-// columns and contraction; avail: the SMs left to the GEMM; cluster_ctas: CTAs
-// of the 2x1 variant resident at once.  Throws dfccl::Error when 2x1 clusters
-// are asked for and none fits.
+// kind: kAllGatherGemm or kGemmReduceScatter (protocol.h Kind); rows: rows of
+// one row block (AG: x's rows; RS: M / nranks); n, k: the GEMM's columns and
+// contraction; avail: the SMs left to the GEMM; cluster_ctas: CTAs of the 2x1
+// variant resident at once.  Throws dfccl::Error for another kind, or when 2x1
+// clusters are asked for and none fits.
 LaunchPlan PlanLaunch(int32_t kind, int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode);
 
 }  // namespace dfccl::overlap

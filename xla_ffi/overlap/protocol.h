@@ -191,9 +191,10 @@ struct LaunchPlan {
   // The epilogue stores tiles whose destination is this rank's own output (AG;
   // RS on one rank) through the tensor memory accelerator (gemm.cuh: bulk
   // tensor stores from the staging tile, the consumers not waiting for them);
-  // 1x1 clusters only; forced by kModeTmaStore, or picked by PlanLaunch under
-  // kModeTmaStoreAuto (the default) for launches of more than one wave.  Other
-  // tiles (RS peers' partials, the fold) keep the threads' stores.
+  // 1x1 clusters and those op kinds only (PlanLaunch sets it for no other);
+  // forced by kModeTmaStore, or picked under kModeTmaStoreAuto (the default)
+  // for launches of more than one wave.  Other tiles (RS peers' partials, the
+  // fold) keep the threads' stores.
   int32_t tma_store = 0;
 };
 
