@@ -140,11 +140,14 @@ class Config:
   #: GPU: a task is split into lanes (one worker block each) of at least this
   #: many bytes (a multiple of 16 or 16 at least).
   lane_min_bytes: int = 4096
-  #: GPU, pool 0 (small messages, per communicator): instances in flight (each
-  #: pool's last slot is kept for an instance every rank has started, so that
-  #: instances started ahead never starve one whose ranks are all there:
-  #: xla_ffi/device/match.cuh), lanes per instance (1..64) and staging bytes per
-  #: lane (a multiple of 16; with the LL protocol half of it is data).  Applies to
+  #: GPU, pool 0 (small messages, per communicator): staging slots, lanes per
+  #: instance (1..64) and staging bytes per lane (a multiple of 16; with the LL
+  #: protocol half of it is data).  Matched by identity (``small_by_identity``)
+  #: the slots form buckets of 8 (16 by default): a key's instances use the
+  #: ways of its bucket, and a sender waits for a free way at a receiver.  In
+  #: the match table they are instances in flight (the last slot is kept for an
+  #: instance every rank has started, so that instances started ahead never
+  #: starve one whose ranks are all there: xla_ffi/device/match.cuh).  Applies to
   #: communicators created later.
   small_slots: int = 128
   small_lanes: int = 16
@@ -153,6 +156,15 @@ class Config:
   #: pushed into the receiver's staging, no fences); False: every message takes
   #: pool 1.
   ll: bool = True
+  #: GPU: pool-0 (small) collectives are matched by identity in the receivers'
+  #: staging: the (key, sequence number) picks the instance slot and the LL
+  #: flag on every rank alike, so a rank writes its message to its peers at
+  #: once, and a blocking collective that completes inside
+  #: ``submit_inline_us`` takes no ticket and leaves nothing to the daemon
+  #: (xla_ffi/device/task.h, "identity").  False: the match table (a slot
+  #: claimed under a lock in rank 0's memory; for measurements).  Every process
+  #: of a group must agree.  Applies to communicators created later.
+  small_by_identity: bool = True
   #: GPU: pool-1 messages take the direct path (lanes read and write the peers'
   #: XLA buffers in place over NVLink, device/direct.cuh; across processes
   #: through mappings of the allocations that hold them, runtime/ipc.h); False:

@@ -134,6 +134,8 @@ STATS_EXTRAS = {
     "cuda": {
         "daemon_tasks_done": "tasks the daemon kernels finished (the copy-engine path excluded)",
         "inline_done": "tasks their submit kernels finished themselves (config.submit_inline_us)",
+        "identity_done": "... of them matched by identity without a ticket (config.small_by_identity; counted "
+                         "in started and completed too)",
         "steps": "lane steps the daemons ran",
         "aborted": "tasks the daemons dropped after the watchdog aborted them",
         "launches": "daemon kernel launches",

@@ -225,6 +225,16 @@ elif case == "bench":
       ops = st1["started"] - st0["started"]
       row[name + "_handler_calls_per_op"] = (st1["host_calls"] - st0["host_calls"]) / max(ops, 1)
       row[name + "_host_start_us"] = st1["host_start_us"]
+      row[name + "_host_streamop_us"] = st1["host_streamop_us"]
+      # 8 executions enqueued before blocking (each on the last one's output): their host work
+      # (the handlers XLA calls when it updates a command buffer) overlaps the device's.
+      y = f(x)
+      y.block_until_ready()
+      t0 = time.perf_counter()
+      for _ in range(8):
+        y = f(y)
+      y.block_until_ready()
+      row[name + "_pipelined_us"] = (time.perf_counter() - t0) / 800 * 1e6
     got = local(fori(x))[0]
     want = full.sum(0)
     for _ in range(99):
@@ -298,12 +308,16 @@ elif case == "timeout":
   else:
     time.sleep(8)
 elif case == "slots":
-  # The reserve slot (device/match.cuh): with one small-message slot, rank 0 starts "A" and
-  # then "B"; rank 1, later, starts "B" first and "A" only after "B" completed.  Neither of
-  # rank 0's arrivals may take the pool's only slot (its reserve) before rank 1 arrives, so B,
-  # which both arrive at, gets it, then A: both exact, no error.
-  slots = int(sys.argv[sys.argv.index("--small-slots") + 1]) if "--small-slots" in sys.argv else 1
-  d.configure(small_slots=slots, timeout_s=20.0)  # before the group's communicator is created (warm)
+  # Rank 0 starts "A" and then "B"; rank 1, later, starts "B" first and "A" only after "B"
+  # completed.  In the match table (--identity 0) with one small-message slot: neither of
+  # rank 0's arrivals may take the pool's only slot (its reserve, device/match.cuh) before
+  # rank 1 arrives, so B, which both arrive at, gets it, then A.  By identity (--identity 1,
+  # device/task.h) with two slots, so that A and B share one bucket of two ways: rank 0's A
+  # holds one way at rank 1 until rank 1 starts A, and B takes the other.  Both exact, no error.
+  identity = int(sys.argv[sys.argv.index("--identity") + 1]) if "--identity" in sys.argv else 0
+  slots = int(sys.argv[sys.argv.index("--small-slots") + 1]) if "--small-slots" in sys.argv else 1 + identity
+  # Before the group's communicator is created (warm).
+  d.configure(small_slots=slots, small_by_identity=bool(identity), timeout_s=20.0)
   full, x = inputs(8)
   check("warm", local(smap(lambda v: d.psum(v, "x", key="warm"))(x))[0], full.sum(0))
   if rank == 0:

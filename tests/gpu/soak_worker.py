@@ -181,7 +181,12 @@ def main():
   ap.add_argument("--iters", type=int, default=3)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--growth", type=float, default=0.05, help="allowed growth of peak RSS after warm-up")
+  ap.add_argument("--config", default="", help="jax_dfccl.config entries, k=v,... (e.g. small_slots=2)")
   args = ap.parse_args()
+  if args.config:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    from benchmarks.common import parse_config
+    d.configure(**parse_config(args.config))
   s = Soak(args.seed, args.iters)
   t_start = time.perf_counter()
   progs = []

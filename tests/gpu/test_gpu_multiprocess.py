@@ -22,11 +22,11 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="needs CUDA MPS")]
 
 
-def _run(case, tmp_path, n=2, timeout=240, keep_going=False):
+def _run(case, tmp_path, n=2, timeout=240, keep_going=False, args=()):
   out = tmp_path / case
   cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", str(n), "--timeout", str(timeout), "--out", str(out),
          *(["--keep-going"] if keep_going else []), "--",
-         sys.executable, str(ROOT / "tests/gpu/mp_worker.py"), "--case", case]
+         sys.executable, str(ROOT / "tests/gpu/mp_worker.py"), "--case", case, *args]
   p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, cwd=ROOT)
   results = []
   for r in range(n):
@@ -60,10 +60,13 @@ def test_a_mismatch_across_processes_names_the_key_and_both_ranks(tmp_path):
   assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
 
 
-def test_instances_started_ahead_do_not_starve_a_peer_of_slots(tmp_path):
-  """One small-message slot; rank 0 starts A then B, rank 1 starts B and only then A: the slot is
-  the reserve, which only an instance both ranks arrived at may take, so B gets it, then A; exact."""
-  p, results = _run("slots", tmp_path, timeout=120)
+@pytest.mark.parametrize("identity", [0, 1])
+def test_instances_started_ahead_do_not_starve_a_peer_of_slots(tmp_path, identity):
+  """Rank 0 starts A then B, rank 1 starts B and only then A.  Match table, one small-message
+  slot: the slot is the reserve, which only an instance both ranks arrived at may take, so B gets
+  it, then A.  By identity, A and B in one bucket of two ways: A's message waits in one way, B
+  takes the other.  Exact either way."""
+  p, results = _run("slots", tmp_path, timeout=120, args=("--identity", str(identity)))
   assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
 
 

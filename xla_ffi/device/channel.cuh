@@ -127,6 +127,12 @@ DFCCL_DEV uint2 ReduceUnit(const uint2* v, int n) {
 // so every 8-byte half validates itself: no fence, no separate flag, and no
 // ordering between data and flag to get wrong.  The sender pushes its lines;
 // the receiver polls its lines until every flag matches, then combines.
+// Matched by identity (device/task.h, "identity"; F = IdentityTag): a sender
+// writes a receiver's cell once its previous message there was consumed, with a
+// header carrying the signature; the receiver checks the headers, combines,
+// zeroes its cells and tells each sender it consumed them.  Sends and the
+// receive are separate steps (LaneState::p_send: the next peer), so a lane
+// whose cell at one peer is still occupied receives meanwhile.
 template <class Op, class T, class R>
 __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
   const CommDev* cm = d.comm;
@@ -137,58 +143,145 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
   const int64_t len = max(int64_t{0}, min(d.lane_bytes, d.msg_bytes - lane_off));
   const int nu = static_cast<int>(len / 8);
   const uint32_t F = d.epoch;
-  const size_t slot_base = static_cast<size_t>(d.slot) * n;
-  auto lines = [&](int at, int src) {
-    return reinterpret_cast<uint4*>(cm->stage[0][at] + ((slot_base + src) * lanes + lane) * C);
-  };
+  const bool ident = d.match == kMatchIdentity;
+  const int ways = ident ? IdentityWays(cm->pool[0].nslots) : 1;  // identity: d.slot is the bucket's first slot
+  const uint64_t header = (static_cast<uint64_t>(F) << 32) | static_cast<uint32_t>(d.sig_hash);
+  auto cell = [&](int w, int src) { return ((static_cast<size_t>(d.slot) + w) * n + src) * lanes + lane; };  // [slot][src][lane]
+  auto lines = [&](int at, int w, int src) { return reinterpret_cast<uint4*>(cm->stage[0][at] + cell(w, src) * C); };
+  // Identity: in the sender's credits, [0] the tag its receiver consumed last, [1] the tag it sent last.
+  auto ack = [&](int sender, int receiver, int w) { return reinterpret_cast<uint32_t*>(cm->credits[0][sender] + cell(w, receiver)); };
+  __shared__ int way[kMaxRanks];  // identity: the way each source's message is in (-1: not seen yet)
+  __shared__ int pick;
+  __shared__ uint32_t fail;
+  __shared__ int heads;
   int result = 0;
-  if (s.c_send == 0) {
-    for (int p = 0; p < n; ++p) {
-      if (p == me || !Op::SendsTo(d, p)) continue;
+  Spinner spin(P.spin_ns << min(s.sticky, P.sticky_max));
+  while (true) {
+    bool moved = false;
+    while (!s.c_send) {  // send to every peer, in rank order
+      int p = s.p_send;
+      while (p < n && (p == me || !Op::SendsTo(d, p))) ++p;
+      if (p == n) { s.c_send = 1; break; }
+      int w = 0;
+      if (ident) {  // claim a free cell of the bucket at p (one whose last message p consumed)
+        if (threadIdx.x == 0) {
+          pick = -1;
+          for (int i = 0; i < ways && pick < 0; ++i) {
+            uint32_t* a = ack(me, p, i);
+            const uint32_t sent = LdVol(a + 1);
+            if (LdAcquireSys(a) == sent && atomicCAS(a + 1, sent, F) == sent) pick = i;
+          }
+          if (pick >= 0) StVol(cm->flags[0][p] + cell(pick, me), header);
+        }
+        __syncthreads();
+        w = pick;
+        __syncthreads();
+        if (w < 0) break;  // every way holds a message p has not consumed yet
+      }
       const uint2* src = reinterpret_cast<const uint2*>(d.in + Op::SendOffset(d, p) + lane_off);
-      uint4* dst = lines(p, me);
+      uint4* dst = lines(p, w, me);
       for (int u = threadIdx.x; u < nu; u += kThreads) {
         const uint2 v = __ldcg(src + u);
         StVolVec(dst + u, make_uint4(v.x, F, v.y, F));
       }
+      s.p_send = p + 1;
+      moved = true;
     }
-    s.c_send = 1;
-    result = kMoved;
-  }
-  if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneReady - kEvLaneEntered] = GlobalTimer();
-  Spinner spin(P.spin_ns << min(s.sticky, P.sticky_max));
-  while (true) {
-    bool ok = true;
-    for (int r = 0; r < n && ok; ++r) {
-      if (r == me || !Op::RecvsFrom(d, r)) continue;
-      const uint4* L = lines(me, r);
-      for (int u = threadIdx.x; u < nu; u += kThreads) {
-        const uint4 v = LdVolVec(L + u);
-        if (v.y != F || v.w != F) { ok = false; break; }
+    if (P.stamps && threadIdx.x == 0 && moved) P.stamps[kEvLaneReady - kEvLaneEntered] = GlobalTimer();
+    if (!s.c_recv) {
+      // Identity: every source's header first (its way; a mismatch shows before its lines).
+      if (threadIdx.x < kMaxRanks) way[threadIdx.x] = ident ? -1 : 0;
+      if (threadIdx.x == 0) { fail = 0; heads = 1; }
+      __syncthreads();
+      if (ident && threadIdx.x < ways * n) {
+        const int r = threadIdx.x / ways, i = threadIdx.x % ways;
+        if (r != me && Op::RecvsFrom(d, r)) {
+          const uint64_t h = LdVol(cm->flags[0][me] + cell(i, r));
+          if (static_cast<uint32_t>(h >> 32) == F) {
+            way[r] = i;
+            if (static_cast<uint32_t>(h) == 0) atomicMax(&fail, PackStatus(kStatusFailedPeer, r, r));  // its sender failed it
+            else if (static_cast<uint32_t>(h) != static_cast<uint32_t>(d.sig_hash)) atomicMax(&fail, PackStatus(kStatusMismatch, me, r));
+          }
+        }
       }
-    }
-    if (__syncthreads_and(ok)) break;
-    if (!spin.KeepSpinning()) { s.sticky >>= 1; return result | kPreempted; }
-  }
-  if (P.stamps && threadIdx.x == 0) P.stamps[kEvLanePolled - kEvLaneEntered] = GlobalTimer();
-  for (int u = threadIdx.x; u < nu; u += kThreads) {
-    uint2 v[kMaxRanks];
-    for (int r = 0; r < n; ++r) {
-      if (r == me) {
-        v[r] = __ldcg(reinterpret_cast<const uint2*>(d.in + Op::SelfOffset(d) + lane_off) + u);
-      } else if (Op::RecvsFrom(d, r)) {
-        const uint4 l = LdVolVec(lines(me, r) + u);
-        v[r] = make_uint2(l.x, l.z);
-      } else {
-        v[r] = make_uint2(0, 0);
+      __syncthreads();
+      if (ident && threadIdx.x == 0)
+        for (int r = 0; r < n; ++r)
+          if (r != me && Op::RecvsFrom(d, r) && way[r] < 0) heads = 0;
+      __syncthreads();
+      bool ok = heads != 0 || fail != 0;
+      for (int r = 0; r < n && ok && !fail; ++r) {
+        if (r == me || !Op::RecvsFrom(d, r)) continue;
+        const uint4* L = lines(me, way[r], r);
+        for (int u = threadIdx.x; u < nu; u += kThreads) {
+          const uint4 v = LdVolVec(L + u);
+          if (v.y != F || v.w != F) { ok = false; break; }
+        }
       }
+      if (__syncthreads_and(ok)) {
+        if (P.stamps && threadIdx.x == 0) P.stamps[kEvLanePolled - kEvLaneEntered] = GlobalTimer();
+        if (!fail) {
+          for (int u = threadIdx.x; u < nu; u += kThreads) {
+            uint2 v[kMaxRanks];
+            for (int r = 0; r < n; ++r) {
+              if (r == me) {
+                v[r] = __ldcg(reinterpret_cast<const uint2*>(d.in + Op::SelfOffset(d) + lane_off) + u);
+              } else if (Op::RecvsFrom(d, r)) {
+                const uint4 l = LdVolVec(lines(me, way[r], r) + u);
+                v[r] = make_uint2(l.x, l.z);
+              } else {
+                v[r] = make_uint2(0, 0);
+              }
+            }
+            Op::template CombineUnit<T, R>(d, v, lane_off + 8 * static_cast<int64_t>(u));
+          }
+          if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneCombined - kEvLaneEntered] = GlobalTimer();
+        }
+        if (ident && n > 1) {  // consumed (a mismatched message too, so its sender can go on): zero the cells, then tell the senders
+          for (int r = 0; r < n; ++r) {
+            if (r == me || !Op::RecvsFrom(d, r) || way[r] < 0) continue;
+            for (int u = threadIdx.x; u < nu; u += kThreads) StVolVec(lines(me, way[r], r) + u, make_uint4(0, 0, 0, 0));
+            if (threadIdx.x == 0) StVol(cm->flags[0][me] + cell(way[r], r), 0ull);
+          }
+          __threadfence_system();
+          __syncthreads();
+          if (threadIdx.x == 0)
+            for (int r = 0; r < n; ++r)
+              if (r != me && Op::RecvsFrom(d, r) && way[r] >= 0) StVol(ack(r, me, way[r]), F);
+        }
+        s.c_recv = 1;
+        s.fail = fail;
+        moved = true;
+        s.sticky = min(s.sticky + 1, P.sticky_max);
+      }
+      __syncthreads();  // shared words above are read by every thread before the next pass rewrites them
     }
-    Op::template CombineUnit<T, R>(d, v, lane_off + 8 * static_cast<int64_t>(u));
+    if (s.fail) return kDone | kMoved | kFailed;
+    if (s.c_send && s.c_recv) return kDone | kMoved;
+    if (moved) {
+      result = kMoved;
+      spin.Progress();
+    } else if (!spin.KeepSpinning()) {
+      s.sticky >>= 1;
+      return result | kPreempted;
+    }
   }
-  if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneCombined - kEvLaneEntered] = GlobalTimer();
-  s.c_recv = 1;
-  s.sticky = min(s.sticky + 1, P.sticky_max);
-  return kDone | kMoved;
+}
+
+// One thread, protocol "identity": task d failed on this rank (not by a
+// mismatch): every header it wrote at a peer gets signature bits 0, so the
+// peer's lanes fail it too (a header already consumed is gone: that peer has
+// its message and completed).  Rare: remote reads of every way of the bucket.
+DFCCL_DEV void MarkIdentityFailed(const TaskDesc& d) {
+  const CommDev* cm = d.comm;
+  const int n = d.nranks, ways = IdentityWays(cm->pool[0].nslots), lanes = cm->pool[0].lanes;
+  for (int p = 0; p < n; ++p)
+    for (int w = 0; p != d.rank && w < ways; ++w)
+      for (int l = 0; l < d.lanes; ++l) {
+        uint64_t* h = cm->flags[0][p] + ((static_cast<size_t>(d.slot) + w) * n + d.rank) * lanes + l;
+        if (static_cast<uint32_t>(LdVol(h) >> 32) == d.epoch) StVol(h, static_cast<uint64_t>(d.epoch) << 32);
+      }
+  __threadfence_system();
 }
 
 // Every thread works on a register copy of the lane state (block-uniform);

@@ -112,8 +112,11 @@ __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t 
   // then the worker's copy may predate it).
   // The slot as this copy of the task has it (with its epoch: a worker runs a
   // task only then); -1: the entry's (an aborted task may have none yet).
-  Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks,
-        d.epoch != 0 ? d.slot : -1, d.pool);
+  if (d.match != kMatchIdentity)  // (an identity task has no entry)
+    Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks,
+          d.epoch != 0 ? d.slot : -1, d.pool);
+  else if (aborted && d.nranks > 1 && (status & 0xff) != kStatusMismatch)
+    MarkIdentityFailed(d);
   StVol(&P.dev->status[e], status);
   __threadfence_system();  // orders every earlier write of the task before done (a relaxed store suffices after it)
   StVol(&P.dev->done[e], g);
@@ -207,6 +210,12 @@ __device__ void WorkerLoop(const DaemonParams& P) {
           if ((r & kMoved) && ss.preempted) { ss.preempted = 0; rec.Trace(P, sd, kEvResume, l); rec.Bump(&BlockStats::resumes); }
           if (!(r & kDone) && !ss.preempted) { ss.preempted = 1; rec.Trace(P, sd, kEvPreempt, l); rec.Bump(&BlockStats::preempts); }
           if (r & kMoved) atomicAdd(&dev->progress, 1ull);
+          if (r & kFailed) {  // the lane decided the task's failure: complete it with that status
+            StVol(&dev->run[e].status, ss.fail);
+            __threadfence();
+            StVol(&dev->run[e].aborted, 1);
+            aborted = 1;
+          }
           if (r & kDone) ss.finished = 1;
           LaneState* dst = &dev->lane[e][l];
           StVolVec(dst, reinterpret_cast<uint4*>(&ss)[0]);
@@ -251,12 +260,12 @@ __device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, b
       if (r == kMatchRetry && host_abort) { why = PackStatus(kStatusNoEntry, d.rank, d.rank); r = kMatchFailed; }
       if (r == kMatchFailed && host_abort) why = kStatusAborted;  // the host's message names it
     } else if (host_abort) {
-      Fail(d, PackStatus(kStatusFailedPeer, d.rank, d.rank));
+      if (d.match != kMatchIdentity) Fail(d, PackStatus(kStatusFailedPeer, d.rank, d.rank));
       why = kStatusAborted;
       r = kMatchFailed;
     } else if (phase == 1) {
       r = ClaimSlot(d, dd, &why, kLockBudgetNs / 4);
-    } else if (now - LdVol(&run->t_check) > kFailCheckNs) {  // slotted: look at the failure state now and then
+    } else if (d.match != kMatchIdentity && now - LdVol(&run->t_check) > kFailCheckNs) {  // slotted: look at the failure state now and then
       StVol(&run->t_check, now);
       why = CheckFailed(d);
       if (why) r = kMatchFailed;
@@ -356,10 +365,13 @@ __global__ void __launch_bounds__(kThreads, 1) DaemonKernel(DaemonParams P) {
 }
 
 // The blocking form's submit kernel for pool-0 tasks (device/task.h, "inline"):
-// once its arrival got a slot, this block steps the task's lanes itself for up
-// to p.inline_ns — the peers' side is their submit kernels or daemons — then
-// publishes the task and completes it, or leaves the unfinished lanes' state to
-// the daemon.  Bounded, so it never holds up a task another rank waits for for long.
+// once its task is matched (by identity at once; else its arrival got a slot),
+// this block steps the task's lanes itself for up to p.inline_ns — the peers'
+// side is their submit kernels or daemons.  An identity task whose lanes all
+// finished is done then: no ticket, no ring entry, nothing for the daemon.
+// Otherwise the task (with a ticket taken now, for an identity task) is
+// published and completed here, or its unfinished lanes' state is left to the
+// daemon.  Bounded, so it never holds up a task another rank waits for for long.
 // One instantiation per (Op, T, R) of a pool-0 lane (InlineSubmitKernelFor: the
 // host picks it per call site), so the lane code is inlined here: no function
 // pointer, no step dispatch (measured: 2.7 us from the lane loop to the lane
@@ -369,6 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   __shared__ TaskDesc sd;
   __shared__ LaneState ss[kMaxLanes];
   __shared__ int go, ndone, more;
+  __shared__ uint32_t fail;
   __shared__ uint64_t deadline;
   __shared__ uint64_t stamps[kLaneStamps];
   const int tid = threadIdx.x;
@@ -382,10 +395,17 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   P.stamps = p.trace ? stamps : nullptr;
   for (int l = tid; l < kMaxLanes; l += kThreads) ss[l] = LaneState{};
   if (tid < kLaneStamps) stamps[tid] = 0;
+  // With tracing on, an identity task takes its ticket first too: the trace's
+  // stream events live in its ring entry.
+  bool ticketless = false;
   if (tid == 0) {
-    go = SubmitBegin(p, sd) == kMatchSlotted && sd.lanes <= kMaxLanes && sd.pool == 0;
+    SubmitTake(p, sd);
+    ticketless = sd.match == kMatchIdentity && !p.trace;
+    if (ticketless) go = !sd.invalid && sd.lanes <= kMaxLanes;
+    else go = SubmitMatch(p, sd) == kMatchSlotted && sd.lanes <= kMaxLanes && sd.pool == 0;
     if (p.trace) t_matched = GlobalTimer();
     ndone = 0;
+    fail = 0;
     deadline = GlobalTimer() + static_cast<uint64_t>(p.inline_ns);
   }
   __syncthreads();
@@ -395,18 +415,35 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
       for (int l = 0; l < sd.lanes; ++l) {
         if (ss[l].finished) continue;  // block-uniform: written by thread 0 between barriers
         const int r = RunLaneBody<Op, T, R, true>(sd, ss[l], l, P);
-        if (tid == 0 && (r & kDone)) {
+        if (tid == 0 && (r & kFailed)) fail = ss[l].fail;  // left unfinished: the daemon completes it failed
+        else if (tid == 0 && (r & kDone)) {
           ss[l].finished = 1;
           ndone++;
         }
         __syncthreads();
       }
-      if (tid == 0) more = ndone < sd.lanes && GlobalTimer() < deadline;
+      if (tid == 0) more = !fail && ndone < sd.lanes && GlobalTimer() < deadline;
       __syncthreads();
       if (!more) break;
     }
   }
   if (tid != 0) return;
+  if (ticketless) {
+    if (go && !fail && ndone == sd.lanes) {
+      atomicAdd(&p.dev->identity_done, 1ull);
+      return;
+    }
+    // Left to the daemon (slotted, or failed): a ticket now, the state so far.
+    SubmitTicket(p, sd);
+    const uint32_t why = sd.invalid ? sd.invalid : fail;
+    const TaskRun run{0, why ? 1 : 0, 2, why, GlobalTimer(), 0};
+    SubmitRun(p, sd, run, !go);
+  } else if (fail) {
+    const uint32_t e = sd.ticket % kTaskRing;
+    StVol(&p.dev->run[e].status, fail);
+    __threadfence();
+    StVol(&p.dev->run[e].aborted, 1);
+  }
   const uint32_t e = sd.ticket % kTaskRing;
   if (go) {
     for (int l = 0; l < sd.lanes; ++l) {
@@ -417,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   }
   SubmitPublish(p, sd);  // before the completion: the ring entry cannot be reused meanwhile
   const uint64_t t_published = p.trace ? GlobalTimer() : 0;
-  const bool completed = go && ndone == sd.lanes;
+  const bool completed = go && !fail && ndone == sd.lanes;
   if (completed) {  // (RunLane fenced every thread's output; CompleteTask fences again, cumulatively)
     Recorder none;
     CompleteTask(P, sd, e, false, none);

@@ -59,51 +59,81 @@ DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace,
   }
 }
 
-// One thread: the task of call site p.site with this call's buffers — sequence
-// number, ticket (its ring entry's previous ticket complete), descriptor, the
-// first match attempt, the entry's run and lane state reset.  Returns the match
-// result (MatchResult); the task is not published yet.
-DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
+// One thread: the task of call site p.site with this call's buffers and its
+// sequence number (an identity task also its slot and tag); no ticket yet.
+DFCCL_DEV void SubmitTake(const SubmitParams& p, TaskDesc& d) {
   DeviceShared* dev = p.dev;
-  // The site's static part first (host-written once, long before): its loads
-  // are in flight with the two atomics, not behind the acquire of the wait.
-  d = dev->site[p.site];
+  d = dev->site[p.site];  // host-written once, long before
   const uint64_t seq = atomicAdd(&dev->seq_ctr[d.key_ctr], 1ull);
+  d.ticket = 0;
+  d.seq = seq;
+  if (d.direct) d.direct |= p.tags;
+  d.in = p.in;
+  d.out = p.out;
+  if (d.match == kMatchIdentity) {  // (the site's slot is the key's bucket)
+    d.epoch = IdentityTag(d.key_hash, seq);
+  } else {
+    d.slot = -1;
+    d.epoch = 0;
+    d.match = -1;
+  }
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.in) % 16 == 0) && (reinterpret_cast<uintptr_t>(p.out) % 16 == 0);
+  d.vec = d.vec && aligned;
+  d.invalid = d.pool == 0 && !aligned ? PackStatus(kStatusUnaligned, d.rank, d.rank) : 0u;  // the LL path needs 16-byte lines
+}
+
+// One thread: a ticket for task d, once its ring entry's previous ticket is complete.
+DFCCL_DEV void SubmitTicket(const SubmitParams& p, TaskDesc& d) {
+  DeviceShared* dev = p.dev;
   const uint64_t t = atomicAdd(&dev->next_ticket, 1ull);
   const uint32_t e = t % kTaskRing, g = Gen(t);
-  // The entry's previous ticket (t - kTaskRing) must be complete.
   if (t >= kTaskRing && !AwaitDoneWord(dev, e, g - 1, p.timeout_ns)) {
     printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n", kTaskRing,
            static_cast<long long>(p.timeout_ns));
     __trap();
   }
   d.ticket = t;
-  d.seq = seq;
-  if (d.direct) d.direct |= p.tags;
-  d.in = p.in;
-  d.out = p.out;
-  d.slot = -1;
-  d.epoch = 0;
-  d.match = -1;
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.in) % 16 == 0) && (reinterpret_cast<uintptr_t>(p.out) % 16 == 0);
-  d.vec = d.vec && aligned;
-  d.invalid = d.pool == 0 && !aligned ? PackStatus(kStatusUnaligned, d.rank, d.rank) : 0u;  // the LL path needs 16-byte lines
-  // Arrive at the instance now (the common case: a slot is free), so the daemon
-  // can run the task as soon as it ingests it; a task left without a slot (or
-  // whose bucket lock was busy) is brought on by the control warp.
-  uint32_t why = 0;
-  const int r = d.invalid ? kMatchRetry : Arrive(d, &d, 0u, &why, kSubmitLockBudgetNs);
-  TaskRun run{0, 0, r == kMatchSlotted ? 2 : r == kMatchArrived ? 1 : 0, 0, 0, 0};
-  if (r == kMatchFailed) { run.aborted = 1; run.status = why; }
-  if (r == kMatchSlotted) run.t_check = GlobalTimer();
-  // The entry's run and lane state (its previous ticket is complete).
-  for (int l = 0; l < d.lanes && l < kMaxLanes; ++l) {
+}
+
+// One thread: the ring entry's run state (its previous ticket is complete); its
+// lane states are zeroed unless the caller writes them.
+DFCCL_DEV void SubmitRun(const SubmitParams& p, const TaskDesc& d, const TaskRun& run, bool zero_lanes) {
+  DeviceShared* dev = p.dev;
+  const uint32_t e = d.ticket % kTaskRing;
+  for (int l = 0; zero_lanes && l < d.lanes && l < kMaxLanes; ++l) {
     StVolVec(&dev->lane[e][l], make_uint4(0, 0, 0, 0));
     StVolVec(reinterpret_cast<uint4*>(&dev->lane[e][l]) + 1, make_uint4(0, 0, 0, 0));
   }
   StVolVec(&dev->run[e], *reinterpret_cast<const uint4*>(&run));
   StVolVec(reinterpret_cast<uint4*>(&dev->run[e]) + 1, *(reinterpret_cast<const uint4*>(&run) + 1));
+}
+
+// One thread, after SubmitTake: the ticket, the first match attempt (an identity
+// task is matched already), the entry's run and lane state reset.  Returns the
+// match result (MatchResult); the task is not published yet.
+DFCCL_DEV int SubmitMatch(const SubmitParams& p, TaskDesc& d) {
+  SubmitTicket(p, d);
+  // Arrive at the instance now (the common case: a slot is free), so the daemon
+  // can run the task as soon as it ingests it; a task left without a slot (or
+  // whose bucket lock was busy) is brought on by the control warp.
+  uint32_t why = 0;
+  int r;
+  if (d.match == kMatchIdentity) {
+    r = d.invalid ? kMatchFailed : kMatchSlotted;
+    why = d.invalid;
+  } else {
+    r = d.invalid ? kMatchRetry : Arrive(d, &d, 0u, &why, kSubmitLockBudgetNs);
+  }
+  TaskRun run{0, 0, r == kMatchSlotted ? 2 : r == kMatchArrived ? 1 : 0, 0, 0, 0};
+  if (r == kMatchFailed) { run.aborted = 1; run.status = why; }
+  if (r == kMatchSlotted) run.t_check = GlobalTimer();
+  SubmitRun(p, d, run, true);
   return r;
+}
+
+DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
+  SubmitTake(p, d);
+  return SubmitMatch(p, d);
 }
 
 // One thread: the descriptor into the ring and pub[e] (release: the descriptor,

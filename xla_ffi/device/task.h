@@ -31,6 +31,31 @@
 //               finished; else the daemon resumes the lanes from their state.
 //               Publishing before completing keeps the ring entry from being
 //               reused while it is written (its ticket is not done yet).
+//  identity     pool-0 tasks of a communicator with CommDev::identity (the default,
+//               config.small_by_identity) skip the match table.  The key picks a
+//               bucket of IdentityWays pool-0 slots (IdentityBucket, in TaskDesc::slot)
+//               and (key, sequence) the LL flag (IdentityTag), on every rank alike,
+//               so a sender writes its lines into the receiver's staging at once,
+//               without waiting for any arrival, into any way of the bucket whose
+//               cell (slot, sender, lane) at that receiver is free; the receiver
+//               looks for its instance's tag in the bucket's headers.  Per cell:
+//               the sender's header word (tag << 32 | signature bits) in the
+//               receiver's pool-0 flags (another signature fails the task naming
+//               both ranks), and two 32-bit words in the sender's pool-0 credits:
+//               [0] the tag the receiver consumed last (written by the receiver),
+//               [1] the tag the sender wrote last.  A sender claims a cell whose
+//               words are equal (ld.acquire.sys, then atomicCAS of [1]: senders of
+//               one GPU may race for it).  The receiver, after combining, zeroes
+//               the lines and the header (tags are never 0), fence.sys, then stores
+//               the consumed tag.  A rank whose task fails (not by a mismatch, which
+//               every receiver finds itself) rewrites the headers it sent with
+//               signature bits 0 (no signature has them), so a rank that starts the
+//               instance later fails it too, naming that rank.  The blocking form's inline kernel takes no ticket
+//               when every lane finished inside its budget; else it takes one and
+//               publishes the task slotted (phase 2), and the daemon resumes its
+//               lanes.  Capacity: a sender with every way of a bucket at one
+//               receiver holding messages of instances that receiver has not started
+//               waits (preemptibly) until it starts one of them.
 //  ingest       the control warp advances DeviceShared::submitted over published
 //               entries in ticket order.
 //  match        the submit kernel (first try) and the control warp's lane 0
@@ -198,7 +223,8 @@ struct XRange {
 // A communicator as the daemon sees it (a copy in each member's device memory).
 // All pointers are UVA addresses on the device of rank r.
 struct CommDev {
-  int32_t nranks = 0, pad = 0;
+  int32_t nranks = 0;
+  int32_t identity = 0;  // 1: pool-0 instances are matched by identity in the staging (protocol "identity")
   PoolGeom pool[kNumPools];
   char* stage[kNumPools][kMaxRanks];        // [slot][src][lane][depth][chunk_bytes]
   uint64_t* flags[kNumPools][kMaxRanks];    // [slot][src][lane]: chunks arrived at r from src
@@ -253,13 +279,43 @@ struct alignas(16) TaskDesc {
   uint32_t epoch;        // generation of the slot's use (flag/credit high word)
   int32_t site;          // DeviceShared::site index (host records)
   int32_t direct;        // bit 0: direct path (peers' buffers in place; lanes split the unit of device/direct.cuh); DirectTags
-  int32_t match;         // MatchTable entry (bucket * kMatchWays + way); -1 until the rank arrived
+  int32_t match;         // MatchTable entry (bucket * kMatchWays + way); -1 until the rank arrived;
+                         // kMatchIdentity: matched by identity in the staging (protocol
+                         // "identity"; `slot` is the key's bucket, its first slot)
   uint64_t sig_hash;     // hash of CollectiveSpec::Signature() (ranks must agree)
   int32_t key_ctr;       // DeviceShared::seq_ctr index of (communicator, key)
   uint32_t invalid;      // TaskStatus the submit kernel found (kStatusUnaligned), 0: none
 };
 static_assert(sizeof(TaskDesc) == 144, "TaskDesc is 9 x 16 bytes (copied as uint4 words)");
 inline constexpr int kDescWords = sizeof(TaskDesc) / 16;
+
+inline constexpr int32_t kMatchIdentity = -2;  // TaskDesc::match of a task matched by identity
+
+DFCCL_TASK_HD uint64_t IdentityMix(uint64_t x) {  // splitmix64's finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Protocol "identity": a key's bucket of kIdentityWays consecutive pool-0 slots
+// (fewer when the pool has fewer); a sender writes an instance's message into
+// any way of the bucket whose cell at that receiver is free, and the receiver
+// finds it by its tag.  Returns the bucket's first slot.
+inline constexpr int kIdentityWays = 8;
+DFCCL_TASK_HD int32_t IdentityWays(int32_t nslots) { return nslots < kIdentityWays ? nslots : kIdentityWays; }
+DFCCL_TASK_HD int32_t IdentityBucket(uint64_t key_hash, int32_t nslots) {
+  const int32_t ways = IdentityWays(nslots);
+  const uint64_t buckets = static_cast<uint64_t>(nslots / ways);
+  return static_cast<int32_t>(IdentityMix(key_hash) % buckets) * ways;
+}
+// Its LL flag: never 0 (a consumed cell is zeroed), distinct for every
+// sequence number of a key (an odd multiplier is a bijection mod 2^32).
+DFCCL_TASK_HD uint32_t IdentityTag(uint64_t key_hash, uint64_t seq) {
+  const uint32_t t = static_cast<uint32_t>(IdentityMix(key_hash ^ 0x5bd1e9955bd1e995ull)) +
+                     static_cast<uint32_t>(seq) * 0x9e3779b1u;
+  return t != 0 ? t : 0x9e3779b1u;
+}
 
 // Per-lane progress, kept in global memory so a preempted lane resumes where it stopped.
 struct alignas(16) LaneState {
@@ -270,7 +326,7 @@ struct alignas(16) LaneState {
   int32_t sticky;    // adaptive spin budget exponent
   int32_t started;
   int32_t preempted;
-  int32_t pad;
+  uint32_t fail;     // TaskStatus the lane decided (identity: a peer's header with another signature)
 };
 
 struct alignas(16) TaskRun {
@@ -345,6 +401,8 @@ struct DeviceShared {
   // device memory, copied out by the host on demand (no PCIe writes on the hot path).
   BlockStats stats[kMaxBlocks];
   unsigned long long inline_done;       // tasks their submit kernels completed themselves (atomicAdd; read with stats)
+  unsigned long long identity_done;     // ... of them without a ticket (protocol "identity"; the host counts them
+                                        // as started and completed)
   TraceRec trace[kMaxBlocks][kTracePerBlock];
   TraceRec stream_trace[kTaskRing][kNumStreamEvents];  // per ring entry, slot s: event kEvStreamWait + s (XLA's stream)
 };

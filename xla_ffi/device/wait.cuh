@@ -9,8 +9,10 @@
 
 namespace dfccl::gpu {
 
-// What one step of a lane achieved (bits): kMoved, kDone; kPreempted = neither finished nor allowed to spin on.
-enum StepResult : int { kPreempted = 0, kDone = 1, kMoved = 2 };
+// What one step of a lane achieved (bits): kMoved, kDone; kPreempted = neither
+// finished nor allowed to spin on; kFailed (with kDone): the lane decided its
+// task's failure (LaneState::fail).
+enum StepResult : int { kPreempted = 0, kDone = 1, kMoved = 2, kFailed = 4 };
 
 // Thread 0 evaluates pred once; every thread of the block gets the answer.
 template <class P>

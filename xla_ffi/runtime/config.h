@@ -41,6 +41,7 @@ namespace dfccl::gpu {
   X(int, small_lanes)                        \
   X(int64_t, small_chunk)                    \
   X(bool, ll)                                \
+  X(bool, small_by_identity)                 \
   X(bool, direct)                            \
   X(int, large_slots)                        \
   X(int, direct_slots)                       \

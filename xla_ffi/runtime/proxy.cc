@@ -133,6 +133,25 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
     why << "timed out after " << cfg_.timeout_s << " s: ";
     if (daemon) {
       if (!ti.site || ti.comm->reported.count({ti.key_hash, ti.seq})) continue;
+      if (ti.site->identity) {  // no match entry: the senders' headers in this rank's staging tell who started it
+        const uint32_t arrived = IdentityArrived(d, ti, t);
+        std::vector<int> silent;
+        for (int r = 0; r < ti.comm->n; ++r)
+          if ((ti.site->senders >> r & 1) && !(arrived >> r & 1)) silent.push_back(r);
+        if (silent.empty()) {
+          why << "every rank it receives from started it; its own message waits for a free staging cell at a peer "
+                 "(every way of its key's bucket holds a message of an instance that peer has not started; "
+                 "config.small_slots)";
+        } else {
+          why << "rank(s) [";
+          for (size_t i = 0; i < silent.size(); ++i)
+            why << (i ? ", " : "") << silent[i] << " (device " << ti.comm->globals[silent[i]] << ")";
+          why << "] never started it (or started it with a size that does not take the small-message path)";
+        }
+        AbortDaemonInstance(*ti.comm, ti.key_hash, ti.seq, ErrorCode::kDeadlineExceeded,
+                            InstanceName(*ti.comm, ti.site->key, ti.seq) + " " + why.str());
+        continue;
+      }
       MatchEntry m{};
       std::vector<int> missing;
       const bool found = ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
@@ -249,6 +268,31 @@ bool Runtime::ReadEntry(Comm& c, uint64_t key_hash, uint64_t seq, MatchEntry* ou
   for (const MatchEntry& m : ways)
     if (m.id == id && m.key_hash == key_hash && m.seq == seq) { *out = m; return true; }
   return false;
+}
+
+// An identity task's sources whose message has arrived at this rank (bit r), read
+// from its staging's headers (device/task.h, "identity"); all of them once its
+// first lane received (headers are zeroed when consumed).  Ticket t: its ring entry.
+uint32_t Runtime::IdentityArrived(Device& d, const TaskInfo& ti, uint64_t t) {
+  const Comm& c = *ti.comm;
+  const PoolGeom& g = c.view.pool[0];
+  const int ways = IdentityWays(g.nslots), first = IdentityBucket(ti.key_hash, g.nslots);
+  const uint32_t tag = IdentityTag(ti.key_hash, ti.seq);
+  std::vector<uint64_t> heads(static_cast<size_t>(ways) * c.n * g.lanes);  // [way][src][lane]
+  LaneState lane{};
+  try {
+    CopyOut(d, heads.data(), c.view.flags[0][ti.site->rank] + static_cast<size_t>(first) * c.n * g.lanes,
+            heads.size() * sizeof(uint64_t));
+    CopyOut(d, &lane, &d.dev->lane[t % kTaskRing][0], sizeof(lane));
+  } catch (const std::exception&) {
+    return 0;
+  }
+  uint32_t m = 0;
+  for (int r = 0; r < c.n; ++r)
+    for (int w = 0; w < ways; ++w)
+      if (lane.c_recv || static_cast<uint32_t>(heads[(static_cast<size_t>(w) * c.n + r) * g.lanes] >> 32) == tag)
+        m |= 1u << r;
+  return m;
 }
 
 // A daemon task completed: a failure the device decided (mismatch, a peer's

@@ -78,8 +78,11 @@ TaskDesc Runtime::SiteDesc(const CollectiveSpec& spec, const Comm& c, int64_t ms
   t.pool = pool;
   t.lanes = lanes;
   t.vec = msg_bytes % 16 == 0;  // and both buffers 16-byte aligned (the submit kernel checks)
-  t.slot = -1;
-  t.match = -1;
+  // Pool 0 of a communicator that matches by identity: the key's bucket of slots
+  // (the submit kernel derives the tag from (key, sequence); device/task.h, "identity").
+  const bool identity = pool == 0 && c.view.identity;
+  t.slot = identity ? IdentityBucket(spec.key_hash, c.view.pool[0].nslots) : -1;
+  t.match = identity ? kMatchIdentity : -1;
   t.direct = direct ? 1 : 0;
   t.sig_hash = 0;
   t.key_ctr = key_ctr;
@@ -172,9 +175,16 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   // daemon's blocks in parallel (measured: 64 KiB, 8 lanes, 4x slower on an H200).
   site->ll = t.pool == 0 && t.lanes == 1;
   site->tagged = c.cross_process && t.direct;
+  site->identity = t.match == kMatchIdentity;
+  // Who sends to this rank: the peer it receives from for ppermute and broadcast
+  // (recv_from, also the root), every other rank for the rest (the lanes' RecvsFrom).
+  const bool one_source = spec.kind == OpKind::kPermute || spec.kind == OpKind::kBroadcast;
+  for (int r = 0; r < spec.nranks; ++r)
+    if (r != spec.rank && (!one_source || r == spec.recv_from)) site->senders |= 1u << r;
   if (site->ll) site->inline_kernel = InlineSubmitKernelFor(t.kind, t.dtype, t.reduce);
   t.site = site->index;
   t.sig_hash = HashString(sig);
+  if (static_cast<uint32_t>(t.sig_hash) == 0) t.sig_hash |= 1;  // low bits 0: a failed sender's header (protocol "identity")
   {
     DeviceGuard guard(d.ordinal);
     cudaError_t err = cudaMemcpyAsync(&d.dev->site[site->index], &t, sizeof(TaskDesc), cudaMemcpyHostToDevice, d.aux);
@@ -364,7 +374,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   std::lock_guard lk(mu_);
   std::map<std::string, double> s;
   double started = 0, completed = 0, failed = 0, preempts = 0, resumes = 0, steps = 0, aborted = 0, launches = 0;
-  double relaunches = 0, daemon_done = 0, trace_records = 0, inline_done = 0;
+  double relaunches = 0, daemon_done = 0, trace_records = 0, inline_done = 0, identity_done = 0;
   double dev_bytes = 0, host_bytes = 0, running = 0, live = 0, slots_used = 0, waiting = 0;
   std::set<std::tuple<Comm*, uint64_t, uint64_t>> pending_instances;
   // After a kernel trapped (a failure inside a command buffer) the CUDA context is
@@ -393,14 +403,19 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     }
     completed += d->completed;
     failed += d->failed;
-    struct {  // DeviceShared::stats and inline_done, adjacent: one copy
+    struct {  // DeviceShared::stats, inline_done and identity_done, adjacent: one copy
       BlockStats rows[kMaxBlocks];
-      unsigned long long inline_done;
+      unsigned long long inline_done, identity_done;
     } counters;
     static_assert(offsetof(DeviceShared, inline_done) == offsetof(DeviceShared, stats) + sizeof(BlockStats) * kMaxBlocks);
+    static_assert(offsetof(DeviceShared, identity_done) == offsetof(DeviceShared, inline_done) + sizeof(uint64_t));
     read(*d, &counters, d->dev->stats, sizeof(counters));
     const BlockStats* rows = counters.rows;
-    inline_done += static_cast<double>(counters.inline_done);
+    // Identity tasks finished inline never had a ticket: started and completed at once.
+    inline_done += static_cast<double>(counters.inline_done + counters.identity_done);
+    identity_done += static_cast<double>(counters.identity_done);
+    started += static_cast<double>(counters.identity_done);
+    completed += static_cast<double>(counters.identity_done);
     for (int b = 0; b < kMaxBlocks; ++b) {
       const BlockStats& bs = rows[b];
       daemon_done += bs.tasks_done;
@@ -442,6 +457,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["trace_records"] = trace_records;
   s["daemon_tasks_done"] = daemon_done;
   s["inline_done"] = inline_done;
+  s["identity_done"] = identity_done;
   s["steps"] = steps;
   s["aborted"] = aborted;
   s["launches"] = launches;

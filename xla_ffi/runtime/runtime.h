@@ -96,6 +96,8 @@ struct Site {
   bool ll = false;  // one lane of pool 0 (LL): the blocking form may run inline (config.submit_inline_us)
   InlineSubmitFn inline_kernel = nullptr;  // then its inline submit kernel (device/daemon.h)
   bool tagged = false;  // direct path across processes: its buffers are tagged with their ranges (runtime/ipc.h)
+  bool identity = false;  // matched by identity in the staging (device/task.h, "identity")
+  uint32_t senders = 0;   // then the ranks whose message it receives (for the watchdog's message)
 };
 
 struct TaskInfo {
@@ -253,6 +255,7 @@ class Runtime {
   void OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status);
   void AbortDaemonInstance(Comm& c, uint64_t key_hash, uint64_t seq, ErrorCode code, const std::string& msg);
   bool ReadEntry(Comm& c, uint64_t key_hash, uint64_t seq, MatchEntry* out);
+  uint32_t IdentityArrived(Device& d, const TaskInfo& ti, uint64_t ticket);
   std::string InstanceName(const Comm& c, const std::string& key, uint64_t seq) const;
   void CheckPeersAlive(Device& d, Clock::time_point now);
   void SetCommError(Comm& c, ErrorCode code, const std::string& msg);

@@ -130,6 +130,7 @@ std::unique_ptr<Comm> Runtime::NewComm(const std::vector<int64_t>& group, bool c
     }
   }
   c->view.nranks = n;
+  c->view.identity = cfg_.small_by_identity ? 1 : 0;
   // Across processes the peers' XLA buffers are reached through their exported
   // allocations (runtime/ipc.h) once this process listens for them; else staged.
   c->direct = cfg_.direct && (!cross || ipc_.started());
@@ -160,6 +161,7 @@ void Runtime::AllocRank(Comm& c, int r) {
     const size_t mail = p == 1 ? static_cast<size_t>(g.nslots) * n * 2 * sizeof(uint64_t) : 0;
     void *s = nullptr, *f = nullptr, *cr = nullptr, *m = nullptr;
     if (stage) DFCCL_CUDA(cudaMalloc(&s, stage));
+    if (stage && p == 0) DFCCL_CUDA(cudaMemsetAsync(s, 0, stage, devices_[ord]->aux));  // LL tags are never 0
     if (mail) {
       DFCCL_CUDA(cudaMalloc(&m, mail));
       c.allocs.push_back({ord, m});
@@ -262,7 +264,8 @@ static uint64_t PidSpace() {
 }
 
 // A blob: per slot a flag, per slot an IPC handle, then the exporter's pid and
-// pid space, whether its pool 1 is direct, and the name its process listens at (runtime/ipc.h).
+// pid space, its pools' protocols (bit 0: pool 1 direct, bit 1: pool 0 by identity),
+// and the name its process listens at (runtime/ipc.h).
 static constexpr size_t kBlobHandles = kBlobSlots * sizeof(int32_t);
 static constexpr size_t kBlobTail = kBlobHandles + kBlobSlots * sizeof(cudaIpcMemHandle_t);
 static constexpr size_t kBlobDirect = kBlobTail + sizeof(int32_t) + sizeof(uint64_t);
@@ -305,9 +308,9 @@ std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
   const uint64_t space = PidSpace();
   std::memcpy(&blob[kBlobTail], &pid, sizeof(pid));
   std::memcpy(&blob[kBlobTail + sizeof(pid)], &space, sizeof(space));
-  const int32_t direct = c.direct ? 1 : 0;
+  const int32_t modes = (c.direct ? 1 : 0) | (c.view.identity ? 2 : 0);
   const std::string name = ipc_.name();
-  std::memcpy(&blob[kBlobDirect], &direct, sizeof(direct));
+  std::memcpy(&blob[kBlobDirect], &modes, sizeof(modes));
   std::memcpy(&blob[kBlobName], name.data(), name.size());
   return blob;
 }
@@ -331,8 +334,13 @@ void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<st
     std::memcpy(&pid, &blobs[r][kBlobTail], sizeof(pid));
     std::memcpy(&theirs, &blobs[r][kBlobTail + sizeof(pid)], sizeof(theirs));
     if (theirs == space) c.pids[r] = pid;
-    int32_t direct = 0;
-    std::memcpy(&direct, &blobs[r][kBlobDirect], sizeof(direct));
+    int32_t modes = 0;
+    std::memcpy(&modes, &blobs[r][kBlobDirect], sizeof(modes));
+    const int32_t direct = modes & 1, identity = (modes >> 1) & 1;
+    DFCCL_CHECK(identity == c.view.identity,
+                "dfccl: the group of devices [" << GroupText(group) << "]: rank " << r << "'s process "
+                << (identity ? "matches" : "does not match") << " small collectives by identity, this one "
+                << (c.view.identity ? "does" : "does not") << " (jax_dfccl.config.small_by_identity must agree)");
     DFCCL_CHECK(direct == (c.direct ? 1 : 0),
                 "dfccl: the group of devices [" << GroupText(group) << "]: rank " << r << "'s process "
                 << (direct ? "takes" : "does not take") << " the direct path across processes, this one "
