@@ -130,7 +130,7 @@ DFCCL_DEV uint2 ReduceUnit(const uint2* v, int n) {
 // Matched by identity (device/task.h, "identity"; F = IdentityTag): a sender
 // writes a receiver's cell once its previous message there was consumed, with a
 // header carrying the signature; the receiver checks the headers, combines,
-// zeroes its cells and tells each sender it consumed them.  Sends and the
+// zeroes the headers and tells each sender it consumed them.  Sends and the
 // receive are separate steps (LaneState::p_send: the next peer), so a lane
 // whose cell at one peer is still occupied receives meanwhile.
 template <class Op, class T, class R>
@@ -162,14 +162,18 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
       int p = s.p_send;
       while (p < n && (p == me || !Op::SendsTo(d, p))) ++p;
       if (p == n) { s.c_send = 1; break; }
+      const uint2* src = reinterpret_cast<const uint2*>(d.in + Op::SendOffset(d, p) + lane_off);
+      const uint2 v0 = threadIdx.x < nu ? __ldcg(src + threadIdx.x) : make_uint2(0, 0);  // in flight during the claim
       int w = 0;
-      if (ident) {  // claim a free cell of the bucket at p (one whose last message p consumed)
+      if (ident) {
+        // Claim a free cell of the bucket at p: one whose last message p consumed, and
+        // whose last tag is not F (its lines are not zeroed: they must not pass for F's).
         if (threadIdx.x == 0) {
           pick = -1;
           for (int i = 0; i < ways && pick < 0; ++i) {
             uint32_t* a = ack(me, p, i);
             const uint32_t sent = LdVol(a + 1);
-            if (LdAcquireSys(a) == sent && atomicCAS(a + 1, sent, F) == sent) pick = i;
+            if (sent != F && LdAcquireSys(a) == sent && atomicCAS(a + 1, sent, F) == sent) pick = i;
           }
           if (pick >= 0) StVol(cm->flags[0][p] + cell(pick, me), header);
         }
@@ -178,9 +182,9 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
         __syncthreads();
         if (w < 0) break;  // every way holds a message p has not consumed yet
       }
-      const uint2* src = reinterpret_cast<const uint2*>(d.in + Op::SendOffset(d, p) + lane_off);
       uint4* dst = lines(p, w, me);
-      for (int u = threadIdx.x; u < nu; u += kThreads) {
+      if (threadIdx.x < nu) StVolVec(dst + threadIdx.x, make_uint4(v0.x, F, v0.y, F));
+      for (int u = threadIdx.x + kThreads; u < nu; u += kThreads) {
         const uint2 v = __ldcg(src + u);
         StVolVec(dst + u, make_uint4(v.x, F, v.y, F));
       }
@@ -237,17 +241,18 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
           }
           if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneCombined - kEvLaneEntered] = GlobalTimer();
         }
-        if (ident && n > 1) {  // consumed (a mismatched message too, so its sender can go on): zero the cells, then tell the senders
-          for (int r = 0; r < n; ++r) {
-            if (r == me || !Op::RecvsFrom(d, r) || way[r] < 0) continue;
-            for (int u = threadIdx.x; u < nu; u += kThreads) StVolVec(lines(me, way[r], r) + u, make_uint4(0, 0, 0, 0));
-            if (threadIdx.x == 0) StVol(cm->flags[0][me] + cell(way[r], r), 0ull);
-          }
-          __threadfence_system();
+        if (ident && n > 1) {
+          // Consumed (a mismatched message too, so its sender can go on): every thread has
+          // read its lines (the barrier); zero the headers, then tell the senders.  The lines
+          // stay: the cell's next message has another tag (the sender's claim).
           __syncthreads();
-          if (threadIdx.x == 0)
+          if (threadIdx.x == 0) {
+            for (int r = 0; r < n; ++r)
+              if (r != me && Op::RecvsFrom(d, r) && way[r] >= 0) StVol(cm->flags[0][me] + cell(way[r], r), 0ull);
+            __threadfence_system();
             for (int r = 0; r < n; ++r)
               if (r != me && Op::RecvsFrom(d, r) && way[r] >= 0) StVol(ack(r, me, way[r]), F);
+          }
         }
         s.c_recv = 1;
         s.fail = fail;

@@ -44,10 +44,11 @@
 //               both ranks), and two 32-bit words in the sender's pool-0 credits:
 //               [0] the tag the receiver consumed last (written by the receiver),
 //               [1] the tag the sender wrote last.  A sender claims a cell whose
-//               words are equal (ld.acquire.sys, then atomicCAS of [1]: senders of
-//               one GPU may race for it).  The receiver, after combining, zeroes
-//               the lines and the header (tags are never 0), fence.sys, then stores
-//               the consumed tag.  A rank whose task fails (not by a mismatch, which
+//               words are equal and not its own tag (ld.acquire.sys, then atomicCAS
+//               of [1]: senders of one GPU may race for it), so the cell's old lines
+//               can never pass for the new message's.  The receiver, once every
+//               thread read its lines, zeroes the header (tags are never 0),
+//               fence.sys, then stores the consumed tag.  A rank whose task fails (not by a mismatch, which
 //               every receiver finds itself) rewrites the headers it sent with
 //               signature bits 0 (no signature has them), so a rank that starts the
 //               instance later fails it too, naming that rank.  The blocking form's inline kernel takes no ticket
