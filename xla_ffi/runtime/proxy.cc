@@ -133,49 +133,43 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
     why << "timed out after " << cfg_.timeout_s << " s: ";
     if (daemon) {
       if (!ti.site || ti.comm->reported.count({ti.key_hash, ti.seq})) continue;
+      std::vector<int> missing;
+      MatchEntry m{};
+      bool found = false;
       if (ti.site->identity) {  // no match entry: the senders' headers in this rank's staging tell who started it
         const uint32_t arrived = IdentityArrived(d, ti, t);
-        std::vector<int> silent;
         for (int r = 0; r < ti.comm->n; ++r)
-          if ((ti.site->senders >> r & 1) && !(arrived >> r & 1)) silent.push_back(r);
-        if (silent.empty()) {
+          if ((ti.site->senders >> r & 1) && !(arrived >> r & 1)) missing.push_back(r);
+        if (missing.empty())
           why << "every rank it receives from started it; its own message waits for a free staging cell at a peer "
                  "(every way of its key's bucket holds a message of an instance that peer has not started; "
                  "config.small_slots)";
-        } else {
-          why << "rank(s) [";
-          for (size_t i = 0; i < silent.size(); ++i)
-            why << (i ? ", " : "") << silent[i] << " (device " << ti.comm->globals[silent[i]] << ")";
-          why << "] never started it (or started it with a size that does not take the small-message path)";
-        }
-        AbortDaemonInstance(*ti.comm, ti.key_hash, ti.seq, ErrorCode::kDeadlineExceeded,
-                            InstanceName(*ti.comm, ti.site->key, ti.seq) + " " + why.str());
-        continue;
-      }
-      MatchEntry m{};
-      std::vector<int> missing;
-      const bool found = ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
-      for (int r = 0; r < ti.comm->n; ++r)
-        if (!found ? r != ti.site->rank : !(m.arrived & (1u << r))) missing.push_back(r);
-      if (!found) {
-        // This rank's arrival creates the entry when no other rank's did: without one, no
-        // rank of the group has arrived, this one included.
-        why << "no rank has arrived at it in the match table: every way of its bucket (" << kMatchWays
-            << ") held other instances, or this GPU's daemon never took the task (daemon "
-            << (Running(d) ? "running" : "stopped") << ")";
-      } else if (missing.empty() && m.slot < 0 && m.failed == 0) {
-        // Every slot of its pool stayed in use, the reserve too (device/match.cuh): by
-        // instances that did not complete either.
-        why << "every rank started it, but no instance slot of its pool became free (all "
-            << (m.pool == 0 ? "config.small_slots" : ti.comm->direct ? "config.direct_slots" : "config.large_slots")
-            << " slots in use by instances that did not complete)";
-      } else if (missing.empty()) {
-        why << "every rank started it but it did not complete";
       } else {
+        found = ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
+        for (int r = 0; r < ti.comm->n; ++r)
+          if (!found ? r != ti.site->rank : !(m.arrived & (1u << r))) missing.push_back(r);
+        if (!found) {
+          // This rank's arrival creates the entry when no other rank's did: without one, no
+          // rank of the group has arrived, this one included.
+          why << "no rank has arrived at it in the match table: every way of its bucket (" << kMatchWays
+              << ") held other instances, or this GPU's daemon never took the task (daemon "
+              << (Running(d) ? "running" : "stopped") << ")";
+        } else if (missing.empty() && m.slot < 0 && m.failed == 0) {
+          // Every slot of its pool stayed in use, the reserve too (device/match.cuh): by
+          // instances that did not complete either.
+          why << "every rank started it, but no instance slot of its pool became free (all "
+              << (m.pool == 0 ? "config.small_slots" : ti.comm->direct ? "config.direct_slots" : "config.large_slots")
+              << " slots in use by instances that did not complete)";
+        } else if (missing.empty()) {
+          why << "every rank started it but it did not complete";
+        }
+      }
+      if (!missing.empty() && (found || ti.site->identity)) {
         why << "rank(s) [";
         for (size_t i = 0; i < missing.size(); ++i)
           why << (i ? ", " : "") << missing[i] << " (device " << ti.comm->globals[missing[i]] << ")";
         why << "] never started it";
+        if (ti.site->identity) why << " (or started it with a size that does not take the small-message path)";
       }
       AbortDaemonInstance(*ti.comm, ti.key_hash, ti.seq, ErrorCode::kDeadlineExceeded,
                           InstanceName(*ti.comm, ti.site->key, ti.seq) + " " + why.str());
