@@ -337,6 +337,13 @@ def test_shm_protocol_stress_sanitized(tmp_path, sanitizer):
   _build_and_run_sanitized(tmp_path, sanitizer, ["tests/cpp/shm_stress.cc", "xla_ffi/cpu/shm.cc"])
 
 
+def test_identity_layout_sanitized(tmp_path):
+  """tests/cpp/identity_layout.cc: the small-message identity layout of xla_ffi/device/task.h
+  (a key's bucket of slots inside the pool, the same for every sequence number, keys spread over
+  the buckets; tags never 0 and distinct over 2^20 sequence numbers of a key), under UBSan."""
+  _build_and_run_sanitized(tmp_path, "undefined", ["tests/cpp/identity_layout.cc"])
+
+
 @pytest.mark.parametrize("sanitizer", ["address", "undefined"])
 def test_device_match_protocol_stress_sanitized(tmp_path, sanitizer):
   """tests/cpp/match_stress.cc: the GPU runtime's instance matching (xla_ffi/device/match.cuh,
