@@ -146,7 +146,7 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
   const bool ident = d.match == kMatchIdentity;
   const int ways = ident ? IdentityWays(cm->pool[0].nslots) : 1;  // identity: d.slot is the bucket's first slot
   const uint64_t header = (static_cast<uint64_t>(F) << 32) | static_cast<uint32_t>(d.sig_hash);
-  auto cell = [&](int w, int src) { return ((static_cast<size_t>(d.slot) + w) * n + src) * lanes + lane; };  // [slot][src][lane]
+  auto cell = [&](int w, int src) { return PoolCell(d.slot + w, n, src, lanes, lane); };
   auto lines = [&](int at, int w, int src) { return reinterpret_cast<uint4*>(cm->stage[0][at] + cell(w, src) * C); };
   // Identity: in the sender's credits, [0] the tag its receiver consumed last, [1] the tag it sent last.
   auto ack = [&](int sender, int receiver, int w) { return reinterpret_cast<uint32_t*>(cm->credits[0][sender] + cell(w, receiver)); };
@@ -283,7 +283,7 @@ DFCCL_DEV void MarkIdentityFailed(const TaskDesc& d) {
   for (int p = 0; p < n; ++p)
     for (int w = 0; p != d.rank && w < ways; ++w)
       for (int l = 0; l < d.lanes; ++l) {
-        uint64_t* h = cm->flags[0][p] + ((static_cast<size_t>(d.slot) + w) * n + d.rank) * lanes + l;
+        uint64_t* h = cm->flags[0][p] + PoolCell(d.slot + w, n, d.rank, lanes, l);
         if (static_cast<uint32_t>(LdVol(h) >> 32) == d.epoch) StVol(h, static_cast<uint64_t>(d.epoch) << 32);
       }
   __threadfence_system();

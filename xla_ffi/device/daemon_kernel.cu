@@ -211,9 +211,7 @@ __device__ void WorkerLoop(const DaemonParams& P) {
           if (!(r & kDone) && !ss.preempted) { ss.preempted = 1; rec.Trace(P, sd, kEvPreempt, l); rec.Bump(&BlockStats::preempts); }
           if (r & kMoved) atomicAdd(&dev->progress, 1ull);
           if (r & kFailed) {  // the lane decided the task's failure: complete it with that status
-            StVol(&dev->run[e].status, ss.fail);
-            __threadfence();
-            StVol(&dev->run[e].aborted, 1);
+            AbortRun(&dev->run[e], ss.fail);
             aborted = 1;
           }
           if (r & kDone) ss.finished = 1;
@@ -271,9 +269,7 @@ __device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, b
       if (why) r = kMatchFailed;
     }
     if (r == kMatchFailed) {
-      StVol(&run->status, why);
-      __threadfence();
-      StVol(&run->aborted, 1);
+      AbortRun(run, why);
       continue;
     }
     const int np = r == kMatchSlotted ? 2 : r == kMatchArrived ? 1 : 0;
@@ -439,10 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     const TaskRun run{0, why ? 1 : 0, 2, why, GlobalTimer(), 0};
     SubmitRun(p, sd, run, !go);
   } else if (fail) {
-    const uint32_t e = sd.ticket % kTaskRing;
-    StVol(&p.dev->run[e].status, fail);
-    __threadfence();
-    StVol(&p.dev->run[e].aborted, 1);
+    AbortRun(&p.dev->run[sd.ticket % kTaskRing], fail);
   }
   const uint32_t e = sd.ticket % kTaskRing;
   if (go) {

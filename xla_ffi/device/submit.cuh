@@ -108,6 +108,14 @@ DFCCL_DEV void SubmitRun(const SubmitParams& p, const TaskDesc& d, const TaskRun
   StVolVec(reinterpret_cast<uint4*>(&dev->run[e]) + 1, *(reinterpret_cast<const uint4*>(&run) + 1));
 }
 
+// One thread: task `run` fails with status `why` (written before the flag the
+// workers and the control warp read).
+DFCCL_DEV void AbortRun(TaskRun* run, uint32_t why) {
+  StVol(&run->status, why);
+  __threadfence();
+  StVol(&run->aborted, 1);
+}
+
 // One thread, after SubmitTake: the ticket, the first match attempt (an identity
 // task is matched already), the entry's run and lane state reset.  Returns the
 // match result (MatchResult); the task is not published yet.

@@ -290,6 +290,13 @@ struct alignas(16) TaskDesc {
 static_assert(sizeof(TaskDesc) == 144, "TaskDesc is 9 x 16 bytes (copied as uint4 words)");
 inline constexpr int kDescWords = sizeof(TaskDesc) / 16;
 
+// The index of cell (slot, rank, lane) in a pool's flags and credits, and of its
+// chunk ring in the staging (times depth * chunk_bytes): [slot][rank][lane], where
+// rank is the source (flags, staging) or the destination (credits).
+DFCCL_TASK_HD size_t PoolCell(int64_t slot, int nranks, int rank, int lanes, int lane) {
+  return (static_cast<size_t>(slot) * nranks + rank) * lanes + lane;
+}
+
 inline constexpr int32_t kMatchIdentity = -2;  // TaskDesc::match of a task matched by identity
 
 DFCCL_TASK_HD uint64_t IdentityMix(uint64_t x) {  // splitmix64's finalizer

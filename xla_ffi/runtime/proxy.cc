@@ -275,7 +275,7 @@ uint32_t Runtime::IdentityArrived(Device& d, const TaskInfo& ti, uint64_t t) {
   std::vector<uint64_t> heads(static_cast<size_t>(ways) * c.n * g.lanes);  // [way][src][lane]
   LaneState lane{};
   try {
-    CopyOut(d, heads.data(), c.view.flags[0][ti.site->rank] + static_cast<size_t>(first) * c.n * g.lanes,
+    CopyOut(d, heads.data(), c.view.flags[0][ti.site->rank] + PoolCell(first, c.n, 0, g.lanes, 0),
             heads.size() * sizeof(uint64_t));
     CopyOut(d, &lane, &d.dev->lane[t % kTaskRing][0], sizeof(lane));
   } catch (const std::exception&) {
@@ -284,7 +284,7 @@ uint32_t Runtime::IdentityArrived(Device& d, const TaskInfo& ti, uint64_t t) {
   uint32_t m = 0;
   for (int r = 0; r < c.n; ++r)
     for (int w = 0; w < ways; ++w)
-      if (lane.c_recv || static_cast<uint32_t>(heads[(static_cast<size_t>(w) * c.n + r) * g.lanes] >> 32) == tag)
+      if (lane.c_recv || static_cast<uint32_t>(heads[PoolCell(w, c.n, r, g.lanes, 0)] >> 32) == tag)
         m |= 1u << r;
   return m;
 }
