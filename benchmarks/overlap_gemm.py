@@ -28,6 +28,10 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
               epilogue's bulk tensor stores on every shape); fused_notma
               the same with False (the threads' stores on every shape;
               fused_1x1 leaves the choice to the plan)
+  fused_pp    fused_1x1 with jax_dfccl.config.overlap_pingpong = True (the
+              ping-pong schedule: 128-column tiles, each consumer warp group
+              a tile of its own, one's epilogue under the other's mainloop);
+              fused_1x1 is the default, the cooperative schedule
 
 Timing as in overlap.py (a chain of dependent ops per program, programs
 called back to back), but the variants of a shape take turns rep by rep
@@ -85,14 +89,15 @@ def build(kind, M, N, K, names, iters):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
   mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
 
-  def fused(cluster_m, split=True, pdl=True, tile_n=0, raster=0, tma_store=None):
+  def fused(cluster_m, split=True, pdl=True, tile_n=0, raster=0, tma_store=None, pingpong=False):
     if kind == "ag":
       body = lambda x, w: og.all_gather_matmul(x, w, "one", 1)[0]  # noqa: E731
     else:
       body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
     f = jax.jit(jax.shard_map(chain(body, iters), mesh=mesh, in_specs=(P(), P()), out_specs=(P(),) * iters))
     with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_pdl=pdl,
-                              overlap_tile_n=tile_n, overlap_raster=raster, overlap_tma_store=tma_store):
+                              overlap_tile_n=tile_n, overlap_raster=raster, overlap_tma_store=tma_store,
+                              overlap_pingpong=pingpong):
       lowered = f.lower(x, w)
     if "dfccl_overlap_" not in lowered.as_text():
       raise RuntimeError("fused kernel not used")
@@ -107,6 +112,7 @@ def build(kind, M, N, K, names, iters):
   makers.update({f"fused_2x1_r{r}": (lambda r=r: fused(2, raster=r)) for r in range(1, 7)})
   makers["fused_tma"] = lambda: fused(1, tma_store=True)
   makers["fused_notma"] = lambda: fused(1, tma_store=False)
+  makers["fused_pp"] = lambda: fused(1, pingpong=True)
   return {v: makers[v] for v in names}, (m, n, k)
 
 
@@ -334,7 +340,8 @@ def main():
            f"`{meta['command']}` (jax {meta['jax']}); ms per op (TFLOP/s), bfloat16, per-rank GEMM of TP=2.", "",
            ("Variants in turns rep by rep, " if args.interleave else "Variants one after another, ")
            + f"median of {args.reps} reps of at least {args.min_rep_ms:g} ms.", "",
-           "`plan`: the default configuration's tile width and, where a partial last wave is split, its tiles x"
+           "`plan`: the default configuration's tile width (`pp`: the ping-pong schedule) and, where a partial last"
+           " wave is split, its tiles x"
            " chunks (xla_ffi/overlap/plan.cc PlanLaunch).", "",
            "`fused_1x1 / xla_dot`: the ratio of the two medians; `paired`: the median over reps of the ratio within"
            " each rep (drift of the clocks between reps cancels).", "",
@@ -360,7 +367,7 @@ def main():
       ratio += (f" | {cb['ms']:.3f} ({cb['config']}) | " + (f"{cb['vs_xla_dot']:.3f}" if "vs_xla_dot" in cb else "-")
                 if cb else " | - | -")
     pl = r.get("plan")
-    plan_cell = "-" if not pl else f"{pl['tile_n']}" + (
+    plan_cell = "-" if not pl else f"{pl['tile_n']}" + (" pp" if pl.get("pingpong") else "") + (
         f", {pl['sk_tiles']}x{pl['sk_units'] // pl['sk_tiles']}" if pl["sk_units"] else "")
     lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | {'x'.join(map(str, r['gemm']))} | {plan_cell} | "
                  + " | ".join(cells) + f" | {ratio} |")

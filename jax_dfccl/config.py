@@ -133,6 +133,15 @@ class Config:
   #: average at larger K; 0-7% slower on a single wave).  True / False force
   #: them on / off.  Read (and checked) at trace time.
   overlap_tma_store: bool | None = None
+  #: Fused GEMMs: the ping-pong schedule (1x1 clusters, 128-column tiles):
+  #: the two consumer warp groups of a CTA compute a tile each and take turns
+  #: on the tensor cores, so one's epilogue runs while the other's mainloop
+  #: does.  False (default): the cooperative schedule (both groups on one
+  #: tile, the epilogue between two mainloops), which was faster on one H200
+  #: for the GEMM alone (xla_ffi/overlap/plan.cc, Pingpong).  True: ping-pong
+  #: (then ``overlap_tile_n`` must be 0 or 128 and ``overlap_cluster_m`` 0
+  #: or 1).  Read (and checked) at trace time.
+  overlap_pingpong: bool = False
   # ---- GPU daemon tuning (runtime/config.h reads them; benchmarks and tools set them) ----
   #: GPU: cap of the proxy's backoff between relaunches of a daemon that quit
   #: while tasks were pending (it doubles from 20 us).

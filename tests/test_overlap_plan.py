@@ -132,6 +132,28 @@ def test_tma_store():
     assert plan(rows, n, k, mode=bit | og.MODE_CLUSTER_M2)["tma_store"] == 0
 
 
+@pytest.mark.parametrize("rows,n,k", SHAPES)
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_pingpong_forced(rows, n, k, nranks):
+  """overlap_pingpong=True (kModePingpong): 128-column tiles on 1x1 clusters, the rest of the plan the one of
+  forced 128-column tiles (split, units, grid, bulk stores); a forced width other than 128 or 2x1 clusters is
+  refused, cluster auto gives 1x1."""
+  pp = og.MODE_PINGPONG
+  base = plan(rows, n, k, nranks, mode=forced(128))
+  assert base["pingpong"] == 0
+  for mode in (pp, pp | forced(128), pp | og.MODE_CLUSTER_AUTO):
+    p = plan(rows, n, k, nranks, mode=mode)
+    assert p["pingpong"] == 1 and p["tile_n"] == 128 and p["cluster_m"] == 1, (mode, p)
+    assert {a: v for a, v in p.items() if a != "pingpong"} == {a: v for a, v in base.items() if a != "pingpong"}
+  p = plan(rows, n, k, nranks, mode=pp | og.MODE_TMA_STORE_AUTO)
+  assert p["tma_store"] == int(p["tiles"] > SMS)
+  for bad in (forced(256), forced(192), og.MODE_CLUSTER_M2):
+    with pytest.raises(Exception, match="ping-pong"):
+      plan(rows, n, k, nranks, mode=pp | bad)
+  for mode in (0, og.MODE_CLUSTER_AUTO, og.MODE_TMA_STORE_AUTO, forced(128)):  # never without the bit
+    assert plan(rows, n, k, nranks, mode=mode)["pingpong"] == 0
+
+
 @pytest.mark.parametrize("rows,n,k", SHAPES + [(4096, 7168, 4096), (2048, 4096, 4160), (8192, 4096, 7168)])
 @pytest.mark.parametrize("nranks", [1, 2])
 @pytest.mark.parametrize("kind", ["ag", "rs"])

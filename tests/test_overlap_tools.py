@@ -27,7 +27,7 @@ def _bench():
 def _cfg(**kw):
   base = dict(overlap_copy_engine=True, overlap_cta_fence=True, overlap_rs_copy_engine_min_bytes=8 << 20,
               overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True, overlap_tile_n=0, overlap_raster=0,
-              overlap_tma_store=False)
+              overlap_tma_store=False, overlap_pingpong=False)
   base.update(kw)
   return types.SimpleNamespace(**base)
 
@@ -93,6 +93,7 @@ def test_mode_constants_match_protocol_h():
   assert enum["RasterShift"] == og.MODE_RASTER_SHIFT and enum["RasterMask"] == 7 << og.MODE_RASTER_SHIFT
   assert enum["TmaStore"] == og.MODE_TMA_STORE and og.MODE_TMA_STORE > enum["RasterMask"]
   assert enum["TmaStoreAuto"] == og.MODE_TMA_STORE_AUTO == 2 * og.MODE_TMA_STORE
+  assert enum["Pingpong"] == og.MODE_PINGPONG == 2 * og.MODE_TMA_STORE_AUTO
   rasters = re.search(r"kRasters\[\] = \{(.*)\};", text).group(1)
   assert len(re.findall(r"\{[^}]*\}", rasters)) == og.RASTERS < 8  # 1 + index fits the 3 bits
 
@@ -106,6 +107,23 @@ def test_mode_tma_store_bits():
   for bad in (1, 0, "on", 1.0):
     with pytest.raises(ValueError, match="overlap_tma_store"):
       og._mode(_cfg(overlap_tma_store=bad), "rs", 1, 0)
+
+
+def test_mode_pingpong_bits():
+  """overlap_pingpong: False (default) the cooperative schedule, True ping-pong; True with another tile width than
+  128 or with 2x1 clusters, and anything but a bool, are refused at trace time."""
+  assert og._mode(_cfg(overlap_pingpong=True), "ag", 2, 0) == 1 | 2 | og.MODE_PINGPONG
+  assert og._mode(_cfg(overlap_pingpong=True, overlap_tile_n=128, overlap_cluster_m=0), "rs", 2, 0) == \
+      1 | 2 | og.MODE_PINGPONG | og.MODE_CLUSTER_AUTO | (1 << og.MODE_TILE_SHIFT)
+  assert og._mode(_cfg(overlap_pingpong=False), "ag", 2, 0) == 1 | 2
+  assert Config().overlap_pingpong is False
+  for bad in (1, 0, "on", None):
+    with pytest.raises(ValueError, match="overlap_pingpong"):
+      og._mode(_cfg(overlap_pingpong=bad), "rs", 1, 0)
+  for kw in (dict(overlap_tile_n=256), dict(overlap_tile_n=192), dict(overlap_cluster_m=2)):
+    with pytest.raises(ValueError, match="overlap_pingpong=True runs 128-column tiles"):
+      og._mode(_cfg(overlap_pingpong=True, **kw), "ag", 2, 0)
+    og._mode(_cfg(overlap_pingpong=False, **kw), "ag", 2, 0)
 
 
 def test_mode_raster_bits():
@@ -147,7 +165,8 @@ def test_lowering_for_cuda_carries_the_cluster_bit(monkeypatch, kind, cluster_m)
   monkeypatch.setattr(config, "overlap_rs_copy_engine_min_bytes", -1)
   text = _lower_for_cuda(kind)
   assert f"dfccl_overlap_{kind}" in text
-  assert f"mode = {1 | 2 | (16 if cluster_m == 2 else 0) | og.MODE_TMA_STORE_AUTO} : i32" in text  # defaults
+  defaults = og.MODE_TMA_STORE_AUTO
+  assert f"mode = {1 | 2 | (16 if cluster_m == 2 else 0) | defaults} : i32" in text
 
 
 def test_lowering_rejects_a_bad_cluster_m(monkeypatch):

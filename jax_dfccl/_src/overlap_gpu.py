@@ -53,6 +53,7 @@ __all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_
            "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY", "MODE_CLUSTER_M2",
            "MODE_NO_SPLIT", "MODE_CLUSTER_AUTO", "MODE_NO_PDL",
            "MODE_TILE_SHIFT", "MODE_RASTER_SHIFT", "RASTERS", "MODE_TMA_STORE", "MODE_TMA_STORE_AUTO",
+           "MODE_PINGPONG",
            "TILE_NS"]
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -70,6 +71,7 @@ MODE_RASTER_SHIFT = 10   # protocol.h kModeRasterShift: 1 + the index of a force
 RASTERS = 6              # len(protocol.h kRasters)
 MODE_TMA_STORE = 8192    # protocol.h kModeTmaStore (config overlap_tma_store)
 MODE_TMA_STORE_AUTO = 16384  # protocol.h kModeTmaStoreAuto (config overlap_tma_store=None)
+MODE_PINGPONG = 32768    # protocol.h kModePingpong (config overlap_pingpong=True)
 TILE_NS = (128, 192, 256)  # protocol.h kTileNs (config overlap_tile_n)
 _lock = threading.Lock()
 _mod: list = []  # [module or None] once tried
@@ -268,10 +270,17 @@ def _mode(cfg, kind, nranks, block_bytes) -> int:
   if tma is not None and not isinstance(tma, bool):
     raise ValueError(f"jax_dfccl.config.overlap_tma_store must be None (the plan's), True or False, got {tma!r}")
   tma_bits = MODE_TMA_STORE_AUTO if tma is None else MODE_TMA_STORE if tma else 0
+  pp = cfg.overlap_pingpong
+  if not isinstance(pp, bool):
+    raise ValueError(f"jax_dfccl.config.overlap_pingpong must be True or False, got {pp!r}")
+  if pp and (tile_n not in (0, 128) or cluster_m == 2):
+    raise ValueError("jax_dfccl.config.overlap_pingpong=True runs 128-column tiles on 1x1 clusters: overlap_tile_n "
+                     f"must be 0 or 128 and overlap_cluster_m 0 or 1, got {tile_n} and {cluster_m}")
+  pp_bits = MODE_PINGPONG if pp else 0
   return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
           | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0)
           | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap_pdl else MODE_NO_PDL)
-          | tile_bits | (raster << MODE_RASTER_SHIFT) | tma_bits
+          | tile_bits | (raster << MODE_RASTER_SHIFT) | tma_bits | pp_bits
           | _diag_bits[0])
 
 

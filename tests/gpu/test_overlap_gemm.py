@@ -57,9 +57,9 @@ def _close(got, ref, dtype, what):
   assert np.isfinite(got).all() and err < TOL[dtype], f"{what}: max rel error {err:.3g}"
 
 
-def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0, tma_store=False):
+def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0, tma_store=False, pingpong=False):
   """The fused op traced under overlap_cluster_m / overlap_split_last_wave / overlap_tile_n / overlap_raster /
-  overlap_tma_store (read at trace time)."""
+  overlap_tma_store / overlap_pingpong (read at trace time)."""
   og = _og()
   import jax_dfccl
   mesh = Mesh(np.array(gpus()[:1]), ("one",))
@@ -69,7 +69,7 @@ def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0, tma_store=False)
     body = lambda x, w: og.matmul_reduce_scatter(x, w, "one", 1)  # noqa: E731
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P()))
   with jax_dfccl.configured(overlap_cluster_m=cluster_m, overlap_split_last_wave=split, overlap_tile_n=tile_n,
-                            overlap_raster=raster, overlap_tma_store=tma_store):
+                            overlap_raster=raster, overlap_tma_store=tma_store, overlap_pingpong=pingpong):
     lowered = f.lower(x, w)
   text, compiled = lowered.as_text(), lowered.compile()
   assert f"dfccl_overlap_{kind}" in text, "fused kernel not used"
@@ -80,6 +80,7 @@ def _run(kind, cluster_m, x, w, split=True, tile_n=0, raster=0, tma_store=False)
   assert (mode >> og.MODE_RASTER_SHIFT) & 7 == raster, mode
   tma_bits = og.MODE_TMA_STORE_AUTO if tma_store is None else og.MODE_TMA_STORE if tma_store else 0
   assert mode & (og.MODE_TMA_STORE | og.MODE_TMA_STORE_AUTO) == tma_bits, mode
+  assert bool(mode & og.MODE_PINGPONG) == pingpong, mode
   return compiled
 
 
@@ -172,6 +173,43 @@ def test_tma_store_and_thread_stores_alternate():
   gs = [_run("ag", 1, x, w, tma_store=t) for t in (False, True)]
   for it in range(6):
     _close(gs[it % 2](x, w), ref, jnp.bfloat16, f"alternating tma iter {it}")
+  _og().check()
+
+
+PINGPONG_CASES = [(jnp.bfloat16, False), (jnp.bfloat16, True), (jnp.float16, True)]
+
+
+@pytest.mark.parametrize("dtype,tma", PINGPONG_CASES, ids=[f"{'bf16' if d == jnp.bfloat16 else 'f16'}-"
+                                                          f"{'tma' if t else 'threads'}" for d, t in PINGPONG_CASES])
+@pytest.mark.parametrize("kind", ["ag", "rs"])
+@pytest.mark.parametrize("M,N,K", SHAPES + [(1300, 3600, 704), (200, 17000, 1000), (2048, 4096, 512)])
+def test_pingpong(M, N, K, kind, dtype, tma):
+  """config.overlap_pingpong: the two consumer warp groups compute a unit each, in turns -- partial tiles at M and
+  N, K = 8, fewer units than CTAs (a group with no unit), a split last wave (1300x3600x704, 200x17000x1000: the
+  owner's and the partials' units in either group), several waves (2048x4096x512: 512 units on 132 CTAs), the
+  threads' and the bulk stores -- exact against the same reference, on repeated instances.  The plan says
+  ping-pong."""
+  og = _og()
+  x, w = _inputs(M, N, K, dtype, seed=5 * M + N + K)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  g = _run(kind, 1, x, w, tma_store=tma, pingpong=True)
+  sms = getattr(gpus()[0], "core_count", None) or 132
+  plan = og.module().plan(1, M, N, K, sms, sms, og.MODE_PINGPONG | (og.MODE_TMA_STORE if tma else 0), kind)
+  assert plan["pingpong"] == 1 and plan["tile_n"] == 128 and plan["tma_store"] == int(tma), plan
+  for it in range(3):
+    _close(g(x, w), ref, dtype, f"{kind} {M}x{N}x{K} pingpong tma={tma} iter {it}")
+  og.check()
+
+
+def test_pingpong_and_cooperative_alternate():
+  """Ping-pong and cooperative launches (and bulk vs thread stores, split vs whole tiles) of one op share a channel
+  (one tile counter, the split's partials and flags): alternating them stays exact."""
+  x, w = _inputs(1300, 3600, 704, jnp.bfloat16, seed=21)
+  ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+  gs = [_run("ag", 1, x, w, pingpong=True), _run("ag", 1, x, w, tile_n=128), _run("ag", 1, x, w, pingpong=True,
+        tma_store=True), _run("ag", 1, x, w, pingpong=True, split=False), _run("ag", 2, x, w)]
+  for it in range(10):
+    _close(gs[it % 5](x, w), ref, jnp.bfloat16, f"alternating ping-pong iter {it}")
   _og().check()
 
 

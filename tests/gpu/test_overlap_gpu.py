@@ -314,6 +314,23 @@ def test_tma_store_row_blocks(M, N, K, dtype):
   og.check()
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("rs_ce", [False, True], ids=["sm", "ce"])
+@pytest.mark.parametrize("kind,M,N,K", CLUSTER_SHAPES)
+def test_pingpong_numerics(kind, M, N, K, dtype, rs_ce):
+  """overlap_pingpong=True on 2 ranks (each consumer warp group with its own tiles: AG row waits, RS partials
+  into the peer and the own block's fold, once per group and peer) against the f32 reference, alternating with the
+  cooperative schedule on the same channel."""
+  x, w = _inputs(M, N, K, dtype, seed=19)
+  lim = 0 if rs_ce else -1
+  fp, args = _traced_with({"overlap_pingpong": True, "overlap_rs_copy_engine_min_bytes": lim}, kind, x, w)
+  fc, _ = _traced_with({"overlap_pingpong": False, "overlap_rs_copy_engine_min_bytes": lim}, kind, x, w)
+  ref = _ref(kind, x, w)
+  for it in range(6):
+    _close((fc if it % 3 == 2 else fp)(*args), ref, dtype, f"{kind} {M}x{N}x{K} pingpong iter {it}")
+  og.check()
+
+
 _FIRST_CALL = r"""
 import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

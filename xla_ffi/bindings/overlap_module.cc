@@ -40,6 +40,7 @@ NB_MODULE(_dfccl_overlap, m) {
         d["tile_n"] = p.tile_n; d["cluster_m"] = p.cluster_m; d["tiles"] = p.tiles; d["units"] = p.units;
         d["sk_units"] = p.sk_units; d["sk_tiles"] = p.sk_tiles; d["grid"] = p.grid; d["pdl"] = p.pdl;
         d["m_fast"] = p.raster.m_fast; d["group_n"] = p.raster.group_n; d["tma_store"] = p.tma_store;
+        d["pingpong"] = p.pingpong;
         return d;
       },
       nb::arg("nranks"), nb::arg("rows"), nb::arg("n"), nb::arg("k"), nb::arg("avail"), nb::arg("cluster_ctas"),

@@ -35,6 +35,16 @@
 // next piece or tile, and only wait for the stores' shared-memory reads before
 // they write the staging tile again.  The staging tile is then laid out as the
 // 128-byte swizzle of the bulk copies (two 64-column halves of 128-byte rows).
+// Ping-pong (LaunchPlan::pingpong, 1x1 clusters, 128-column tiles): the two
+// consumer warp groups compute a whole tile each, the CTA's units alternating
+// between them in the order the producer loads them (each group skips the
+// other's units in the stage pipeline).  An ordered barrier of two stages
+// makes their mainloops take turns on the tensor cores and their epilogues
+// take turns on the one staging tile, so a group's epilogue runs during the
+// other's mainloop instead of between two mainloops (CUTLASS's ping-pong
+// kernel schedule, with our scheduler, signaling and epilogue).  A group
+// waits for its bulk stores' reads of the staging tile before it hands the
+// epilogue on.
 // This file is the device side; the variants' loading, dispatch, descriptors and
 // launch are in gemm_launch.cuh.
 #pragma once
@@ -68,25 +78,34 @@ __device__ __forceinline__ int StageChunk(int r, int ch) {
   else return r * 256 + ((ch ^ (r & 7)) << 4);
 }
 
-// Piece h of a consumer thread's accumulator (its values [64h, 64h + 64), the
-// tile's columns [128h, 128h + 128)), rounded to T, into the staging tile in the
-// layout of StageChunk<kTma>, by `stmatrix` (four 8x8 matrices per
-// instruction).  The WGMMA accumulator of a warp is a 16-row slab: value
+// A piece of a consumer thread's accumulator, its values [v0, v1) (v0 a
+// multiple of 64, at most 64 values: one 16-row slab of the warp, the columns
+// [c0, c0 + 128)), rounded to T, into the staging tile in the layout of
+// StageChunk<kTma>, by `stmatrix` (four 8x8 matrices per instruction).  The
+// WGMMA accumulator of a warp is a 16-row slab per 64 x N atom: value
 // 4j + 2v + e of lane l sits at row l / 4 + 8v, column 8j + 2(l % 4) + e (the
 // mma C fragment, which is stmatrix's), so values 8q .. 8q + 7 of every lane
 // are the four matrices (rows 0-7 | 8-15) x (chunk 2q | 2q + 1), and lane l
 // names row l % 8 of matrix l / 8.  `coords` maps a value to its (row,
-// column): the slab's first row and each step's chunk come from it.  (CuTe's
-// SM90_U32x4_STSM_N issues the same instruction without a memory clobber; the
-// barrier after the piece must not be passed by these stores.)
-template <bool kTma, class T, int TN, class Acc, class Coords>
-__device__ __forceinline__ void StagePiece(char* stage, const Acc& acc, const Coords& coords, int h) {
+// column): the slab's first row and each step's chunk come from it.  The
+// cooperative schedule's piece h is values [64h, 64h + 64) (columns [128h,
+// 128h + 128)); ping-pong's 128 x 128 tile is two pieces, values [0, 64) and
+// [64, 128) (rows 64 apart).  (CuTe's SM90_U32x4_STSM_N issues the same
+// instruction without a memory clobber; the barrier after the piece must not
+// be passed by these stores.)
+template <bool kTma, class T, class Acc, class Coords>
+__device__ __forceinline__ void StagePiece(char* stage, const Acc& acc, const Coords& coords, int v0, int v1, int c0) {
   const int lane = static_cast<int>(threadIdx.x & 31u), m = lane >> 3;
-  const int row = cute::get<0>(coords(0)) - (lane >> 2) + (m & 1) * 8 + (lane & 7);  // of the matrix row it names
+  const int row = cute::get<0>(coords(v0)) - (lane >> 2) + (m & 1) * 8 + (lane & 7);  // of the matrix row it names
   auto pack = [&](int i) { return uint32_t(T(acc(i)).raw()) | (uint32_t(T(acc(i + 1)).raw()) << 16); };
+  // A fixed trip count, so that the loop unrolls and every acc index is a
+  // constant once the caller's piece loop is unrolled (else the accumulator
+  // goes to the stack).
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 64 * h; i < 64 * h + 64 && i < TN / 2; i += 8) {
-    const int ch = ((cute::get<1>(coords(i)) - 128 * h) >> 3) + (m >> 1);
+  for (int j = 0; j < 64; j += 8) {
+    const int i = v0 + j;
+    if (i >= v1) break;
+    const int ch = ((cute::get<1>(coords(i)) - c0) >> 3) + (m >> 1);
     const uint32_t addr = SmemAddr(stage + StageChunk<kTma>(row, ch));
     asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(pack(i)),
                  "r"(pack(i + 2)), "r"(pack(i + 4)), "r"(pack(i + 6))
@@ -94,26 +113,45 @@ __device__ __forceinline__ void StagePiece(char* stage, const Acc& acc, const Co
   }
 }
 
-template <class T, int CM, int TN, bool TMA = false>
+// Piece h of a tile into the staging tile: cooperative, the columns [128h,
+// 128h + 128) (the rows of both groups); ping-pong (TN = 128, h = 0), the
+// group's whole tile, its two 64-row slabs.
+template <bool kTma, bool kPingpong, class T, int TN, class Acc, class Coords>
+__device__ __forceinline__ void StageTilePiece(char* stage, const Acc& acc, const Coords& coords, int h) {
+  if constexpr (kPingpong) {
+    StagePiece<kTma, T>(stage, acc, coords, 0, 64, 0);
+    StagePiece<kTma, T>(stage, acc, coords, 64, 128, 0);
+  } else {
+    StagePiece<kTma, T>(stage, acc, coords, 64 * h, 64 * h + 64 < TN / 2 ? 64 * h + 64 : TN / 2, 128 * h);
+  }
+}
+
+template <class T, int CM, int TN, bool TMA = false, bool PP = false>
 struct GemmCfg {
   static_assert(CM == 1 || CM == 2, "cluster shape 1x1 or 2x1");
   static_assert(!TMA || CM == 1, "bulk tensor stores on 1x1 clusters only");
+  static_assert(!PP || (CM == 1 && TN == 128), "ping-pong on 1x1 clusters and 128-column tiles only");
   static constexpr bool kTma = TMA;
+  static constexpr bool kPingpong = PP;
   static_assert(TN % 64 == 0 && TN >= kTileNMin && TN <= kTileNMax, "tile width: a multiple of 64 in 128..256");
   static constexpr int kTileN = TN;
   // The epilogue moves the tile in pieces of up to 128 columns (the staging
   // tile's width); a thread's accumulator values [64h, 64h + 64) hold the
-  // columns [128h, 128h + 128) (see the epilogue).
+  // columns [128h, 128h + 128) (cooperative; see the epilogue).
   static constexpr int kPieces = (TN + 127) / 128;
+  // Warp groups that compute a tile of their own (ping-pong: both consumers).
+  static constexpr int kMmaGroups = PP ? 2 : 1;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<TN>, cute::_64>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::_1, cute::_1>;
+  using OrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;  // ping-pong: mainloop, then epilogue, in turns
   struct Extra {  // our shared memory beside the mainloop's (carved out of the stages)
     typename cutlass::PipelineAsync<4>::SharedStorage sched;
+    typename OrderBarrier::SharedStorage order;
     int tile_ids[4];
     Handoff handoff;  // CM = 2: units from cluster rank 0 (gemm_sched.cuh)
-    uint64_t peer_recv[kMaxRanks];
-    uint64_t peer_flags[kMaxRanks];
-    int ready_ok[kMaxRanks];
+    uint64_t peer_recv[kMmaGroups][kMaxRanks];  // per warp group computing tiles (RS: once per peer)
+    uint64_t peer_flags[kMmaGroups][kMaxRanks];
+    int ready_ok[kMmaGroups][kMaxRanks];
     alignas(128) char stage[kTileM * 256 + (TMA ? 1024 : 0)];  // epilogue: 128 x 128 of T (StageChunk); TMA: from
                                                                 // its first 1024-byte boundary
   };
@@ -121,14 +159,17 @@ struct GemmCfg {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, 8, T,
       cutlass::layout::RowMajor, 8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(Extra)) + 128>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      std::conditional_t<PP, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
   using SchedPipeline = cutlass::PipelineAsync<4>;
   using TiledMma = typename Mainloop::TiledMma;
   static constexpr int kStages = Mainloop::DispatchPolicy::Stages;
-  static constexpr int kMmaThreads = cute::size(TiledMma{});  // 256
-  static constexpr int kThreads = kMmaThreads + 128;
+  static constexpr int kMmaThreads = cute::size(TiledMma{});  // threads of one tile: 256, ping-pong 128
+  static constexpr int kConsumerThreads = 256;                // both consumer warp groups
+  static_assert(kMmaThreads * kMmaGroups == kConsumerThreads, "two consumer warp groups");
+  static constexpr int kThreads = kConsumerThreads + 128;
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
@@ -146,15 +187,19 @@ struct GemmCfg {
 // The staging tile's alignment costs no pipeline stage.
 static_assert(GemmCfg<cutlass::bfloat16_t, 1, 256, true>::kStages == GemmCfg<cutlass::bfloat16_t, 1, 256>::kStages &&
                   GemmCfg<cutlass::bfloat16_t, 1, 192, true>::kStages == GemmCfg<cutlass::bfloat16_t, 1, 192>::kStages &&
-                  GemmCfg<cutlass::bfloat16_t, 1, 128, true>::kStages == GemmCfg<cutlass::bfloat16_t, 1, 128>::kStages,
-              "the TMA variants keep the stage count");
+                  GemmCfg<cutlass::bfloat16_t, 1, 128, true>::kStages == GemmCfg<cutlass::bfloat16_t, 1, 128>::kStages &&
+                  GemmCfg<cutlass::bfloat16_t, 1, 128, true, true>::kStages ==
+                      GemmCfg<cutlass::bfloat16_t, 1, 128>::kStages,
+              "the TMA and ping-pong variants keep the stage count");
 
 // The bulk tensor stores are CuTe's (cute::SM90_TMA_STORE_3D, tma_store_fence /
 // _arrive / _wait: the reads of shared memory); this waits for their writes too.
 __device__ __forceinline__ void TmaStoreWaitWrites() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
-__device__ __forceinline__ void ConsumerBarrier(int threads) {
-  asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory");  // id 8: unused by CUTLASS here
+// The consumers of one tile (ping-pong: warp group g of the two; ids 8 and 9
+// are unused by CUTLASS here).
+__device__ __forceinline__ void ConsumerBarrier(int threads, int group = 0) {
+  asm volatile("bar.sync %0, %1;" ::"r"(8 + group), "r"(threads) : "memory");
 }
 
 // Partials of a split last wave (gemm_sched.cuh): the accumulator fragment of each
@@ -197,11 +242,11 @@ __device__ __forceinline__ void ClusterSyncBeforeExit() {
   }
 }
 
-template <class T, int CM, int TN, bool TMA>
-__global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
-    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T, CM, TN, TMA>::Params p) {
+template <class T, int CM, int TN, bool TMA, bool PP>
+__global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA, PP>::kThreads, 1)
+    OverlapGemmKernel(const __grid_constant__ typename GemmCfg<T, CM, TN, TMA, PP>::Params p) {
   using namespace cute;
-  using C = GemmCfg<T, CM, TN, TMA>;
+  using C = GemmCfg<T, CM, TN, TMA, PP>;
   constexpr int kTileN = C::kTileN;
   using Mainloop = typename C::Mainloop;
   const GemmLaunch& l = p.l;
@@ -220,13 +265,13 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
 
   if (warp_idx == 0 && cute::elect_one_sync())
     for (int b = 0; b < l.nranks; ++b) Mainloop::prefetch_tma_descriptors(p.ml[b]);
-  if (thread_idx < kMaxRanks) ss.extra.ready_ok[thread_idx] = 0;
+  if (thread_idx < C::kMmaGroups * kMaxRanks) ss.extra.ready_ok[thread_idx / kMaxRanks][thread_idx % kMaxRanks] = 0;
 
   typename C::Pipeline::Params pp;
   if (warp_group == 0 && warp_idx == 0) pp.role = C::Pipeline::ThreadCategory::Producer;
   if (warp_group > 0) pp.role = C::Pipeline::ThreadCategory::Consumer;
   pp.is_leader = (thread_idx % 128) == 0;
-  pp.num_consumers = C::kMmaThreads;
+  pp.num_consumers = C::kMmaThreads;  // the consumers of a stage: one tile's
   pp.num_producers = Mainloop::NumProducerThreadEvents;
   pp.transaction_bytes = p.ml[0].tma_transaction_bytes;
   typename C::Pipeline pipeline(ss.pipeline, pp, typename C::ClusterShape{});
@@ -235,8 +280,14 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
   if (warp_group == 0 && warp_idx == 0) sp.role = C::SchedPipeline::ThreadCategory::Producer;
   if (warp_group > 0) sp.role = C::SchedPipeline::ThreadCategory::Consumer;
   sp.producer_arv_count = 1;
-  sp.consumer_arv_count = C::kMmaThreads;
+  sp.consumer_arv_count = C::kConsumerThreads;  // both groups read every unit (ping-pong: to skip the other's)
   typename C::SchedPipeline sched(ss.extra.sched, sp);
+  // Ping-pong: consumer group g (0, 1) computes every other unit of this CTA.
+  const int group = C::kPingpong && warp_group > 0 ? warp_group - 1 : 0;
+  typename C::OrderBarrier::Params op;
+  op.group_id = uint32_t(group);
+  op.group_size = 128;
+  typename C::OrderBarrier order(ss.extra.order, op);  // initialized by warp 0 (unused by the cooperative schedule)
   if (CM > 1 && thread_idx == 0) InitHandoff(ss.extra.handoff);
   cutlass::arch::fence_barrier_init();
   __syncthreads();
@@ -326,7 +377,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
 
   // Consumers: MMA + epilogue.
   cutlass::arch::warpgroup_reg_alloc<232>();
-  const int mma_tid = thread_idx - 128;
+  const int mma_tid = (thread_idx - 128) % C::kMmaThreads;  // within the threads of this tile
   typename C::TiledMma tiled_mma;
   typename C::PipelineState state;
   typename C::SchedPipeline::PipelineState sstate;
@@ -341,6 +392,11 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
     } else
       return ss.extra.stage;
   };
+  auto* peer_recv = ss.extra.peer_recv[group];
+  auto* peer_flags = ss.extra.peer_flags[group];
+  int* ready_ok = ss.extra.ready_ok[group];
+  // Ping-pong: the units this CTA took, counted in the order of the stages.
+  uint32_t taken = 0;
   while (true) {
     sched.consumer_wait(sstate);
     const int u = ss.extra.tile_ids[sstate.index()];
@@ -348,182 +404,199 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA>::kThreads, 1)
     ++sstate;
     if (u >= units) break;
     const Piece pc = UnitPiece<CM>(l, u, k_tiles);
+    if constexpr (C::kPingpong) {
+      if (int(taken++ & 1u) != group) {  // the other group's unit: its stages are not ours
+        state.advance(pc.kn);
+        continue;
+      }
+    }
     const TileCoord tc = Decode<CM>(l, pc.tile, mt, nt, int(crank));
     const bool in_block = tc.mi < mt;  // CM = 2: false for the empty second tile of a pair
     uint64_t* tl = l.tl != nullptr && mma_tid == 0 && in_block && !pc.partial
                        ? l.tl + TimelineRow<CM>(pc.tile, tc, mt, nt) * kTlWords : nullptr;
     if (tl) tl[0] = GlobalTimer();
     auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename C::TileShape{}));
+    if constexpr (C::kPingpong) order.wait();  // the other group's mainloop issued
     collective.mma(pipeline, state, acc, pc.kn, mma_tid, ss.tensors, p.ml[tc.b]);
+    if constexpr (C::kPingpong) order.arrive();  // the other group's mainloop may start
     collective.mma_tail(pipeline, state, pc.kn);
     state.advance(pc.kn);
     if (tl) tl[1] = tl[2] = GlobalTimer();
-    if (!in_block) continue;  // its stages are released (the peer's multicast); nothing to store
-    if (pc.partial) {  // split tile: the accumulator to this unit's slot, then its flag (no epilogue)
-      SkStorePartial<C::kMmaThreads>(l.sk_partials + size_t(pc.slot) * kTileM * kTileN, acc, mma_tid);
-      ConsumerBarrier(C::kMmaThreads);  // every thread's stores, then one cumulative fence + flag
-      if (mma_tid == 0) {
-        FenceAcqRelGpu();
-        StRelaxedGpu(l.sk_flags + pc.slot, l.seq);
-      }
-      continue;
-    }
-    if (pc.wait_n > 0) {  // split tile's owner: add the earlier chunks' partials (chunk order)
-      if (mma_tid == 0)
-        for (int i = 0; i < pc.wait_n; ++i)
-          WaitGeq(l.sk_flags + pc.wait_first + i * l.plan.sk_tiles, l.seq, l.mbox, l.timeout_ns,
-                  ErrorCode(kWaitSplit, l.rank, l.rank));
-      ConsumerBarrier(C::kMmaThreads);
-      for (int i = 0; i < pc.wait_n; ++i)
-        SkAddPartial<C::kMmaThreads>(l.sk_partials + size_t(pc.wait_first + i * l.plan.sk_tiles) * kTileM * kTileN, acc,
-                                     mma_tid);
-    }
-
-    if constexpr (C::kTma) {
-      // Every tile's destination is this rank's output (LaunchGemm picks this variant only for AG and for RS on one
-      // rank): the staging tile leaves through bulk tensor stores, one thread issuing them; the consumers wait only
-      // for their shared-memory reads before they write the staging tile again.
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < C::kPieces; ++h) {
-        if (mma_tid == 0) cute::tma_store_wait<0>();  // the previous piece's / tile's stores read the staging tile
-        ConsumerBarrier(C::kMmaThreads);
-        StagePiece<true, T, kTileN>(stage_tile(), acc, tCcD, h);
-        cute::tma_store_fence();  // these generic stores, visible to the bulk copies
-        ConsumerBarrier(C::kMmaThreads);
-        if (mma_tid == 0) {  // the piece's 64-column halves, clipped at the row block's and the output's bounds
-          for (int half = 0; half < 2 && 128 * h + 64 * half < kTileN; ++half)
-            cute::SM90_TMA_STORE_3D::copy(&p.out_map, stage_tile() + half * (kTileM * 128),
-                                          tc.ni * kTileN + 128 * h + 64 * half, tc.mi * kTileM, tc.b);
-          cute::tma_store_arrive();
-        }
-      }
-    } else {
-      const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
-      const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
-      const int tile_idx = tc.mi * nt + tc.ni;
-      const bool rs = l.kind == kGemmReduceScatter && !l.no_comm;
-      T* dst = nullptr;
-      if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
-        dst = static_cast<T*>(l.send) + tile_off;
-      } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
-        if (mma_tid == 0 && !ss.extra.ready_ok[tc.b]) {  // once per CTA and peer
-          const bool ok = WaitReady(l.ready_in != nullptr ? l.ready_in + tc.b : nullptr, &l.mbox->ready[tc.b], l.seq,
-                                    l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
-          // Addresses from the host once known there, else from the mailbox
-          // (published before the peer's first ready write).
-          const uint64_t recv = l.peer_recv[tc.b] != 0 ? l.peer_recv[tc.b] : LoadMailboxPtr(&l.mbox->recv[tc.b]);
-          const uint64_t flags = l.peer_flags[tc.b] != 0 ? l.peer_flags[tc.b] : LoadMailboxPtr(&l.mbox->flags[tc.b]);
-          ss.extra.peer_recv[tc.b] = ok ? recv : 0;
-          ss.extra.peer_flags[tc.b] = ok ? flags : 0;
-          ss.extra.ready_ok[tc.b] = ok ? 1 : 2;
-        }
-        ConsumerBarrier(C::kMmaThreads);
-        if (tl) tl[2] = GlobalTimer();
-        if (ss.extra.peer_recv[tc.b] != 0)
-          dst = reinterpret_cast<T*>(ss.extra.peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
-      } else if (rs) {  // own block: fold in the peers' partials (waited for below)
-        dst = out + tile_off;
-      } else if (l.kind == kGemmReduceScatter) {  // no_comm diagnostic: every block to the local recv buffer
-        dst = const_cast<T*>(static_cast<const T*>(l.local_recv)) + size_t(tc.b) * l.mb * l.n + tile_off;
-      } else {
-        dst = out + size_t(tc.b) * l.mb * l.n + tile_off;
-      }
-      const bool fold = rs && tc.b == l.rank && l.nranks > 1;  // one rank: nothing to fold in
-      // Epilogue through shared memory, in two halves of 128 columns: the
-      // accumulator (rounded to T) goes to a swizzled 128 x 128 staging tile,
-      // then every thread moves 16-byte vectors, a warp two contiguous 256-byte
-      // row pieces (local HBM or, for a peer's partial, NVLink).  The own RS
-      // block adds the peers' partials (16-byte loads) in f32 on the way.
-      // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
-      // a thread holds TN / 2 values, [64h, 64h + 64) the columns [128h, 128h +
-      // 128) (TN = 192: the second piece is 64 columns wide, values [64, 96)).
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < C::kPieces; ++h) {
-        ConsumerBarrier(C::kMmaThreads);  // the previous piece / tile was read out
-        StagePiece<false, T, kTileN>(stage_tile(), acc, tCcD, h);
-        ConsumerBarrier(C::kMmaThreads);
-        if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
-          WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
-                  ErrorCode(kWaitPartial, l.rank, mma_tid));
-        if (fold && h == 0) {
-          ConsumerBarrier(C::kMmaThreads);
-          if (tl) tl[2] = GlobalTimer();
-        }
-        constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
-        if (dst != nullptr && !fold) {
-          // Plain stores: one short unrolled loop, contiguous in the code (the
-          // fold's longer body is a separate loop below, so this path's
-          // instructions are fetched in one run, not between fold blocks).
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kVecs; ++j) {
-            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
-            const int col = 128 * h + ch * 8;
-            if (r < rows && col < cols)  // cols % 8 == 0: a chunk is all in or all out
-              *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) =
-                  *reinterpret_cast<const uint4*>(stage_tile() + StageChunk<false>(r, ch));
-          }
-        } else if (dst != nullptr) {
-          // Fold: the first peer's partials of this half are loaded up front (all
-          // kVecs 16-byte loads in flight at once, not one per store).
-          const int q0 = l.rank == 0 ? 1 : 0;
-          uint4 pre[kVecs];
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kVecs; ++j) {
-            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
-            pre[j] = make_uint4(0, 0, 0, 0);
-            if (r < rows && col < cols)
-              pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
-                                                       tile_off + size_t(r) * l.n + col);
-          }
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kVecs; ++j) {
-            const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
-            const int col = 128 * h + ch * 8;
-            if (r >= rows || col >= cols) continue;
-            uint4 v = *reinterpret_cast<const uint4*>(stage_tile() + StageChunk<false>(r, ch));
-            float f[8];
-            const T* pv = reinterpret_cast<const T*>(&v);
-            for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
-            for (int q = 0; q < l.nranks; ++q) {
-              if (q == l.rank) continue;
-              const uint4 u = q == q0 ? pre[j]
-                                      : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
-                                                                        size_t(q) * l.mb * l.n + tile_off +
-                                                                        size_t(r) * l.n + col);
-              const T* pu = reinterpret_cast<const T*>(&u);
-              for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
-            }
-            T* pw = reinterpret_cast<T*>(&v);
-            for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
-            *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) = v;
-          }
-        }
-      }
-      if (rs && tc.b != l.rank && l.send != nullptr) {
-        ConsumerBarrier(C::kMmaThreads);  // the tile's local stores, then one cumulative fence + count
+    if constexpr (C::kPingpong) order.wait();  // the other group's epilogue done with the staging tile
+    // The epilogue (a block left by `break` where a unit stores nothing or only its split partial).
+    do {
+      if (!in_block) break;  // its stages are released (the peer's multicast); nothing to store
+      if (pc.partial) {  // split tile: the accumulator to this unit's slot, then its flag (no epilogue)
+        SkStorePartial<C::kMmaThreads>(l.sk_partials + size_t(pc.slot) * kTileM * kTileN, acc, mma_tid);
+        ConsumerBarrier(C::kMmaThreads, group);  // every thread's stores, then one cumulative fence + flag
         if (mma_tid == 0) {
-          FenceAcqRelSys();
-          atomicAdd(l.done_counter, 1u);
+          FenceAcqRelGpu();
+          StRelaxedGpu(l.sk_flags + pc.slot, l.seq);
         }
-      } else if (rs && tc.b != l.rank) {
-        if (l.thread_fences) __threadfence_system();  // every storing thread: its remote stores before the flag
-        ConsumerBarrier(C::kMmaThreads);              // all stores of the tile issued (CTA-ordered before ...)
-        if (mma_tid == 0 && ss.extra.peer_flags[tc.b] != 0) {
-          uint32_t* flag = reinterpret_cast<uint32_t*>(ss.extra.peer_flags[tc.b]) + l.rank * per_block + tile_idx;
-          if (l.thread_fences) {
-            StReleaseSys(flag, l.seq);
-          } else {  // ... this one cumulative system fence, then a strong store (release pattern)
+        break;
+      }
+      if (pc.wait_n > 0) {  // split tile's owner: add the earlier chunks' partials (chunk order)
+        if (mma_tid == 0)
+          for (int i = 0; i < pc.wait_n; ++i)
+            WaitGeq(l.sk_flags + pc.wait_first + i * l.plan.sk_tiles, l.seq, l.mbox, l.timeout_ns,
+                    ErrorCode(kWaitSplit, l.rank, l.rank));
+        ConsumerBarrier(C::kMmaThreads, group);
+        for (int i = 0; i < pc.wait_n; ++i)
+          SkAddPartial<C::kMmaThreads>(
+              l.sk_partials + size_t(pc.wait_first + i * l.plan.sk_tiles) * kTileM * kTileN, acc, mma_tid);
+      }
+
+      if constexpr (C::kTma) {
+        // Every tile's destination is this rank's output (LaunchGemm picks this variant only for AG and for RS on one
+        // rank): the staging tile leaves through bulk tensor stores, one thread issuing them; the consumers wait only
+        // for their shared-memory reads before they write the staging tile again.
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < C::kPieces; ++h) {
+          if (mma_tid == 0) cute::tma_store_wait<0>();  // the previous piece's / tile's stores read the staging tile
+          ConsumerBarrier(C::kMmaThreads, group);
+          StageTilePiece<true, C::kPingpong, T, kTileN>(stage_tile(), acc, tCcD, h);
+          cute::tma_store_fence();  // these generic stores, visible to the bulk copies
+          ConsumerBarrier(C::kMmaThreads, group);
+          if (mma_tid == 0) {  // the piece's 64-column halves, clipped at the row block's and the output's bounds
+            for (int half = 0; half < 2 && 128 * h + 64 * half < kTileN; ++half)
+              cute::SM90_TMA_STORE_3D::copy(&p.out_map, stage_tile() + half * (kTileM * 128),
+                                            tc.ni * kTileN + 128 * h + 64 * half, tc.mi * kTileM, tc.b);
+            cute::tma_store_arrive();
+          }
+        }
+      } else {
+        const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
+        const size_t tile_off = size_t(tc.mi) * kTileM * l.n + size_t(tc.ni) * kTileN;
+        const int tile_idx = tc.mi * nt + tc.ni;
+        const bool rs = l.kind == kGemmReduceScatter && !l.no_comm;
+        T* dst = nullptr;
+        if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
+          dst = static_cast<T*>(l.send) + tile_off;
+        } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
+          if (mma_tid == 0 && !ready_ok[tc.b]) {  // once per CTA and peer
+            const bool ok = WaitReady(l.ready_in != nullptr ? l.ready_in + tc.b : nullptr, &l.mbox->ready[tc.b], l.seq,
+                                      l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
+            // Addresses from the host once known there, else from the mailbox
+            // (published before the peer's first ready write).
+            const uint64_t recv = l.peer_recv[tc.b] != 0 ? l.peer_recv[tc.b] : LoadMailboxPtr(&l.mbox->recv[tc.b]);
+            const uint64_t flags = l.peer_flags[tc.b] != 0 ? l.peer_flags[tc.b] : LoadMailboxPtr(&l.mbox->flags[tc.b]);
+            peer_recv[tc.b] = ok ? recv : 0;
+            peer_flags[tc.b] = ok ? flags : 0;
+            ready_ok[tc.b] = ok ? 1 : 2;
+          }
+          ConsumerBarrier(C::kMmaThreads, group);
+          if (tl) tl[2] = GlobalTimer();
+          if (peer_recv[tc.b] != 0)
+            dst = reinterpret_cast<T*>(peer_recv[tc.b]) + size_t(l.rank) * l.mb * l.n + tile_off;
+        } else if (rs) {  // own block: fold in the peers' partials (waited for below)
+          dst = out + tile_off;
+        } else if (l.kind == kGemmReduceScatter) {  // no_comm diagnostic: every block to the local recv buffer
+          dst = const_cast<T*>(static_cast<const T*>(l.local_recv)) + size_t(tc.b) * l.mb * l.n + tile_off;
+        } else {
+          dst = out + size_t(tc.b) * l.mb * l.n + tile_off;
+        }
+        const bool fold = rs && tc.b == l.rank && l.nranks > 1;  // one rank: nothing to fold in
+        // Epilogue through shared memory, in two halves of 128 columns: the
+        // accumulator (rounded to T) goes to a swizzled 128 x 128 staging tile,
+        // then every thread moves 16-byte vectors, a warp two contiguous 256-byte
+        // row pieces (local HBM or, for a peer's partial, NVLink).  The own RS
+        // block adds the peers' partials (16-byte loads) in f32 on the way.
+        // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
+        // a thread holds TN / 2 values, [64h, 64h + 64) the columns [128h, 128h +
+        // 128) (TN = 192: the second piece is 64 columns wide, values [64, 96)).
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < C::kPieces; ++h) {
+          ConsumerBarrier(C::kMmaThreads, group);  // the previous piece / tile was read out
+          StageTilePiece<false, C::kPingpong, T, kTileN>(stage_tile(), acc, tCcD, h);
+          ConsumerBarrier(C::kMmaThreads, group);
+          if (fold && h == 0 && mma_tid < l.nranks && mma_tid != l.rank)  // peers' partials of this tile arrived
+            WaitGeq(l.local_flags + mma_tid * per_block + tile_idx, l.seq, l.mbox, l.timeout_ns,
+                    ErrorCode(kWaitPartial, l.rank, mma_tid));
+          if (fold && h == 0) {
+            ConsumerBarrier(C::kMmaThreads, group);
+            if (tl) tl[2] = GlobalTimer();
+          }
+          constexpr int kVecs = (kTileM * 16) / C::kMmaThreads;
+          if (dst != nullptr && !fold) {
+            // Plain stores: one short unrolled loop, contiguous in the code (the
+            // fold's longer body is a separate loop below, so this path's
+            // instructions are fetched in one run, not between fold blocks).
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kVecs; ++j) {
+              const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
+              const int col = 128 * h + ch * 8;
+              if (r < rows && col < cols)  // cols % 8 == 0: a chunk is all in or all out
+                *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) =
+                    *reinterpret_cast<const uint4*>(stage_tile() + StageChunk<false>(r, ch));
+            }
+          } else if (dst != nullptr) {
+            // Fold: the first peer's partials of this half are loaded up front (all
+            // kVecs 16-byte loads in flight at once, not one per store).
+            const int q0 = l.rank == 0 ? 1 : 0;
+            uint4 pre[kVecs];
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kVecs; ++j) {
+              const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, col = 128 * h + (idx & 15) * 8;
+              pre[j] = make_uint4(0, 0, 0, 0);
+              if (r < rows && col < cols)
+                pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) + size_t(q0) * l.mb * l.n +
+                                                         tile_off + size_t(r) * l.n + col);
+            }
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kVecs; ++j) {
+              const int idx = j * C::kMmaThreads + mma_tid, r = idx >> 4, ch = idx & 15;
+              const int col = 128 * h + ch * 8;
+              if (r >= rows || col >= cols) continue;
+              uint4 v = *reinterpret_cast<const uint4*>(stage_tile() + StageChunk<false>(r, ch));
+              float f[8];
+              const T* pv = reinterpret_cast<const T*>(&v);
+              for (int e = 0; e < 8; ++e) f[e] = float(pv[e]);
+              for (int q = 0; q < l.nranks; ++q) {
+                if (q == l.rank) continue;
+                const uint4 u = q == q0 ? pre[j]
+                                        : *reinterpret_cast<const uint4*>(static_cast<const T*>(l.local_recv) +
+                                                                          size_t(q) * l.mb * l.n + tile_off +
+                                                                          size_t(r) * l.n + col);
+                const T* pu = reinterpret_cast<const T*>(&u);
+                for (int e = 0; e < 8; ++e) f[e] += float(pu[e]);
+              }
+              T* pw = reinterpret_cast<T*>(&v);
+              for (int e = 0; e < 8; ++e) pw[e] = T(f[e]);
+              *reinterpret_cast<uint4*>(dst + size_t(r) * l.n + col) = v;
+            }
+          }
+        }
+        if (rs && tc.b != l.rank && l.send != nullptr) {
+          ConsumerBarrier(C::kMmaThreads, group);  // the tile's local stores, then one cumulative fence + count
+          if (mma_tid == 0) {
             FenceAcqRelSys();
-            StRelaxedSys(flag, l.seq);
+            atomicAdd(l.done_counter, 1u);
+          }
+        } else if (rs && tc.b != l.rank) {
+          if (l.thread_fences) __threadfence_system();  // every storing thread: its remote stores before the flag
+          ConsumerBarrier(C::kMmaThreads, group);              // all stores of the tile issued (CTA-ordered before ...)
+          if (mma_tid == 0 && peer_flags[tc.b] != 0) {
+            uint32_t* flag = reinterpret_cast<uint32_t*>(peer_flags[tc.b]) + l.rank * per_block + tile_idx;
+            if (l.thread_fences) {
+              StReleaseSys(flag, l.seq);
+            } else {  // ... this one cumulative system fence, then a strong store (release pattern)
+              FenceAcqRelSys();
+              StRelaxedSys(flag, l.seq);
+            }
           }
         }
       }
-    }
-    if (tl) {
-      tl[3] = GlobalTimer();  // TMA: the tile's stores issued
-      uint32_t sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      tl[6] = sm;
+      if (tl) {
+        tl[3] = GlobalTimer();  // TMA: the tile's stores issued
+        uint32_t sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        tl[6] = sm;
+      }
+    } while (false);
+    if constexpr (C::kPingpong) {
+      if constexpr (C::kTma)  // the bulk stores' reads of the staging tile, before the other group writes it
+        if (mma_tid == 0) cute::tma_store_wait<0>();
+      order.arrive();
     }
   }
   if constexpr (C::kTma)  // every bulk store complete before the CTA (and its shared memory) goes

@@ -23,27 +23,32 @@ namespace dfccl::overlap {
 // device to be idle -- including a side stream's wait kernel that spins until
 // this very GEMM has made progress (RS copy engine): a deadlock until the wait
 // times out.
-template <class T, int CM, int TN, bool TMA>
+template <class T, int CM, int TN, bool TMA, bool PP>
 cudaError_t PreloadVariant() {
   cudaFuncAttributes a;
   const cudaError_t e =
-      cudaFuncSetAttribute(OverlapGemmKernel<T, CM, TN, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(sizeof(typename GemmCfg<T, CM, TN, TMA>::SharedStorage)));
-  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T, CM, TN, TMA>);
+      cudaFuncSetAttribute(OverlapGemmKernel<T, CM, TN, TMA, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(sizeof(typename GemmCfg<T, CM, TN, TMA, PP>::SharedStorage)));
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, OverlapGemmKernel<T, CM, TN, TMA, PP>);
 }
 
-// The one dispatch over the variants: f<CM, TN, TMA>() for a launch's cluster
-// shape, tile width (one of kTileNs: instantiated from that table) and bulk
-// tensor stores (1x1 clusters only), or cudaErrorInvalidValue for others.
+// The one dispatch over the variants: f<CM, TN, TMA, PP>() for a launch's
+// cluster shape, tile width (one of kTileNs: instantiated from that table),
+// bulk tensor stores (1x1 clusters only) and schedule (ping-pong: 1x1
+// clusters, 128 columns), or cudaErrorInvalidValue for others.
 template <int CM, bool TMA, class F, size_t... I>
 cudaError_t ForWidth(int tile_n, F& f, std::index_sequence<I...>) {
   cudaError_t e = cudaErrorInvalidValue;
-  (void)((tile_n == kTileNs[I] && ((e = f.template operator()<CM, kTileNs[I], TMA>()), true)) || ...);
+  (void)((tile_n == kTileNs[I] && ((e = f.template operator()<CM, kTileNs[I], TMA, false>()), true)) || ...);
   return e;
 }
 template <class F>
-cudaError_t ForVariant(int cluster_m, int tile_n, bool tma, F&& f) {
+cudaError_t ForVariant(int cluster_m, int tile_n, bool tma, bool pingpong, F&& f) {
   constexpr auto widths = std::make_index_sequence<std::size(kTileNs)>{};
+  if (pingpong) {
+    if (cluster_m != 1 || tile_n != 128) return cudaErrorInvalidValue;
+    return tma ? f.template operator()<1, 128, true, true>() : f.template operator()<1, 128, false, true>();
+  }
   if (cluster_m == 1) return tma ? ForWidth<1, true>(tile_n, f, widths) : ForWidth<1, false>(tile_n, f, widths);
   if (cluster_m == 2 && !tma) return ForWidth<2, false>(tile_n, f, widths);
   return cudaErrorInvalidValue;
@@ -53,12 +58,14 @@ template <class T>
 cudaError_t PreloadGemm() {
   for (int cm : {1, 2})
     for (bool tma : {false, true})
-      for (int tn : kTileNs) {
-        if (tma && cm != 1) continue;
-        const cudaError_t e =
-            ForVariant(cm, tn, tma, [&]<int CM, int TN, bool TMA>() { return PreloadVariant<T, CM, TN, TMA>(); });
-        if (e != cudaSuccess) return e;
-      }
+      for (bool pp : {false, true})
+        for (int tn : kTileNs) {
+          if ((tma && cm != 1) || (pp && (cm != 1 || tn != 128))) continue;
+          const cudaError_t e = ForVariant(cm, tn, tma, pp, [&]<int CM, int TN, bool TMA, bool PP>() {
+            return PreloadVariant<T, CM, TN, TMA, PP>();
+          });
+          if (e != cudaSuccess) return e;
+        }
   return cudaSuccess;
 }
 
@@ -67,9 +74,9 @@ cudaError_t PreloadGemm() {
 // With `pdl`, programmatic stream serialization: the kernel may launch while the
 // stream's previous kernel still runs (it waits for it in GridDependencyWait).
 // `attr` holds two entries and must outlive the launch.
-template <class T, int CM, int TN, bool TMA>
+template <class T, int CM, int TN, bool TMA, bool PP>
 cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool pdl = false) {
-  using C = GemmCfg<T, CM, TN, TMA>;
+  using C = GemmCfg<T, CM, TN, TMA, PP>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
   cfg.blockDim = dim3(C::kThreads, 1, 1);
@@ -97,11 +104,11 @@ template <class T>
 cudaError_t GemmClusterCtas(int* ctas) {
   *ctas = 1 << 30;
   for (int tn : kTileNs) {
-    const cudaError_t e = ForVariant(2, tn, false, [&]<int CM, int TN, bool TMA>() {
+    const cudaError_t e = ForVariant(2, tn, false, false, [&]<int CM, int TN, bool TMA, bool PP>() {
       cudaLaunchAttribute attr[2];
-      const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN, TMA>(2, nullptr, attr);
+      const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN, TMA, PP>(2, nullptr, attr);
       int clusters = 0;
-      const cudaError_t r = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, CM, TN, TMA>, &cfg);
+      const cudaError_t r = cudaOccupancyMaxActiveClusters(&clusters, OverlapGemmKernel<T, CM, TN, TMA, PP>, &cfg);
       *ctas = std::min(*ctas, 2 * clusters);
       return r;
     });
@@ -133,9 +140,9 @@ CUresult EncodeOutputMap(CUtensorMap* map, const GemmLaunch& l) {
 // each device: XLA reuses buffer addresses, so steady-state calls encode
 // nothing) and, for the TMA variants, the output's tensor map (likewise), and
 // launches on `stream` (CM = 2: clusters of 2x1 CTAs, grid even).
-template <class T, int CM, int TN, bool TMA>
+template <class T, int CM, int TN, bool TMA, bool PP>
 cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
-  using C = GemmCfg<T, CM, TN, TMA>;
+  using C = GemmCfg<T, CM, TN, TMA, PP>;
   using Mainloop = typename C::Mainloop;
   static_assert(sizeof(typename C::SharedStorage) <= 232448, "shared memory over the sm90 limit");
   static_assert(sizeof(typename C::Params) <= 32000, "kernel parameters too large (CUDA >= 12.1 allows 32 KiB)");
@@ -161,7 +168,7 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     Cached& c = cache[dev & 63];
     if (!c.attr) {  // per device (normally done by PreloadGemm already)
-      e = PreloadVariant<T, CM, TN, TMA>();
+      e = PreloadVariant<T, CM, TN, TMA, PP>();
       if (e != cudaSuccess) return e;
       c.attr = true;
     }
@@ -191,11 +198,11 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
     }
   }
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN, TMA>(l.plan.grid, stream, attr, l.plan.pdl != 0);
-  return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM, TN, TMA>, p);
+  const cudaLaunchConfig_t cfg = LaunchConfig<T, CM, TN, TMA, PP>(l.plan.grid, stream, attr, l.plan.pdl != 0);
+  return cudaLaunchKernelEx(&cfg, OverlapGemmKernel<T, CM, TN, TMA, PP>, p);
 }
 
-// The launch's variant; the TMA variant where the plan picks it (LaunchPlan::
+// The launch's variant (the plan's schedule); the TMA variant where the plan picks it (LaunchPlan::
 // tma_store: 1x1 clusters, every tile's destination this rank's output), not
 // in the diagnostic without communication, and where the output can be
 // described by a tensor map (16-byte aligned rows: n a multiple of 8); else
@@ -203,8 +210,8 @@ cudaError_t LaunchVariant(const GemmLaunch& l, cudaStream_t stream) {
 template <class T>
 cudaError_t LaunchGemm(const GemmLaunch& l, cudaStream_t stream) {
   const bool tma = l.plan.tma_store != 0 && !l.no_comm && l.n % 8 == 0 && reinterpret_cast<uintptr_t>(l.out) % 16 == 0;
-  return ForVariant(l.plan.cluster_m, l.plan.tile_n, tma,
-                    [&]<int CM, int TN, bool TMA>() { return LaunchVariant<T, CM, TN, TMA>(l, stream); });
+  return ForVariant(l.plan.cluster_m, l.plan.tile_n, tma, l.plan.pingpong != 0,
+                    [&]<int CM, int TN, bool TMA, bool PP>() { return LaunchVariant<T, CM, TN, TMA, PP>(l, stream); });
 }
 
 }  // namespace dfccl::overlap

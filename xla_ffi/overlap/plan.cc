@@ -101,6 +101,26 @@ int ChooseTileN(int nranks, int mtiles, int n, int k_tiles, int avail, int32_t m
   return best;
 }
 
+// The ping-pong schedule (LaunchPlan::pingpong): only where kModePingpong
+// asks for it (config overlap_pingpong), with 128-column tiles and 1x1
+// clusters (another forced width or 2x1 clusters is an error).  Not picked
+// per shape: on one H200, the GEMM alone, 22 shapes, two runs, it was slower
+// than the default plan on 19 of them in each (median 1.06x XLA's dot;
+// 128-column tiles move a third more operand bytes per flop than 256-column
+// ones) and not faster beyond the run-to-run spread on any
+// (overlap_gemm_2026-12-04_h200_{pingpong2,widths}.md).  What it may hide
+// with communication (a peer's partial stored over NVLink by one group
+// while the other computes) is measured on two GPUs.
+constexpr int kPingpongTileN = 128;
+bool Pingpong(int32_t mode) {
+  if (!(mode & kModePingpong)) return false;
+  const int forced = (mode & kModeTileMask) >> kModeTileShift;
+  DFCCL_CHECK(forced == 0 || kTileNs[forced - 1] == kPingpongTileN,
+              "dfccl overlap: the ping-pong schedule takes 128-column tiles, not " << kTileNs[forced - 1]);
+  DFCCL_CHECK(!(mode & kModeClusterM2), "dfccl overlap: the ping-pong schedule runs on 1x1 clusters");
+  return true;
+}
+
 }  // namespace
 
 // Tile width, cluster shape, units and grid of a launch (plan.h).
@@ -113,11 +133,13 @@ LaunchPlan PlanLaunch(int32_t kind, int nranks, int rows, int n, int k, int avai
   LaunchPlan p;
   avail = std::max(1, avail);
   const int mtiles = (rows + kTileM - 1) / kTileM, k_tiles = (k + 63) / 64;
-  p.tile_n = ChooseTileN(nranks, mtiles, n, k_tiles, avail, mode);
+  p.pingpong = Pingpong(mode) ? 1 : 0;
+  p.tile_n = p.pingpong ? kPingpongTileN : ChooseTileN(nranks, mtiles, n, k_tiles, avail, mode);
   const int ntiles = (n + p.tile_n - 1) / p.tile_n, tiles = nranks * mtiles * ntiles;
   Sched s = Schedule(tiles, avail, k_tiles, mode);  // 1x1 units
-  p.cluster_m = ClusterM(mode);
-  if (mode & kModeClusterAuto) p.cluster_m = s.sk_units == 0 && tiles > avail && cluster_ctas >= 2 ? 2 : 1;
+  p.cluster_m = p.pingpong ? 1 : ClusterM(mode);
+  if ((mode & kModeClusterAuto) && !p.pingpong)
+    p.cluster_m = s.sk_units == 0 && tiles > avail && cluster_ctas >= 2 ? 2 : 1;
   if (p.cluster_m != 1) s = Sched{Units(nranks, mtiles, ntiles, p.cluster_m), 0, 0};
   p.tiles = tiles;
   p.units = s.units;

@@ -118,7 +118,8 @@ enum Mode : int32_t {
   kModeRasterShift = 10,
   kModeRasterMask = 7168,
   kModeTmaStore = 8192,  // config overlap_tma_store=True: the epilogue's own-output stores through TMA (1x1 clusters)
-  kModeTmaStoreAuto = 16384  // config overlap_tma_store=None: the plan picks them per launch (plan.cc PlanLaunch)
+  kModeTmaStoreAuto = 16384,  // config overlap_tma_store=None: the plan picks them per launch (plan.cc PlanLaunch)
+  kModePingpong = 32768       // config overlap_pingpong=True: the GEMM's ping-pong variant (LaunchPlan::pingpong)
 };
 
 // Orders of the tiles of a row block (gemm_sched.cuh Decode): the n tiles in
@@ -196,6 +197,15 @@ struct LaunchPlan {
   // for launches of more than one wave.  Other tiles (RS peers' partials, the
   // fold) keep the threads' stores.
   int32_t tma_store = 0;
+  // The ping-pong schedule (gemm.cuh; 1x1 clusters, 128-column tiles): each
+  // of the two consumer warp groups computes a whole tile of its own, the
+  // CTA's units alternating between them; their mainloops take turns on the
+  // tensor cores, so one group's epilogue runs while the other's mainloop
+  // does (the cooperative schedule, 0: both groups on one tile, the
+  // epilogue between two mainloops).  Set by kModePingpong only: on one
+  // H200, the GEMM alone, it was slower than the cooperative schedule on
+  // most of the 22 benchmark shapes (plan.cc Pingpong).
+  int32_t pingpong = 0;
 };
 
 // One launch of the fused GEMM (both kinds; no CUTLASS types here).
