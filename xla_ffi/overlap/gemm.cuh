@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA, PP>::kThreads, 1)
         if (rs && tc.b != l.rank && l.send != nullptr) {  // copy engine moves it (2 ranks: one peer block)
           dst = static_cast<T*>(l.send) + tile_off;
         } else if (rs && tc.b != l.rank) {  // partial for rank b: its recv slot `rank`
-          if (mma_tid == 0 && !ready_ok[tc.b]) {  // once per CTA and peer
+          if (mma_tid == 0 && !ready_ok[tc.b]) {  // once per CTA (ping-pong: per group) and peer
             const bool ok = WaitReady(l.ready_in != nullptr ? l.ready_in + tc.b : nullptr, &l.mbox->ready[tc.b], l.seq,
                                       l.mbox, l.timeout_ns, ErrorCode(kWaitReady, l.rank, tc.b));
             // Addresses from the host once known there, else from the mailbox
@@ -504,6 +504,7 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA, PP>::kThreads, 1)
         // WGMMA accumulator layout (64xN atom, 2 consumer warp groups along M):
         // a thread holds TN / 2 values, [64h, 64h + 64) the columns [128h, 128h +
         // 128) (TN = 192: the second piece is 64 columns wide, values [64, 96)).
+        // Ping-pong: one group's 128 x 128 tile, one piece (StageTilePiece).
         CUTLASS_PRAGMA_UNROLL
         for (int h = 0; h < C::kPieces; ++h) {
           ConsumerBarrier(C::kMmaThreads, group);  // the previous piece / tile was read out
