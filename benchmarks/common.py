@@ -53,13 +53,46 @@ def machine() -> str:
     return platform.node()
 
 
+GPU_FIELDS = ("index", "name", "pci.bus_id", "power.limit", "clocks.max.sm", "temperature.gpu")
+
+
+def parse_gpu_query(text: str) -> list[dict]:
+  """Rows of ``nvidia-smi --query-gpu=<GPU_FIELDS> --format=csv,noheader`` as dicts (one per GPU)."""
+  rows = []
+  for line in text.strip().splitlines():
+    values = [v.strip() for v in line.split(",")]
+    if len(values) == len(GPU_FIELDS):
+      rows.append(dict(zip(GPU_FIELDS, values)))
+  return rows
+
+
+def gpu_instance() -> list[dict] | None:
+  """Which GPUs ran the benchmark (PCI bus, power limit, max SM clock, temperature), or None without
+  nvidia-smi.  Figures of one GPU model differ by a few percent between machines and power states, so a
+  result names its instance."""
+  import shutil
+  import subprocess
+  if shutil.which("nvidia-smi") is None:
+    return None
+  try:
+    out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=20)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return parse_gpu_query(out.stdout) if out.returncode == 0 else None
+
+
 def header(command: str | None = None) -> dict:
-  return {
+  doc = {
       "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
       "machine": machine(),
       "jax": jax.__version__,
       "command": command or " ".join([os.path.basename(sys.executable), *sys.argv]),
   }
+  gpus = gpu_instance()
+  if gpus is not None:
+    doc["gpus"] = gpus
+  return doc
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -84,6 +117,7 @@ def testbed_header(benchmark: str, device: str | None) -> dict:
       "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
       "launcher": "tools/mps_testbed.sh" if "DFCCL_TESTBED_RANK" in os.environ else None,
       "mps": {"1": True, "0": False}.get(os.environ.get("DFCCL_TESTBED_MPS", ""), None),
+      "gpus": gpu_instance(),
   }
 
 

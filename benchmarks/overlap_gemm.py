@@ -328,6 +328,10 @@ def main():
   meta = {"date": now.isoformat(timespec="seconds"), "device": getattr(dev, "device_kind", str(dev)),
           "interleave": args.interleave, "reps": args.reps, "min_rep_ms": args.min_rep_ms,
           "jax": jax.__version__, "command": "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])}
+  from common import gpu_instance  # noqa: PLC0415
+  gpus = gpu_instance()
+  if gpus is not None:
+    meta["gpus"] = gpus  # the instance: ratios to XLA's dot moved ~3% between two H200 machines
   outdir = args.outdir or os.path.join(here, "results")
   os.makedirs(outdir, exist_ok=True)
   base = os.path.join(outdir, f"overlap_gemm_{now:%Y-%m-%d}_{args.tag}")

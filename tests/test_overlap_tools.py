@@ -294,3 +294,25 @@ def test_gemm_kernel_stats():
   assert s["gap_us"] == statistics.median([2.0, -1.0]) and s["period_us"] == statistics.median([12.0, 9.0])
   assert s["max_period_us"] == 12.0 and s["other_activities"] == {"copy": 1}
   assert mod.gemm_kernel_stats([]) is None
+
+
+def _common():
+  spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_benchmarks_name_their_gpu_instance(monkeypatch):
+  """benchmarks/common.py gpu_instance(): each GPU's PCI bus, power limit, max SM clock and temperature from
+  nvidia-smi's CSV (rows of another width are skipped); None where nvidia-smi is missing."""
+  c = _common()
+  text = ("0, NVIDIA H200, 00000000:00:06.0, 700.00 W, 1980 MHz, 31\n"
+          "1, NVIDIA H200, 00000000:00:07.0, 700.00 W, 1980 MHz, 33\nnot, a row\n")
+  rows = c.parse_gpu_query(text)
+  assert [r["pci.bus_id"] for r in rows] == ["00000000:00:06.0", "00000000:00:07.0"]
+  assert rows[0] == {"index": "0", "name": "NVIDIA H200", "pci.bus_id": "00000000:00:06.0",
+                     "power.limit": "700.00 W", "clocks.max.sm": "1980 MHz", "temperature.gpu": "31"}
+  import shutil
+  monkeypatch.setattr(shutil, "which", lambda name: None)
+  assert c.gpu_instance() is None and "gpus" not in c.header("x")
