@@ -34,7 +34,8 @@ __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonP
   const int64_t lane_len = max(int64_t{0}, min(d.lane_bytes, d.msg_bytes - lane_off));
   const int nchunks = lane_len == 0 ? 1 : static_cast<int>((lane_len + C - 1) / C);
   const uint64_t E = static_cast<uint64_t>(d.epoch) << 32;
-  const size_t slot_base = static_cast<size_t>(d.slot) * n;
+  const int64_t slot = d.slot;  // in a register (d may be in shared memory, reloaded after every fence)
+  auto cell = [&](int rank) { return PoolCell(slot, n, rank, g.lanes, lane); };  // device/task.h
   uint64_t* my_flags = cm->flags[pool][me];
   char* my_stage = cm->stage[pool][me];
   int result = 0;
@@ -49,17 +50,17 @@ __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonP
       if (p == n) { s.c_send++; s.p_send = 0; continue; }
       const int c = s.c_send;
       if (c >= g.depth) {
-        const uint64_t* cr = cm->credits[pool][me] + (slot_base + p) * g.lanes + lane;
+        const uint64_t* cr = cm->credits[pool][me] + cell(p);
         if (!BlockPoll([&] { return LdAcquireSys(cr) >= E + static_cast<uint64_t>(c - g.depth + 1); })) break;
       }
       const int64_t off = lane_off + c * C;
       const int64_t len = min(C, lane_len - c * C);
-      char* dst = cm->stage[pool][p] + (((slot_base + me) * g.lanes + lane) * g.depth + c % g.depth) * C;
+      char* dst = cm->stage[pool][p] + (cell(me) * g.depth + c % g.depth) * C;
       BlockCopy(dst, d.in + Op::SendOffset(d, p) + off, len, d.vec, d.elem_bytes);
       __threadfence_system();  // every thread: its remote stores complete before the flag
       __syncthreads();
       if (threadIdx.x == 0) {
-        StReleaseSys(cm->flags[pool][p] + (slot_base + me) * g.lanes + lane, E + c + 1);
+        StReleaseSys(cm->flags[pool][p] + cell(me), E + c + 1);
       }
       s.p_send = p + 1;
       moved = true;
@@ -70,7 +71,7 @@ __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonP
       const bool ok = BlockPoll([&] {
         for (int r = 0; r < n; ++r)
           if (r != me && Op::RecvsFrom(d, r) &&
-              LdAcquireSys(my_flags + (slot_base + r) * g.lanes + lane) < E + c + 1)
+              LdAcquireSys(my_flags + cell(r)) < E + c + 1)
             return false;
         return true;
       });
@@ -80,13 +81,13 @@ __device__ int LaneBody(const TaskDesc& d, LaneState& s, int lane, const DaemonP
         const char* src[kMaxRanks];
         for (int r = 0; r < n; ++r)
           src[r] = r == me ? d.in + Op::SelfOffset(d) + off
-                           : my_stage + (((slot_base + r) * g.lanes + lane) * g.depth + c % g.depth) * C;
+                           : my_stage + (cell(r) * g.depth + c % g.depth) * C;
         Op::template Combine<T, R>(d, src, off, len);
         __syncthreads();
         if (threadIdx.x == 0 && nchunks > g.depth) {
           for (int r = 0; r < n; ++r)
             if (r != me && Op::RecvsFrom(d, r))
-              StReleaseSys(cm->credits[pool][r] + (slot_base + me) * g.lanes + lane, E + c + 1);
+              StReleaseSys(cm->credits[pool][r] + cell(me), E + c + 1);
         }
         s.c_recv++;
         moved = peer_moved = true;

@@ -184,8 +184,9 @@ __device__ int LaneBodyDirect(const TaskDesc& d, LaneState& s, int lane, const D
   const int n = d.nranks, me = d.rank;
   const int lanes = cm->pool[1].lanes;
   const uint64_t E = static_cast<uint64_t>(d.epoch) << 32;
-  const size_t row = static_cast<size_t>(d.slot) * n;
-  auto cell = [&](int src) { return (row + src) * lanes + lane; };
+  const int64_t slot = d.slot;  // in a register (d may be in shared memory, reloaded after every fence)
+  const size_t row = static_cast<size_t>(slot) * n;  // the mailboxes' [slot][rank]
+  auto cell = [&](int src) { return PoolCell(slot, n, src, lanes, lane); };  // device/task.h
   const int64_t unit = DirectUnitBytes(d.kind, d.msg_bytes, n);
   const int64_t share = direct::Share<Op>(d, unit);
   const int64_t chunk = d.lane_bytes;  // direct: the chunk size (host: 4 KiB .. kDirectChunk)
