@@ -149,12 +149,15 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
   const uint64_t header = (static_cast<uint64_t>(F) << 32) | static_cast<uint32_t>(d.sig_hash);
   auto cell = [&](int w, int src) { return PoolCell(d.slot + w, n, src, lanes, lane); };
   auto lines = [&](int at, int w, int src) { return reinterpret_cast<uint4*>(cm->stage[0][at] + cell(w, src) * C); };
-  // Identity: in the sender's credits, [0] the tag its receiver consumed last, [1] the tag it sent last.
+  // Identity: in the sender's credits, [0] the tag its receiver consumed last, [1] the tag it sent last
+  // (the low and the high half of the cell's 64-bit word).
   auto ack = [&](int sender, int receiver, int w) { return reinterpret_cast<uint32_t*>(cm->credits[0][sender] + cell(w, receiver)); };
+  // One unit per thread (nu <= kThreads, e.g. 4 KiB): the receive keeps the lines it polled and combines
+  // them from registers (no second load); the own input is loaded before the polls.
+  const bool one = nu <= kThreads;
   __shared__ int way[kMaxRanks];  // identity: the way each source's message is in (-1: not seen yet)
   __shared__ int pick;
   __shared__ uint32_t fail;
-  __shared__ int heads;
   int result = 0;
   Spinner spin(P.spin_ns << min(s.sticky, P.sticky_max));
   while (true) {
@@ -169,14 +172,32 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
       if (ident) {
         // Claim a free cell of the bucket at p: one whose last message p consumed, and
         // whose last tag is not F (its lines are not zeroed: they must not pass for F's).
-        if (threadIdx.x == 0) {
-          pick = -1;
-          for (int i = 0; i < ways && pick < 0; ++i) {
-            uint32_t* a = ack(me, p, i);
-            const uint32_t sent = LdVol(a + 1);
-            if (sent != F && LdAcquireSys(a) == sent && atomicCAS(a + 1, sent, F) == sent) pick = i;
+        // Warp 0 reads every way's two words at once; lane 0 claims the first free one
+        // with an acquire CAS of the whole word (it keeps [0]: the receiver never writes
+        // [0] while the two are equal), which orders the header and the lines after the
+        // receiver's consumption of the cell's last message.
+        if (threadIdx.x < 32) {
+          const int i = threadIdx.x;
+          uint64_t words = 0;
+          if (i < ways) words = LdVol(reinterpret_cast<const uint64_t*>(ack(me, p, i)));
+          const uint32_t consumed = static_cast<uint32_t>(words), sent = static_cast<uint32_t>(words >> 32);
+          unsigned free = __ballot_sync(0xffffffffu, i < ways && sent != F && consumed == sent);
+          int got = -1;
+          while (free != 0 && got < 0) {  // warp-uniform
+            const int w = __ffs(free) - 1;
+            free &= free - 1;
+            const uint64_t old = __shfl_sync(0xffffffffu, words, w);
+            if (i == 0) {
+              uint64_t* a = reinterpret_cast<uint64_t*>(ack(me, p, w));
+              const uint64_t claimed = (static_cast<uint64_t>(F) << 32) | static_cast<uint32_t>(old);
+              if (CasAcquireSys(a, old, claimed) == old) got = w;
+            }
+            got = __shfl_sync(0xffffffffu, got, 0);
           }
-          if (pick >= 0) StVol(cm->flags[0][p] + cell(pick, me), header);
+          if (i == 0) {
+            pick = got;
+            if (got >= 0) StVol(cm->flags[0][p] + cell(got, me), header);
+          }
         }
         __syncthreads();
         w = pick;
@@ -194,9 +215,12 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
     }
     if (P.stamps && threadIdx.x == 0 && moved) P.stamps[kEvLaneReady - kEvLaneEntered] = GlobalTimer();
     if (!s.c_recv) {
+      uint2 v[kMaxRanks];  // one: this thread's unit of every source
+      if (one && threadIdx.x < nu)
+        v[me] = __ldcg(reinterpret_cast<const uint2*>(d.in + Op::SelfOffset(d) + lane_off) + threadIdx.x);
       // Identity: every source's header first (its way; a mismatch shows before its lines).
       if (threadIdx.x < kMaxRanks) way[threadIdx.x] = ident ? -1 : 0;
-      if (threadIdx.x == 0) { fail = 0; heads = 1; }
+      if (threadIdx.x == 0) fail = 0;
       __syncthreads();
       if (ident && threadIdx.x < ways * n) {
         const int r = threadIdx.x / ways, i = threadIdx.x % ways;
@@ -210,24 +234,30 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
         }
       }
       __syncthreads();
-      if (ident && threadIdx.x == 0)
-        for (int r = 0; r < n; ++r)
-          if (r != me && Op::RecvsFrom(d, r) && way[r] < 0) heads = 0;
-      __syncthreads();
-      bool ok = heads != 0 || fail != 0;
+      bool heads = true;
+      for (int r = 0; ident && r < n; ++r)
+        if (r != me && Op::RecvsFrom(d, r) && way[r] < 0) heads = false;
+      bool ok = heads || fail != 0;
       for (int r = 0; r < n && ok && !fail; ++r) {
         if (r == me || !Op::RecvsFrom(d, r)) continue;
         const uint4* L = lines(me, way[r], r);
         for (int u = threadIdx.x; u < nu; u += kThreads) {
-          const uint4 v = LdVolVec(L + u);
-          if (v.y != F || v.w != F) { ok = false; break; }
+          const uint4 l = LdVolVec(L + u);
+          if (l.y != F || l.w != F) { ok = false; break; }
+          if (one) v[r] = make_uint2(l.x, l.z);
         }
       }
       if (__syncthreads_and(ok)) {
         if (P.stamps && threadIdx.x == 0) P.stamps[kEvLanePolled - kEvLaneEntered] = GlobalTimer();
-        if (!fail) {
+        if (!fail && one) {
+          if (threadIdx.x < nu) {
+            for (int r = 0; r < n; ++r)
+              if (r != me && !Op::RecvsFrom(d, r)) v[r] = make_uint2(0, 0);
+            Op::template CombineUnit<T, R>(d, v, lane_off + 8 * static_cast<int64_t>(threadIdx.x));
+          }
+          if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneCombined - kEvLaneEntered] = GlobalTimer();
+        } else if (!fail) {
           for (int u = threadIdx.x; u < nu; u += kThreads) {
-            uint2 v[kMaxRanks];
             for (int r = 0; r < n; ++r) {
               if (r == me) {
                 v[r] = __ldcg(reinterpret_cast<const uint2*>(d.in + Op::SelfOffset(d) + lane_off) + u);
@@ -292,7 +322,8 @@ DFCCL_DEV void MarkIdentityFailed(const TaskDesc& d) {
 
 // Every thread works on a register copy of the lane state (block-uniform);
 // thread 0 writes it back.  kLLOnly: the lane is known to be a pool-0 one (the
-// inline submit kernel, which instantiates it per (Op, T, R) and inlines it).
+// inline submit kernel, which instantiates it per (Op, T, R), inlines it and
+// fences the output itself where it must).
 template <class Op, class T, class R, bool kLLOnly>
 __device__ __forceinline__ int RunLaneBody(const TaskDesc& d, LaneState& shared_state, int lane,
                                            const DaemonParams& P) {
@@ -303,7 +334,9 @@ __device__ __forceinline__ int RunLaneBody(const TaskDesc& d, LaneState& shared_
   else r = d.direct ? LaneBodyDirect<Op, T, R>(d, s, lane, P)
            : d.pool == 0 ? LaneBodyLL<Op, T, R>(d, s, lane, P)
                          : LaneBody<Op, T, R>(d, s, lane, P);
-  if (r & kDone) __threadfence();  // every thread's output stores, before the task can complete
+  // Every thread's output stores, before the task can complete (the inline kernel
+  // fences them itself, and only where another agent learns of the completion).
+  if (!kLLOnly && (r & kDone)) __threadfence();
   __syncthreads();
   if (P.stamps && threadIdx.x == 0 && (r & kDone)) P.stamps[kEvLaneFenced - kEvLaneEntered] = GlobalTimer();
   if (threadIdx.x == 0) shared_state = s;

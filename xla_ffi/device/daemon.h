@@ -13,15 +13,16 @@ namespace dfccl::gpu {
 cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 
 // The kernels of a collective on XLA's stream (submit_kernel.cu): the submit
-// kernel (the ready signal; the blocking form also waits) and the done wait.
-cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream);
-cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream);
+// kernel (the ready signal; the blocking form also waits) and the done wait;
+// pdl: launched with programmatic stream serialization (config.submit_pdl).
+cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl);
+cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl);
 // The blocking form's inline submit kernel (daemon_kernel.cu; LaunchSubmit picks
-// it when p.inline_ns > 0 and p.inline_kernel is set): one block that runs the
-// matched task itself for a while.  One kernel per (op kind, element type,
-// reduce op): InlineSubmitKernelFor gives a call site's (the fields of its TaskDesc).
+// it when p.inline_ns > 0 and p.inline_kernel is set): one block of kThreads
+// that runs the matched task itself for a while.  One kernel per (op kind,
+// element type, reduce op): InlineSubmitKernelFor gives a call site's (the
+// fields of its TaskDesc).
 InlineSubmitFn InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce);
-cudaError_t LaunchInlineSubmit(const SubmitParams& p, cudaStream_t stream);
 cudaError_t PreloadInlineSubmit();
 
 // Enqueues on `stream` a one-thread kernel that returns once (int32_t)(*addr - value) >= 0

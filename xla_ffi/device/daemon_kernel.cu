@@ -376,7 +376,7 @@ template <class Op, class T, class R>
 __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p) {
   __shared__ TaskDesc sd;
   __shared__ LaneState ss[kMaxLanes];
-  __shared__ int go, ndone, more;
+  __shared__ int go, ndone, more, ticketless;
   __shared__ uint32_t fail;
   __shared__ uint64_t deadline;
   __shared__ uint64_t stamps[kLaneStamps];
@@ -391,11 +391,16 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   P.stamps = p.trace ? stamps : nullptr;
   for (int l = tid; l < kMaxLanes; l += kThreads) ss[l] = LaneState{};
   if (tid < kLaneStamps) stamps[tid] = 0;
+  // The sequence number first, and the communicator's device view into L1 (the
+  // lane reads it): neither depends on the stream's earlier kernels, so with
+  // programmatic launch (config.submit_pdl) both overlap the previous kernel's end.
+  constexpr int kCommLines = (sizeof(CommDev) + 127) / 128;
+  if (tid == 0) SubmitTake(p, sd);
+  else if (tid >= 32 && tid < 32 + kCommLines) PrefetchL1(reinterpret_cast<const char*>(p.task.comm) + 128 * (tid - 32));
+  GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
   // With tracing on, an identity task takes its ticket first too: the trace's
   // stream events live in its ring entry.
-  bool ticketless = false;
   if (tid == 0) {
-    SubmitTake(p, sd);
     ticketless = sd.match == kMatchIdentity && !p.trace;
     if (ticketless) go = !sd.invalid && sd.lanes <= kMaxLanes;
     else go = SubmitMatch(p, sd) == kMatchSlotted && sd.lanes <= kMaxLanes && sd.pool == 0;
@@ -422,6 +427,14 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
       __syncthreads();
       if (!more) break;
     }
+  }
+  // The output stores (RunLaneBody leaves them unfenced here): a task completed
+  // without a ticket needs no fence (the kernel's end orders them for the
+  // stream's next kernels, and no other agent learns of it); for any other, the
+  // publish and the completion below must follow every thread's stores.
+  if (!(ticketless && go && !fail && ndone == sd.lanes)) {
+    __threadfence();
+    __syncthreads();
   }
   if (tid != 0) return;
   if (ticketless) {
@@ -474,12 +487,6 @@ InlineSubmitFn InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce
   return ForLaneTypes<InlineSubmitFn>(kind, dtype, reduce, [&]<class Op, class T, class R>() -> InlineSubmitFn {
     return &InlineSubmitKernel<Op, T, R>;
   });
-}
-
-cudaError_t LaunchInlineSubmit(const SubmitParams& p, cudaStream_t stream) {
-  if (p.inline_kernel == nullptr) return cudaErrorInvalidDeviceFunction;
-  p.inline_kernel<<<1, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
 }
 
 // Every instantiation (op kinds x element types x reduce ops of the tables; an op

@@ -55,6 +55,11 @@ DFCCL_DEV uint32_t CasAcquireSys(uint32_t* p, uint32_t cmp, uint32_t val) {
   asm volatile("atom.acquire.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(p), "r"(cmp), "r"(val) : "memory");
   return old;
 }
+DFCCL_DEV uint64_t CasAcquireSys(uint64_t* p, uint64_t cmp, uint64_t val) {
+  uint64_t old;
+  asm volatile("atom.acquire.sys.global.cas.b64 %0, [%1], %2, %3;" : "=l"(old) : "l"(p), "l"(cmp), "l"(val) : "memory");
+  return old;
+}
 DFCCL_DEV uint32_t CasAcquireGpu(uint32_t* p, uint32_t cmp, uint32_t val) {
   uint32_t old;
   asm volatile("atom.acquire.gpu.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(p), "r"(cmp), "r"(val) : "memory");
@@ -79,6 +84,11 @@ DFCCL_DEV uint4 LdVolVec(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
   return v;
 }
+// Launched with programmatic stream serialization: waits until the stream's
+// previous kernel is complete and its memory visible (at once without it).
+DFCCL_DEV void GridDependencyWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Brings the 128-byte line at p into L1 (no wait, no register).
+DFCCL_DEV void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 DFCCL_DEV uint64_t GlobalTimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

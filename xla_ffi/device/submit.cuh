@@ -60,11 +60,13 @@ DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace,
 }
 
 // One thread: the task of call site p.site with this call's buffers and its
-// sequence number (an identity task also its slot and tag); no ticket yet.
+// sequence number (an identity task also its slot and tag); no ticket yet.  Reads
+// no memory the stream's earlier kernels write (it may run before
+// GridDependencyWait): the static task is a kernel parameter.
 DFCCL_DEV void SubmitTake(const SubmitParams& p, TaskDesc& d) {
   DeviceShared* dev = p.dev;
-  d = dev->site[p.site];  // host-written once, long before
-  const uint64_t seq = atomicAdd(&dev->seq_ctr[d.key_ctr], 1ull);
+  const uint64_t seq = atomicAdd(&dev->seq_ctr[p.task.key_ctr], 1ull);
+  d = p.task;
   d.ticket = 0;
   d.seq = seq;
   if (d.direct) d.direct |= p.tags;
@@ -137,11 +139,6 @@ DFCCL_DEV int SubmitMatch(const SubmitParams& p, TaskDesc& d) {
   if (r == kMatchSlotted) run.t_check = GlobalTimer();
   SubmitRun(p, d, run, true);
   return r;
-}
-
-DFCCL_DEV int SubmitBegin(const SubmitParams& p, TaskDesc& d) {
-  SubmitTake(p, d);
-  return SubmitMatch(p, d);
 }
 
 // One thread: the descriptor into the ring and pub[e] (release: the descriptor,

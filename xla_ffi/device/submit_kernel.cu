@@ -14,7 +14,9 @@ namespace {
 __global__ void SubmitKernel(SubmitParams p) {
   const uint64_t t_enter = p.trace ? GlobalTimer() : 0;
   TaskDesc d;
-  SubmitBegin(p, d);
+  SubmitTake(p, d);
+  GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
+  SubmitMatch(p, d);
   const uint64_t t_matched = p.trace ? GlobalTimer() : 0;
   SubmitPublish(p, d);
   if (p.trace) {
@@ -26,6 +28,7 @@ __global__ void SubmitKernel(SubmitParams p) {
 }
 
 __global__ void DoneKernel(DoneParams p) {
+  GridDependencyWait();  // the ticket (written by the start's submit kernel)
   WaitDone(p.dev, static_cast<uint64_t>(*p.ticket), p.trap, p.trace, p.timeout_ns);
 }
 
@@ -39,15 +42,33 @@ cudaError_t PreloadSubmitKernels() {
   return e;
 }
 
-cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream) {
-  if (p.inline_ns > 0 && p.wait && p.inline_kernel != nullptr) return LaunchInlineSubmit(p, stream);
-  SubmitKernel<<<1, 1, 0, stream>>>(p);
-  return cudaGetLastError();
+// One block of `threads`; pdl: with programmatic stream serialization (the
+// kernel's launch overlaps the end of the stream's previous kernel; it waits for
+// that kernel's completion itself, GridDependencyWait, before it depends on it).
+template <class P>
+cudaError_t LaunchOneBlock(void (*kernel)(P), const P& p, int threads, cudaStream_t stream, bool pdl) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(threads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream) {
-  DoneKernel<<<1, 1, 0, stream>>>(p);
-  return cudaGetLastError();
+cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl) {
+  if (p.inline_ns > 0 && p.wait && p.inline_kernel != nullptr)
+    return LaunchOneBlock(p.inline_kernel, p, kThreads, stream, pdl);
+  return LaunchOneBlock(&SubmitKernel, p, 1, stream, pdl);
+}
+
+cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl) {
+  return LaunchOneBlock(&DoneKernel, p, 1, stream, pdl);
 }
 
 }  // namespace dfccl::gpu

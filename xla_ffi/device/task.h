@@ -5,11 +5,16 @@
 // Ordering protocol (who writes what, who reads it, and the fence between):
 //
 //  site         host, once per (call site, device): the task's static part (a
-//               TaskDesc without buffers, ticket and sequence) into
-//               DeviceShared::site[i], and a sequence counter per (communicator,
-//               key) in DeviceShared::seq_ctr.  From then on a start does no host
-//               work but one kernel launch, so XLA can capture it into command
-//               buffers (CUDA graphs).
+//               TaskDesc without buffers, ticket and sequence), kept on the host
+//               and passed in every submit kernel's parameters (SubmitParams::task:
+//               no dependent load before the sequence counter's atomic), and a
+//               sequence counter per (communicator, key) in DeviceShared::seq_ctr.
+//               From then on a start does no host work but one kernel launch, so
+//               XLA can capture it into command buffers (CUDA graphs).  Launched
+//               with programmatic stream serialization (config.submit_pdl), a
+//               submit kernel takes its sequence number while the stream's previous
+//               kernel finishes, and waits for it (griddepcontrol.wait) before it
+//               reads the input or signals anything.
 //  submit       the one-thread submit kernel on XLA's stream (device/submit_kernel.cu)
 //               is also the *ready* signal: it runs once the kernels before it on
 //               the stream are complete, so the input is.  seq = atomicAdd(seq_ctr),
@@ -44,8 +49,10 @@
 //               both ranks), and two 32-bit words in the sender's pool-0 credits:
 //               [0] the tag the receiver consumed last (written by the receiver),
 //               [1] the tag the sender wrote last.  A sender claims a cell whose
-//               words are equal and not its own tag (ld.acquire.sys, then atomicCAS
-//               of [1]: senders of one GPU may race for it), so the cell's old lines
+//               words are equal and not its own tag (one 64-bit ld.acquire.sys of
+//               both, every way at once, then a 64-bit atomicCAS_system of the cell
+//               that keeps [0] and sets [1]: senders of one GPU may race for it; the
+//               receiver never writes [0] while the words are equal), so the cell's old lines
 //               can never pass for the new message's.  The receiver, once every
 //               thread read its lines, zeroes the header (tags are never 0),
 //               fence.sys, then stores the consumed tag.  A rank whose task fails (not by a mismatch, which
@@ -120,7 +127,6 @@ inline constexpr int kThreads = 512;        // threads per daemon block
 inline constexpr int kTracePerBlock = 2048; // trace ring entries per block
 inline constexpr int kNumPools = 2;         // 0: small messages (LL protocol), 1: the rest (simple protocol)
 inline constexpr int kCeRing = 1024;        // copy-engine collectives in flight per device (runtime/copy_engine.h)
-inline constexpr int kMaxSites = 4096;      // call sites per device (DeviceShared::site)
 inline constexpr int kMaxKeys = 4096;       // (communicator, key) sequence counters per device
 inline constexpr int kMatchBuckets = 256;   // MatchTable geometry: buckets x ways entries
 inline constexpr int kMatchWays = 16;
@@ -402,7 +408,6 @@ struct DeviceShared {
   uint32_t status[kTaskRing];    // TaskStatus, written before done[e]
   TaskRun run[kTaskRing];
   TaskDesc desc[kTaskRing];
-  TaskDesc site[kMaxSites];      // static part of each call site's task (host-written once)
   unsigned long long seq_ctr[kMaxKeys];  // starts of each (communicator, key) by this device
   LaneState lane[kTaskRing][kMaxLanes];
   // Counters and trace ring per block (the control block's row is `workers`);
@@ -420,12 +425,13 @@ struct SubmitParams;
 using InlineSubmitFn = void (*)(SubmitParams);  // an inline submit kernel (device/daemon.h)
 
 struct SubmitParams {
+  TaskDesc task;         // the call site's static task (protocol "site"; buffers, ticket and sequence filled in)
   DeviceShared* dev;
   HostShared* host;      // device address of the mapped block
   const char* in;
   char* out;
   int64_t* ticket_out;   // start form: where done finds the ticket
-  int32_t site;
+  int32_t site;          // the call site's index (the host's records)
   int32_t wait;          // blocking form: wait for the task's done word too
   int32_t trap;          // a failed task traps the stream (inside a command buffer no handler reports it)
   int32_t trace;

@@ -50,7 +50,8 @@ namespace dfccl::gpu {
   X(int64_t, large_chunk)                    \
   X(int, large_max_blocks)                   \
   X(int64_t, large_threshold)                \
-  X(double, submit_inline_us)
+  X(double, submit_inline_us)                \
+  X(bool, submit_pdl)
 
 inline constexpr int kMaxDaemonBlocks = 64;  // control block included (kMaxBlocks in device/task.h)
 

@@ -151,8 +151,6 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   Device& d = GetDevice(ordinal);
   if (!d.error.ok()) ThrowDeviceError(d);
   Comm& c = GetComm(spec.group_devices);
-  DFCCL_CHECK_CODE(d.sites.size() < static_cast<size_t>(kMaxSites), ErrorCode::kResourceExhausted,
-                   "dfccl: more than " << kMaxSites << " collective call sites on GPU " << ordinal);
   auto kc = d.key_ctr.find({&c, spec.key_hash});
   if (kc == d.key_ctr.end()) {
     DFCCL_CHECK_CODE(d.key_ctr.size() < static_cast<size_t>(kMaxKeys), ErrorCode::kResourceExhausted,
@@ -185,13 +183,7 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   t.site = site->index;
   t.sig_hash = HashString(sig);
   if (static_cast<uint32_t>(t.sig_hash) == 0) t.sig_hash |= 1;  // low bits 0: a failed sender's header (protocol "identity")
-  {
-    DeviceGuard guard(d.ordinal);
-    cudaError_t err = cudaMemcpyAsync(&d.dev->site[site->index], &t, sizeof(TaskDesc), cudaMemcpyHostToDevice, d.aux);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(d.aux);
-    DFCCL_CHECK_CODE(err == cudaSuccess, ErrorCode::kInternal, "dfccl: writing a call site on GPU " << d.ordinal << ": "
-                                                                << cudaGetErrorString(err));
-  }
+  site->desc = t;
   if (key_names_.find(spec.key_hash) == key_names_.end()) key_names_.emplace(spec.key_hash, spec.key);
   d.sites.push_back(std::move(site));
   EnsureRunning(d);
@@ -248,6 +240,7 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
   ThrowIfFailed(d);
   const KernelFlags f = FlagsFor(stream);
   SubmitParams p{};
+  p.task = site.desc;
   p.dev = d.dev;
   p.host = d.host_dev;
   p.in = static_cast<const char*>(in);
@@ -274,7 +267,7 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
     p.spin_ns = spin_ns_.load(std::memory_order_relaxed);
     p.sticky_max = sticky_max_.load(std::memory_order_relaxed);
   }
-  Timed(d, "submit", [&] { return LaunchSubmit(p, stream); });
+  Timed(d, "submit", [&] { return LaunchSubmit(p, stream, pdl_.load(std::memory_order_relaxed)); });
   // The proxy relaunches a daemon that quit once it sees the record; a call
   // outside a command buffer does it at once (and grows the grid for a large one).
   if (!p.trap && (!Running(d) || (site.large && d.workers < large_workers_.load(std::memory_order_relaxed)))) {
@@ -300,7 +293,7 @@ void Runtime::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket) {
   p.trap = f.trap;
   p.trace = f.trace;
   p.timeout_ns = f.timeout_ns;
-  Timed(d, "done", [&] { return LaunchDone(p, stream); });
+  Timed(d, "done", [&] { return LaunchDone(p, stream, pdl_.load(std::memory_order_relaxed)); });
 }
 
 // No CUDA call.  A daemon leaves only after storing `exiting` (idle/stall quit;
@@ -366,6 +359,7 @@ void Runtime::Configure(const std::map<std::string, double>& kv) {
     inline_ns_ = cfg_.inline_ns();
     spin_ns_ = cfg_.spin_ns();
     sticky_max_ = cfg_.sticky_max();
+    pdl_ = cfg_.submit_pdl;
   }
   ce_.Configure(CeSettings{cfg_.copy_engine_chunk_bytes, cfg_.copy_engine_blocks, cfg_.copy_engine_push});
 }

@@ -82,8 +82,8 @@ struct Comm {
   std::set<std::pair<uint64_t, uint64_t>> reported;  // daemon-path instances whose failure was reported
 };
 
-// One call site (a start op of a program) on one device: its static task in
-// DeviceShared::site[index].
+// One call site (a start op of a program) on one device: its static task, passed
+// in every submit kernel's parameters (SubmitParams::task).
 struct Site {
   int index = -1;
   Device* d = nullptr;
@@ -98,6 +98,7 @@ struct Site {
   bool tagged = false;  // direct path across processes: its buffers are tagged with their ranges (runtime/ipc.h)
   bool identity = false;  // matched by identity in the staging (device/task.h, "identity")
   uint32_t senders = 0;   // then the ranks whose message it receives (for the watchdog's message)
+  TaskDesc desc{};        // the static task (protocol "site" in device/task.h)
 };
 
 struct TaskInfo {
@@ -135,7 +136,7 @@ struct Device {
   uint64_t ce_next = 0, ce_oldest = 0;
   std::map<std::pair<Comm*, uint64_t>, uint64_t> seq;       // copy-engine path: sequence numbers
   std::unordered_map<int64_t, std::deque<uint64_t>> fifo;  // copy-engine path: start/done pairing per site
-  std::vector<std::unique_ptr<Site>> sites;                // daemon path, by DeviceShared::site index
+  std::vector<std::unique_ptr<Site>> sites;                // daemon path, by Site::index (the device's records name it)
   std::map<std::pair<Comm*, uint64_t>, int> key_ctr;       // DeviceShared::seq_ctr index per (communicator, key)
   Status error;                                            // recorded by the proxy/watchdog; thrown by the next handler call
   std::atomic<bool> has_error{false};                      // error is set (read without the lock on the hot path)
@@ -284,6 +285,7 @@ class Runtime {
   std::atomic<int> large_workers_{0};                  // cfg_.large_workers(), readable without mu_
   std::atomic<int64_t> inline_ns_{0}, spin_ns_{0};     // cfg_.inline_ns(), cfg_.spin_ns(), readable without mu_
   std::atomic<int> sticky_max_{0};                     // cfg_.sticky_max(), readable without mu_
+  std::atomic<bool> pdl_{false};                       // cfg_.submit_pdl, readable without mu_
   std::array<std::atomic<Device*>, 64> by_ordinal_{};  // devices_ for the lock-free done path
   std::atomic<const char*> busy_in_{"nothing known"};  // a CUDA call made under mu_ that may block
   alignas(64) HostTimes times_;  // its own cache lines, not the lock's
