@@ -49,10 +49,11 @@
 //               both ranks), and two 32-bit words in the sender's pool-0 credits:
 //               [0] the tag the receiver consumed last (written by the receiver),
 //               [1] the tag the sender wrote last.  A sender claims a cell whose
-//               words are equal and not its own tag (one 64-bit ld.acquire.sys of
-//               both, every way at once, then a 64-bit atomicCAS_system of the cell
-//               that keeps [0] and sets [1]: senders of one GPU may race for it; the
-//               receiver never writes [0] while the words are equal), so the cell's old lines
+//               words are equal and not its own tag (one relaxed 64-bit load of
+//               both, every way at once, then a 64-bit atom.acquire.sys.cas of the
+//               cell that keeps [0] and sets [1]: the acquire orders the header and
+//               lines after the receiver's consumption; senders of one GPU may race
+//               for it; the receiver never writes [0] while the words are equal), so the cell's old lines
 //               can never pass for the new message's.  The receiver, once every
 //               thread read its lines, zeroes the header (tags are never 0),
 //               fence.sys, then stores the consumed tag.  A rank whose task fails (not by a mismatch, which
