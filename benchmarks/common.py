@@ -6,7 +6,10 @@ wall-clock time of the whole program divided by the number of ops.
 """
 from __future__ import annotations
 
+import collections
 import datetime as _dt
+import glob
+import gzip
 import json
 import os
 import platform
@@ -42,6 +45,39 @@ def pipelined_time(fn, *args, reps: int = 10, depth: int = 8) -> float:
     jax.block_until_ready(outs)
     ts.append((time.perf_counter() - t) / depth)
   return statistics.median(ts)
+
+
+def gpu_kernel_events(trace_dir: str) -> list[tuple[str, float, float]]:
+  """[(name, start_us, dur_us)] of the GPU activities in a jax.profiler trace folder, by start."""
+  out = []
+  for fn in glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True):  # one per host
+    with gzip.open(fn) as fh:
+      data = json.load(fh)
+    evs = data.get("traceEvents", []) if isinstance(data, dict) else data
+    gpu = {e["pid"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"
+           and "GPU" in str(e.get("args", {}).get("name", ""))}
+    out += [(e["name"], e["ts"], e["dur"]) for e in evs if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
+  return sorted(out, key=lambda e: e[1])
+
+
+def kernel_timeline(evs, anchor: str) -> dict | None:
+  """Where a chain's device time goes, from its GPU activities (gpu_kernel_events): the activities whose
+  name contains `anchor` (one per op of the chain) give the op's period (start to start, median); per
+  activity name, the count and median duration; per pair of consecutive activities (a -> b), the median
+  idle gap from a's end to b's start.  None when no activity matches the anchor."""
+  ops = [e for e in evs if anchor in e[0]]
+  if not ops:
+    return None
+  short = lambda n: n[:60]  # noqa: E731
+  durs, gaps = collections.defaultdict(list), collections.defaultdict(list)
+  for e in evs:
+    durs[short(e[0])].append(e[2])
+  for a, b in zip(evs, evs[1:]):
+    gaps[f"{short(a[0])} -> {short(b[0])}"].append(b[1] - (a[1] + a[2]))
+  periods = [b[1] - a[1] for a, b in zip(ops, ops[1:])]
+  return {"ops": len(ops), "period_us": statistics.median(periods) if periods else None,
+          "kernels": {n: {"count": len(v), "median_us": statistics.median(v)} for n, v in durs.items()},
+          "gaps": {n: {"count": len(v), "median_us": statistics.median(v)} for n, v in gaps.items() if len(v) > 1}}
 
 
 def machine() -> str:

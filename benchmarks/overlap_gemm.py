@@ -60,8 +60,6 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
-import glob
-import gzip
 import json
 import os
 import re
@@ -166,19 +164,6 @@ def paired_ratios(per_rep, base="xla_dot"):
           if v != base and len(xs) == len(b) and b}
 
 
-def gpu_kernel_events(trace_dir):
-  """[(name, start_us, dur_us)] of the GPU activities in a jax.profiler trace folder, by start."""
-  out = []
-  for fn in glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True):  # one per host
-    with gzip.open(fn) as fh:
-      data = json.load(fh)
-    evs = data.get("traceEvents", []) if isinstance(data, dict) else data
-    gpu = {e["pid"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"
-           and "GPU" in str(e.get("args", {}).get("name", ""))}
-    out += [(e["name"], e["ts"], e["dur"]) for e in evs if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
-  return sorted(out, key=lambda e: e[1])
-
-
 def gemm_kernel_stats(evs):
   """The GEMM of traced GPU activities (the kernel with the most time) and the rest: its median duration, the
   median idle gap between consecutive GEMMs and the start-to-start period (us), or None without activities."""
@@ -200,6 +185,7 @@ def gemm_kernel_stats(evs):
 def chain_profile(f, a, trace_dir):
   """One traced call of a chain: gemm_kernel_stats of its GPU activities."""
   import jax
+  from common import gpu_kernel_events  # noqa: PLC0415
   with jax.profiler.trace(trace_dir):
     jax.block_until_ready(f(*a))
   return gemm_kernel_stats(gpu_kernel_events(trace_dir))

@@ -316,3 +316,34 @@ def test_benchmarks_name_their_gpu_instance(monkeypatch):
   import shutil
   monkeypatch.setattr(shutil, "which", lambda name: None)
   assert c.gpu_instance() is None and "gpus" not in c.header("x")
+
+
+def test_kernel_timeline_and_trace_events(tmp_path):
+  """benchmarks/common.py: gpu_kernel_events reads a jax.profiler trace (the GPU process's complete events only,
+  by start); kernel_timeline's period, durations and gaps by hand."""
+  import gzip
+  import json
+  c = _common()
+  trace = {"traceEvents": [
+      {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+      {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/device:GPU:0"}},
+      {"ph": "X", "pid": 1, "name": "host", "ts": 0.0, "dur": 50.0},
+      {"ph": "X", "pid": 2, "name": "mul", "ts": 4.0, "dur": 1.0},
+      {"ph": "X", "pid": 2, "name": "InlineSubmitKernel", "ts": 0.0, "dur": 3.0},
+      {"ph": "X", "pid": 2, "name": "InlineSubmitKernel", "ts": 7.0, "dur": 3.0},
+      {"ph": "X", "pid": 2, "name": "mul", "ts": 12.0, "dur": 1.0},
+      {"ph": "X", "pid": 2, "name": "InlineSubmitKernel", "ts": 16.0, "dur": 2.0},
+      {"ph": "i", "pid": 2, "name": "marker", "ts": 1.0}]}
+  d = tmp_path / "plugins" / "profile" / "run"
+  d.mkdir(parents=True)
+  with gzip.open(d / "host.trace.json.gz", "wt") as fh:
+    json.dump(trace, fh)
+  evs = c.gpu_kernel_events(str(tmp_path))
+  assert [e[0] for e in evs] == ["InlineSubmitKernel", "mul", "InlineSubmitKernel", "mul", "InlineSubmitKernel"]
+  t = c.kernel_timeline(evs, "Submit")
+  assert t["ops"] == 3 and t["period_us"] == statistics.median([7.0, 9.0])
+  assert t["kernels"]["InlineSubmitKernel"] == {"count": 3, "median_us": 3.0}
+  assert t["kernels"]["mul"] == {"count": 2, "median_us": 1.0}
+  assert t["gaps"]["InlineSubmitKernel -> mul"] == {"count": 2, "median_us": statistics.median([1.0, 2.0])}
+  assert t["gaps"]["mul -> InlineSubmitKernel"] == {"count": 2, "median_us": statistics.median([2.0, 3.0])}
+  assert c.kernel_timeline(evs, "nothing") is None

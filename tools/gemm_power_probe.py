@@ -72,7 +72,8 @@ def _steady_trace(f, x, w, calls, trace_dir):
   """The GEMM kernel's median duration and start-to-start period (us) over 3 traced programs after `calls`
   untimed (benchmarks/overlap_gemm.py gemm_kernel_stats)."""
   _benchmarks()
-  from overlap_gemm import gemm_kernel_stats, gpu_kernel_events
+  from common import gpu_kernel_events
+  from overlap_gemm import gemm_kernel_stats
   y = None
   for _ in range(calls):
     y = f(x, w)

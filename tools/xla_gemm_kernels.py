@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-from overlap_gemm import gpu_kernel_events  # noqa: E402
+from common import gpu_kernel_events  # noqa: E402
 
 
 def _fused(cluster_m):

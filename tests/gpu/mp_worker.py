@@ -11,7 +11,8 @@ programs after a timeout run exact; with --case slots, instances one rank starts
 peer that first waits on another do not starve that one of slots; with --case chaos, the time of
 K psums in process-specific orders against one order (--keys, --reps); with --case direct,
 every op at 64 KiB .. 16 MiB per rank (the direct path across processes; --config k=v,... sets
-jax_dfccl.config entries for any case, e.g. direct=0 for the staged path).  Prints one JSON line
+jax_dfccl.config entries for any case, e.g. direct=0 for the staged path; --case bench --profile
+adds the device timeline of each chain, benchmarks/common.py kernel_timeline).  Prints one JSON line
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.2")
 # Programs differ per process: XLA's autotuning shared across processes (by module
 # fingerprint) would wait for modules the other processes never compile.
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_shard_autotuning=false"
+if "--profile" in sys.argv:  # the profiled programs run as timed: from their command buffers
+  os.environ["XLA_FLAGS"] += " --xla_enable_command_buffers_during_profiling=true"
 
 import jax  # noqa: E402
 
@@ -230,11 +233,25 @@ elif case == "bench":
       # (the handlers XLA calls when it updates a command buffer) overlaps the device's.
       y = f(x)
       y.block_until_ready()
+      st0 = d.stats()["cuda"]
       t0 = time.perf_counter()
       for _ in range(8):
         y = f(y)
       y.block_until_ready()
       row[name + "_pipelined_us"] = (time.perf_counter() - t0) / 800 * 1e6
+      st1 = d.stats()["cuda"]
+      row[name + "_pipelined_handler_calls_per_op"] = (st1["host_calls"] - st0["host_calls"]) / 800
+      if "--profile" in sys.argv:
+        # The device timeline of 4 executions enqueued ahead (jax.profiler): the submit kernel's
+        # period, each kernel's duration and the idle gaps between consecutive kernels.
+        import tempfile
+        from benchmarks.common import gpu_kernel_events, kernel_timeline
+        tdir = tempfile.mkdtemp()
+        with jax.profiler.trace(tdir):
+          for _ in range(4):
+            y = f(y)
+          y.block_until_ready()
+        row[name + "_timeline"] = kernel_timeline(gpu_kernel_events(tdir), "Submit")
     got = local(fori(x))[0]
     want = full.sum(0)
     for _ in range(99):

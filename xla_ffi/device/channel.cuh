@@ -131,7 +131,7 @@ DFCCL_DEV uint2 ReduceUnit(const uint2* v, int n) {
 // Matched by identity (device/task.h, "identity"; F = IdentityTag): a sender
 // writes a receiver's cell once its previous message there was consumed, with a
 // header carrying the signature; the receiver checks the headers, combines,
-// zeroes the headers and tells each sender it consumed them.  Sends and the
+// and tells each sender it consumed them.  Sends and the
 // receive are separate steps (LaneState::p_send: the next peer), so a lane
 // whose cell at one peer is still occupied receives meanwhile.
 template <class Op, class T, class R>
@@ -274,13 +274,12 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
         }
         if (ident && n > 1) {
           // Consumed (a mismatched message too, so its sender can go on): every thread has
-          // read its lines (the barrier); zero the headers, then tell the senders.  The lines
-          // stay: the cell's next message has another tag (the sender's claim).
+          // read its lines and used the values (the barrier), so tell the senders, with no
+          // fence (as LL receivers return credit): a load whose value is used cannot see a
+          // store the sender makes after it learns of the ack.  Header and lines stay: the
+          // cell's next message has another tag (the sender's claim).
           __syncthreads();
           if (threadIdx.x == 0) {
-            for (int r = 0; r < n; ++r)
-              if (r != me && Op::RecvsFrom(d, r) && way[r] >= 0) StVol(cm->flags[0][me] + cell(way[r], r), 0ull);
-            __threadfence_system();
             for (int r = 0; r < n; ++r)
               if (r != me && Op::RecvsFrom(d, r) && way[r] >= 0) StVol(ack(r, me, way[r]), F);
           }
@@ -306,8 +305,10 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
 
 // One thread, protocol "identity": task d failed on this rank (not by a
 // mismatch): every header it wrote at a peer gets signature bits 0, so the
-// peer's lanes fail it too (a header already consumed is gone: that peer has
-// its message and completed).  Rare: remote reads of every way of the bucket.
+// peer's lanes fail it too (a consumed header changes too, harmlessly: that
+// peer has its message and completed).  A CAS of the exact header: once
+// consumed, the cell may hold another task's message of this GPU meanwhile.
+// Rare: remote reads of every way of the bucket.
 DFCCL_DEV void MarkIdentityFailed(const TaskDesc& d) {
   const CommDev* cm = d.comm;
   const int n = d.nranks, ways = IdentityWays(cm->pool[0].nslots), lanes = cm->pool[0].lanes;
@@ -315,7 +316,9 @@ DFCCL_DEV void MarkIdentityFailed(const TaskDesc& d) {
     for (int w = 0; p != d.rank && w < ways; ++w)
       for (int l = 0; l < d.lanes; ++l) {
         uint64_t* h = cm->flags[0][p] + PoolCell(d.slot + w, n, d.rank, lanes, l);
-        if (static_cast<uint32_t>(LdVol(h) >> 32) == d.epoch) StVol(h, static_cast<uint64_t>(d.epoch) << 32);
+        const uint64_t seen = LdVol(h);
+        if (static_cast<uint32_t>(seen >> 32) == d.epoch)
+          atomicCAS_system(reinterpret_cast<unsigned long long*>(h), seen, static_cast<uint64_t>(d.epoch) << 32);
       }
   __threadfence_system();
 }

@@ -87,6 +87,11 @@ DFCCL_DEV uint4 LdVolVec(const void* p) {
 // Launched with programmatic stream serialization: waits until the stream's
 // previous kernel is complete and its memory visible (at once without it).
 DFCCL_DEV void GridDependencyWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Release/acquire fence at system scope (MEMBAR.ALL.SYS: lighter than
+// __threadfence_system's fence.sc.sys, and no L1 invalidation).  Cumulative:
+// after a bar.sync it also orders the other participating threads' earlier
+// accesses; with a later strong store of this thread it forms a release pattern.
+DFCCL_DEV void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 // Brings the 128-byte line at p into L1 (no wait, no register).
 DFCCL_DEV void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 DFCCL_DEV uint64_t GlobalTimer() {

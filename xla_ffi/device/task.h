@@ -55,10 +55,11 @@
 //               lines after the receiver's consumption; senders of one GPU may race
 //               for it; the receiver never writes [0] while the words are equal), so the cell's old lines
 //               can never pass for the new message's.  The receiver, once every
-//               thread read its lines, zeroes the header (tags are never 0),
-//               fence.sys, then stores the consumed tag.  A rank whose task fails (not by a mismatch, which
+//               thread read its lines and used the values (a barrier), stores the
+//               consumed tag, with no fence (the reads are complete; header and
+//               lines stay, the next message has another tag).  A rank whose task fails (not by a mismatch, which
 //               every receiver finds itself) rewrites the headers it sent with
-//               signature bits 0 (no signature has them), so a rank that starts the
+//               signature bits 0 (a CAS of the exact header; no signature has them), so a rank that starts the
 //               instance later fails it too, naming that rank.  The blocking form's inline kernel takes no ticket
 //               when every lane finished inside its budget; else it takes one and
 //               publishes the task slotted (phase 2), and the daemon resumes its
@@ -324,7 +325,7 @@ DFCCL_TASK_HD int32_t IdentityBucket(uint64_t key_hash, int32_t nslots) {
   const uint64_t buckets = static_cast<uint64_t>(nslots / ways);
   return static_cast<int32_t>(IdentityMix(key_hash) % buckets) * ways;
 }
-// Its LL flag: never 0 (a consumed cell is zeroed), distinct for every
+// Its LL flag: never 0 (the tag of a cell never written), distinct for every
 // sequence number of a key (an odd multiplier is a bijection mod 2^32).
 DFCCL_TASK_HD uint32_t IdentityTag(uint64_t key_hash, uint64_t seq) {
   const uint32_t t = static_cast<uint32_t>(IdentityMix(key_hash ^ 0x5bd1e9955bd1e995ull)) +

@@ -14,10 +14,9 @@ namespace dfccl::overlap {
 using gpu::LdAcquireSys;
 using gpu::StReleaseSys;
 using gpu::GlobalTimer;
+using gpu::FenceAcqRelSys;
+using gpu::GridDependencyWait;
 
-// Release/acquire fence at system scope; cumulative: after a bar.sync it also
-// orders the other participating threads' earlier stores (PTX memory model).
-__device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
 // Generic-proxy writes (by a peer, made visible to us by an acquire) become
 // visible to this thread's later TMA (async-proxy) reads of global memory.
@@ -30,11 +29,9 @@ __device__ __forceinline__ void StRelaxedSys(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Programmatic dependent launch (gemm.cuh): wait until the stream's previous
-// kernel completed and its memory is visible (at once when launched without
-// the attribute); allow the stream's next kernel to launch once every CTA of
-// this grid has called it or exited.
-__device__ __forceinline__ void GridDependencyWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic dependent launch (gemm.cuh; the wait, GridDependencyWait, is
+// device/primitives.cuh's): allow the stream's next kernel to launch once
+// every CTA of this grid has called it or exited.
 __device__ __forceinline__ void GridDependentsLaunch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // A timed-out or failed op never completes (protocol.h): the kernel dies, so

@@ -266,7 +266,7 @@ bool Runtime::ReadEntry(Comm& c, uint64_t key_hash, uint64_t seq, MatchEntry* ou
 
 // An identity task's sources whose message has arrived at this rank (bit r), read
 // from its staging's headers (device/task.h, "identity"); all of them once its
-// first lane received (headers are zeroed when consumed).  Ticket t: its ring entry.
+// first lane received.  Ticket t: its ring entry.
 uint32_t Runtime::IdentityArrived(Device& d, const TaskInfo& ti, uint64_t t) {
   const Comm& c = *ti.comm;
   const PoolGeom& g = c.view.pool[0];
