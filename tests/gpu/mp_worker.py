@@ -240,7 +240,14 @@ elif case == "bench":
       y.block_until_ready()
       row[name + "_pipelined_us"] = (time.perf_counter() - t0) / 800 * 1e6
       st1 = d.stats()["cuda"]
-      row[name + "_pipelined_handler_calls_per_op"] = (st1["host_calls"] - st0["host_calls"]) / 800
+      calls = st1["host_calls"] - st0["host_calls"]
+      row[name + "_pipelined_handler_calls_per_op"] = calls / 800
+      # The handlers' own host time per call in this loop (XLA calls them when it re-captures a
+      # command): the stats hold running means, so the loop's share comes from mean x count.
+      total = lambda st, k: st[k] * st["host_calls"]  # noqa: E731  (blocking forms: every call is a start)
+      if calls > 0:
+        row[name + "_pipelined_handler_us_per_call"] = (total(st1, "host_start_us") - total(st0, "host_start_us")) / calls
+        row[name + "_pipelined_launch_us_per_call"] = (total(st1, "host_streamop_us") - total(st0, "host_streamop_us")) / calls
       if "--profile" in sys.argv:
         # The device timeline of 4 executions enqueued ahead (jax.profiler): the submit kernel's
         # period, each kernel's duration and the idle gaps between consecutive kernels.
