@@ -428,17 +428,18 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
       if (!more) break;
     }
   }
+  const bool completed = go && !fail && ndone == sd.lanes;  // (block-uniform: written before the barriers)
   // The output stores (RunLaneBody leaves them unfenced here): a task completed
   // without a ticket needs no fence (the kernel's end orders them for the
   // stream's next kernels, and no other agent learns of it); for any other, the
   // publish and the completion below must follow every thread's stores.
-  if (!(ticketless && go && !fail && ndone == sd.lanes)) {
+  if (!(ticketless && completed)) {
     __threadfence();
     __syncthreads();
   }
   if (tid != 0) return;
   if (ticketless) {
-    if (go && !fail && ndone == sd.lanes) {
+    if (completed) {
       atomicAdd(&p.dev->identity_done, 1ull);
       return;
     }
@@ -460,8 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   }
   SubmitPublish(p, sd);  // before the completion: the ring entry cannot be reused meanwhile
   const uint64_t t_published = p.trace ? GlobalTimer() : 0;
-  const bool completed = go && !fail && ndone == sd.lanes;
-  if (completed) {  // (RunLane fenced every thread's output; CompleteTask fences again, cumulatively)
+  if (completed) {  // (every thread's output fenced above; CompleteTask fences again, cumulatively)
     Recorder none;
     CompleteTask(P, sd, e, false, none);
     atomicAdd(&p.dev->inline_done, 1ull);
