@@ -33,8 +33,9 @@ MESH = Mesh(np.array(jax.devices()), ("x",))
 KiB, MiB = 1024, 1024 * 1024
 
 
-def smap(f):
-  return jax.jit(jax.shard_map(f, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+def smap(f, donate=False):
+  return jax.jit(jax.shard_map(f, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False),
+                 donate_argnums=(0,) if donate else ())
 
 
 def lax_ops():
@@ -81,7 +82,7 @@ def busbw(op, nbytes, t):
   return nbytes / t * (N - 1) / N
 
 
-def chain(fn, n_ops, mode):
+def chain(fn, n_ops, mode, donate=False):
   def body(v):
     y = v[0]
     if mode == "unrolled":
@@ -90,7 +91,7 @@ def chain(fn, n_ops, mode):
     else:
       y = jax.lax.fori_loop(0, n_ops, lambda i, y: fn(y), y)
     return y[None]
-  return smap(body)
+  return smap(body, donate)
 
 
 _progress = {"t": time.perf_counter(), "what": "start"}
@@ -113,7 +114,7 @@ def stall_reporter(every_s):
 
 
 def bench_ops(sizes, ops_names, reps, pipelined=False):
-  """pipelined: also time the unrolled chain with 8 calls enqueued before blocking."""
+  """pipelined: also time the unrolled chain with 8 calls enqueued before blocking, and donated."""
   ours, how = dfccl_ops()
   lax = lax_ops()
   rows = []
@@ -141,12 +142,18 @@ def bench_ops(sizes, ops_names, reps, pipelined=False):
             row[f"{impl}/pipelined/busbw_GBs"] = busbw(op, nbytes, t) / 1e9
           except Exception as e:  # noqa: BLE001
             row[f"{impl}/pipelined/error"] = repr(e)[:200]
+          try:  # the same, each call donating its input and fed the last output (a training step's buffers)
+            t = common.donated_time(chain(fns[op], n_ops, "unrolled", donate=True), x, reps=reps) / n_ops
+            row[f"{impl}/donated/us"] = t * 1e6
+          except Exception as e:  # noqa: BLE001
+            row[f"{impl}/donated/error"] = repr(e)[:200]
       rows.append(row)
       u = lambda k: row.get(k, float("nan"))  # noqa: E731
       print(f"{op:13s} {nbytes:>11d} B  dfccl {u('dfccl/unrolled/us'):9.1f} / {u('dfccl/fori_loop/us'):9.1f} us"
             f"  lax {u('jax.lax/unrolled/us'):9.1f} / {u('jax.lax/fori_loop/us'):9.1f} us"
             f"  busbw dfccl {u('dfccl/unrolled/busbw_GBs'):6.1f} lax {u('jax.lax/unrolled/busbw_GBs'):6.1f} GB/s"
-            f"  pipelined dfccl {u('dfccl/pipelined/us'):7.1f} lax {u('jax.lax/pipelined/us'):7.1f} us",
+            f"  pipelined dfccl {u('dfccl/pipelined/us'):7.1f} lax {u('jax.lax/pipelined/us'):7.1f} us"
+            f"  donated dfccl {u('dfccl/donated/us'):7.1f} lax {u('jax.lax/donated/us'):7.1f} us",
             flush=True)
   return rows, how
 
@@ -231,7 +238,8 @@ def main():
                   help="print jax_dfccl.pending() when a step takes longer than this (s); 0: never")
   ap.add_argument("--pipelined", action="store_true",
                   help="also time the unrolled chain with 8 calls enqueued back to back before blocking "
-                  "(per-call host work hidden behind the device: the device-bound time per op)")
+                  "(per-call host work hidden behind the device: the device-bound time per op), and the "
+                  "same with each call donating its input and fed the last output (buffers that stay put)")
   a = ap.parse_args()
   if a.stall_report > 0:
     stall_reporter(a.stall_report)
@@ -273,13 +281,14 @@ def main():
   payload = {"header": common.header(), "config": a.config, "implementation": how, "n_devices": N, "dtype": "bfloat16",
              "rows": rows, "chaos": chaos, "pytree_psum": pytree, "lax_chaos_subprocess": hang}
   md = ["| op | bytes/device | ops | dfccl unrolled us | dfccl fori us | lax unrolled us | lax fori us |"
-        " dfccl busbw GB/s | lax busbw GB/s | dfccl pipelined us | lax pipelined us |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+        " dfccl busbw GB/s | lax busbw GB/s | dfccl pipelined us | lax pipelined us | dfccl donated us | lax donated us |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     g = lambda k: f"{r[k]:.1f}" if k in r else "err" if k.rsplit("/", 1)[0] + "/error" in r else "-"  # noqa: E731
     md.append(f"| {r['op']} | {r['bytes']} | {r['n_ops']} | {g('dfccl/unrolled/us')} | {g('dfccl/fori_loop/us')} | "
               f"{g('jax.lax/unrolled/us')} | {g('jax.lax/fori_loop/us')} | {g('dfccl/unrolled/busbw_GBs')} | "
-              f"{g('jax.lax/unrolled/busbw_GBs')} | {g('dfccl/pipelined/us')} | {g('jax.lax/pipelined/us')} |")
+              f"{g('jax.lax/unrolled/busbw_GBs')} | {g('dfccl/pipelined/us')} | {g('jax.lax/pipelined/us')} | "
+              f"{g('dfccl/donated/us')} | {g('jax.lax/donated/us')} |")
   md.append("")
   for k, v in chaos.items():
     md.append(f"- chaos {k}: {v}")

@@ -47,6 +47,23 @@ def pipelined_time(fn, *args, reps: int = 10, depth: int = 8) -> float:
   return statistics.median(ts)
 
 
+def donated_time(fn, x, reps: int = 10, depth: int = 8) -> float:
+  """Like ``pipelined_time``, for a program that donates its argument (``jax.jit(..., donate_argnums=0)``)
+  and is fed its own last output, as a training step is: its parameter and result share one buffer
+  and its temporaries stay where they were, so XLA replays its command buffers without updating
+  them (no custom-call handler runs, no command is re-captured). Median seconds per call."""
+  y = fn(jax.numpy.copy(x))  # (x itself stays valid for the caller)
+  jax.block_until_ready(y)
+  ts = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    for _ in range(depth):
+      y = fn(y)
+    jax.block_until_ready(y)
+    ts.append((time.perf_counter() - t) / depth)
+  return statistics.median(ts)
+
+
 def gpu_kernel_events(trace_dir: str) -> list[tuple[str, float, float]]:
   """[(name, start_us, dur_us)] of the GPU activities in a jax.profiler trace folder, by start."""
   out = []

@@ -89,8 +89,9 @@ def inputs(seed):
   return full, arr
 
 
-def smap(f):
-  return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+def smap(f, donate=False):
+  return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False),
+                 donate_argnums=(0,) if donate else ())
 
 
 def local(a):  # this process's shard, (1, ...)
@@ -212,8 +213,10 @@ elif case == "bench":
       for i in range(100):
         v = d.psum(v, "x", key=f"u{nbytes}/{i}") * 0.5
       return v
-    unrolled = smap(chain)
-    fori = smap(lambda v: jax.lax.fori_loop(0, 100, lambda i, y: d.psum(y, "x", key=f"f{nbytes}") * 0.5, v))
+    def fori_chain(v, nbytes=nbytes):
+      return jax.lax.fori_loop(0, 100, lambda i, y: d.psum(y, "x", key=f"f{nbytes}") * 0.5, v)
+    unrolled, fori = smap(chain), smap(fori_chain)
+    donating = {"unrolled": smap(chain, donate=True), "fori": smap(fori_chain, donate=True)}
     row = {}
     for name, f in (("unrolled", unrolled), ("fori", fori)):
       f(x).block_until_ready()
@@ -248,17 +251,42 @@ elif case == "bench":
       if calls > 0:
         row[name + "_pipelined_handler_us_per_call"] = (total(st1, "host_start_us") - total(st0, "host_start_us")) / calls
         row[name + "_pipelined_launch_us_per_call"] = (total(st1, "host_streamop_us") - total(st0, "host_streamop_us")) / calls
+      # The same, each execution donating its input and fed the last output (a training
+      # step's buffers): parameter, result and temporaries stay put, so XLA replays its
+      # command buffers without updating them (no handler runs).
+      # Medians of 3 rounds of 8, after a round that settles the buffers (its first
+      # executions may still re-capture commands whose buffers moved).
+      fd = donating[name]
+      yd = fd(jnp.copy(y))
+      for _ in range(8):
+        yd = fd(yd)
+      yd.block_until_ready()
+      st0 = d.stats()["cuda"]
+      ts = []
+      for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(8):
+          yd = fd(yd)
+        yd.block_until_ready()
+        ts.append((time.perf_counter() - t0) / 800 * 1e6)
+      row[name + "_donated_us"] = sorted(ts)[1]
+      row[name + "_donated_handler_calls_per_op"] = (d.stats()["cuda"]["host_calls"] - st0["host_calls"]) / 2400
       if "--profile" in sys.argv:
         # The device timeline of 4 executions enqueued ahead (jax.profiler): the submit kernel's
         # period, each kernel's duration and the idle gaps between consecutive kernels.
         import tempfile
         from benchmarks.common import gpu_kernel_events, kernel_timeline
-        tdir = tempfile.mkdtemp()
-        with jax.profiler.trace(tdir):
-          for _ in range(4):
-            y = f(y)
-          y.block_until_ready()
-        row[name + "_timeline"] = kernel_timeline(gpu_kernel_events(tdir), "Submit")
+        for tag, g in (("", f), ("_donated", fd)):
+          tdir = tempfile.mkdtemp()
+          with jax.profiler.trace(tdir):
+            for _ in range(4):
+              yd = g(yd)
+            yd.block_until_ready()
+          row[name + tag + "_timeline"] = kernel_timeline(gpu_kernel_events(tdir), "Submit")
+          if "--keep-trace" in sys.argv:  # the trace folder itself (host and device events), for tools/
+            import shutil
+            shutil.copytree(tdir, os.path.join(sys.argv[sys.argv.index("--keep-trace") + 1],
+                                               f"rank{rank}_{nbytes}_{name}{tag}"))
     got = local(fori(x))[0]
     want = full.sum(0)
     for _ in range(99):
