@@ -189,6 +189,24 @@ def test_lowering_per_platform(mesh8, platform, want):
   assert re.findall(r"custom_call @(dfccl_\w+)", txt) == want
 
 
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_partition_id_operand_per_platform(mesh8, platform):
+  """The CPU handlers read the partition-id operand; the CUDA handlers find the rank from
+  their GPU, so a program lowered for CUDA passes a constant (XLA would compute a partition
+  id with two kernels per execution, and per iteration inside a loop)."""
+  import re
+
+  def body(y):
+    y = jax.lax.fori_loop(0, 3, lambda i, v: dc.psum(v, "x") * 0.5, y)
+    return dc.ppermute(y, "x", [(i, (i + 1) % N) for i in range(N)])
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  txt = f.trace(jnp.ones((N, 16))).lower(lowering_platforms=(platform,)).as_text()
+  calls = re.findall(r"custom_call @dfccl_\w+", txt)
+  assert len(calls) >= 2, txt
+  assert ("stablehlo.partition_id" in txt) == (platform == "cpu"), txt
+
+
 @pytest.mark.parametrize("op", ["psum", "ppermute"])
 def test_handle_with_other_users_is_not_copied_in_flight(mesh8, op):
   """A handle that also goes through an optimization barrier (a pipeline's way

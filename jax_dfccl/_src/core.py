@@ -411,6 +411,14 @@ def device_ids(mesh) -> np.ndarray:
 
 
 def _partition_id(ctx):
+  """The calls' partition-id operand.  The CPU handlers read it.  The CUDA handlers
+  cannot (it lives in device memory when the call is enqueued) and find the rank
+  from the GPU they run on (`PartitionOf`), so a program lowered for CUDA alone
+  passes a constant: XLA computes a partition id with a memset and a convert
+  kernel, outside its command buffers, once per execution and again in every
+  iteration of a while loop."""
+  if tuple(getattr(ctx.module_context, "platforms", ())) == ("cuda",):
+    return mlir.ir_constant(np.array(0, np.int32))
   pid = hlo.partition_id()
   return hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), pid)
 

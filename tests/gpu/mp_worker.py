@@ -215,10 +215,19 @@ elif case == "bench":
       return v
     def fori_chain(v, nbytes=nbytes):
       return jax.lax.fori_loop(0, 100, lambda i, y: d.psum(y, "x", key=f"f{nbytes}") * 0.5, v)
-    unrolled, fori = smap(chain), smap(fori_chain)
-    donating = {"unrolled": smap(chain, donate=True), "fori": smap(fori_chain, donate=True)}
+    # A loop body as a model's: two matmuls and a tanh around the psum (a body of a few
+    # instructions, as above, is below XLA's threshold for a command buffer,
+    # --xla_gpu_graph_min_graph_size, 5 by default).
+    w1 = jnp.asarray(np.random.default_rng(11).standard_normal((elems, 256)) / np.sqrt(elems), jnp.float32)
+    w2 = jnp.asarray(np.random.default_rng(12).standard_normal((256, elems)) / 16, jnp.float32)
+
+    def fori_mlp_chain(v, nbytes=nbytes):
+      return jax.lax.fori_loop(0, 100, lambda i, y: d.psum(jnp.tanh(y @ w1) @ w2, "x", key=f"m{nbytes}") * 0.5, v)
+    unrolled, fori, fori_mlp = smap(chain), smap(fori_chain), smap(fori_mlp_chain)
+    donating = {"unrolled": smap(chain, donate=True), "fori": smap(fori_chain, donate=True),
+                "fori_mlp": smap(fori_mlp_chain, donate=True)}
     row = {}
-    for name, f in (("unrolled", unrolled), ("fori", fori)):
+    for name, f in (("unrolled", unrolled), ("fori", fori), ("fori_mlp", fori_mlp)):
       f(x).block_until_ready()
       st0 = d.stats()["cuda"]
       ts = []
