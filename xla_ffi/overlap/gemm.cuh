@@ -31,10 +31,11 @@
 // TMA (LaunchPlan::tma_store, 1x1 clusters): a tile whose destination is
 // this rank's own output (AG; RS on one rank) leaves the staging tile through
 // bulk tensor stores (the tensor map of the output, bounds clipped per row
-// block by its 3 dimensions) issued by one thread; the consumers go on to the
-// next piece or tile, and only wait for the stores' shared-memory reads before
-// they write the staging tile again.  The staging tile is then laid out as the
-// 128-byte swizzle of the bulk copies (two 64-column halves of 128-byte rows).
+// block by its 3 dimensions) issued by one thread, in 64-column slices; the
+// staging tile is then laid out as the 128-byte swizzle of the bulk copies (two
+// 64-column halves of 128-byte rows), and its halves take the slices in turns,
+// so the consumers stage a slice while the previous slice's store reads the
+// other half, and wait only for the store before that.
 // Ping-pong (LaunchPlan::pingpong, 1x1 clusters, 128-column tiles): the two
 // consumer warp groups compute a whole tile each, the CTA's units alternating
 // between them in the order the producer loads them (each group skips the
@@ -301,6 +302,9 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA, PP>::kThreads, 1)
   int* ready_ok = ss.extra.ready_ok[group];
   // Ping-pong: the units this CTA took, counted in the order of the stages.
   uint32_t taken = 0;
+  // Bulk stores (cooperative): the staging half that takes the next 64-column slice (0, 1 in turns
+  // across tiles, so a slice waits only for the store before the previous one).
+  uint32_t half_turn = 0;
   while (true) {
     sched.consumer_wait(sstate);
     const int u = ss.extra.tile_ids[sstate.index()];
@@ -350,10 +354,30 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA, PP>::kThreads, 1)
               l.sk_partials + size_t(pc.wait_first + i * l.plan.sk_tiles) * kTileM * kTileN, acc, mma_tid);
       }
 
-      if constexpr (C::kTma) {
+      if constexpr (C::kTma && !C::kPingpong) {
         // Every tile's destination is this rank's output (LaunchGemm picks this variant only for AG and for RS on one
-        // rank): the staging tile leaves through bulk tensor stores, one thread issuing them; the consumers wait only
-        // for their shared-memory reads before they write the staging tile again.
+        // rank): the tile leaves in 64-column slices through bulk tensor stores, one thread issuing them.  The
+        // staging tile's two halves take the slices in turns, so a slice is staged while the previous one's store
+        // reads the other half; before writing a half the consumers wait only for the store that read it last
+        // (all but the most recent bulk group: the one of the other half).
+        CUTLASS_PRAGMA_UNROLL
+        for (int q = 0; q < kTileN / 64; ++q) {
+          char* half = stage_tile() + half_turn * (kTileM * 128);
+          half_turn ^= 1u;
+          if (mma_tid == 0) cute::tma_store_wait<1>();
+          ConsumerBarrier(C::kMmaThreads, group);
+          // The slice's accumulator values: [32q, 32q + 32) (piece q / 2, its half q % 2; StagePiece).
+          StagePiece<true, T>(half, acc, tCcD, 32 * q, 32 * q + 32, 64 * q);
+          cute::tma_store_fence();  // these generic stores, visible to the bulk copies
+          ConsumerBarrier(C::kMmaThreads, group);
+          if (mma_tid == 0) {  // clipped at the row block's and the output's bounds
+            cute::SM90_TMA_STORE_3D::copy(&p.out_map, half, tc.ni * kTileN + 64 * q, tc.mi * kTileM, tc.b);
+            cute::tma_store_arrive();
+          }
+        }
+      } else if constexpr (C::kTma) {
+        // Ping-pong: the group's 128 x 128 tile in one piece, both halves (the other group's epilogue
+        // waits for these stores' reads: below).
         CUTLASS_PRAGMA_UNROLL
         for (int h = 0; h < C::kPieces; ++h) {
           if (mma_tid == 0) cute::tma_store_wait<0>();  // the previous piece's / tile's stores read the staging tile

@@ -26,8 +26,8 @@ __device__ __forceinline__ int StageChunk(int r, int ch) {
 }
 
 // A piece of a consumer thread's accumulator, its values [v0, v1) (v0 a
-// multiple of 64, at most 64 values: one 16-row slab of the warp, the columns
-// [c0, c0 + 128)), rounded to T, into the staging tile in the layout of
+// multiple of 32, at most 64 values: one 16-row slab of the warp, the columns
+// [c0, c0 + 2 (v1 - v0)), v0's column c0), rounded to T, into the staging tile in the layout of
 // StageChunk<kTma>, by `stmatrix` (four 8x8 matrices per instruction).  The
 // WGMMA accumulator of a warp is a 16-row slab per 64 x N atom: value
 // 4j + 2v + e of lane l sits at row l / 4 + 8v, column 8j + 2(l % 4) + e (the
