@@ -47,13 +47,20 @@ def pipelined_time(fn, *args, reps: int = 10, depth: int = 8) -> float:
   return statistics.median(ts)
 
 
-def donated_time(fn, x, reps: int = 10, depth: int = 8) -> float:
+def donated_time(fn, x, reps: int = 10, depth: int = 8, on_settled=None) -> float:
   """Like ``pipelined_time``, for a program that donates its argument (``jax.jit(..., donate_argnums=0)``)
   and is fed its own last output, as a training step is: its parameter and result share one buffer
   and its temporaries stay where they were, so XLA replays its command buffers without updating
-  them (no custom-call handler runs, no command is re-captured). Median seconds per call."""
+  them (no custom-call handler runs, no command is re-captured). Median seconds per call of
+  ``reps`` rounds of ``depth`` calls, after an untimed round that settles the buffers (its first
+  calls may still re-capture commands whose buffers moved); ``on_settled()`` runs between the two
+  (e.g. to read counters that the timed rounds then change)."""
   y = fn(jax.numpy.copy(x))  # (x itself stays valid for the caller)
+  for _ in range(depth):
+    y = fn(y)
   jax.block_until_ready(y)
+  if on_settled is not None:
+    on_settled()
   ts = []
   for _ in range(reps):
     t = time.perf_counter()

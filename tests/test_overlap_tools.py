@@ -347,3 +347,23 @@ def test_kernel_timeline_and_trace_events(tmp_path):
   assert t["gaps"]["InlineSubmitKernel -> mul"] == {"count": 2, "median_us": statistics.median([1.0, 2.0])}
   assert t["gaps"]["mul -> InlineSubmitKernel"] == {"count": 2, "median_us": statistics.median([2.0, 3.0])}
   assert c.kernel_timeline(evs, "nothing") is None
+
+
+def test_donated_time_settles_then_times():
+  """benchmarks/common.py donated_time: one call on a copy and an untimed round of `depth`, then
+  `reps` timed rounds, each call fed the last output (the input itself stays valid); on_settled
+  runs once, between the settling round and the timed ones."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  c = _common()
+  calls, marks = [], []
+  f = jax.jit(lambda v: v + 1.0, donate_argnums=0)
+
+  def fn(v):
+    calls.append(1)
+    return f(v)
+  x = jnp.zeros(4)
+  t = c.donated_time(fn, x, reps=3, depth=5, on_settled=lambda: marks.append(len(calls)))
+  assert t > 0 and marks == [6] and len(calls) == 6 + 3 * 5
+  np.testing.assert_array_equal(np.asarray(x), np.zeros(4))  # not donated: a copy was

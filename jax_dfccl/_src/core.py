@@ -410,7 +410,7 @@ def device_ids(mesh) -> np.ndarray:
   return np.arange(mesh.size, dtype=np.int64)  # abstract mesh: partition ids
 
 
-def _partition_id(ctx):
+def _partition_id_operand(ctx):
   """The calls' partition-id operand.  The CPU handlers read it.  The CUDA handlers
   cannot (it lives in device memory when the call is enqueued) and find the rank
   from the GPU they run on (`PartitionOf`), so a program lowered for CUDA alone
@@ -505,7 +505,7 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
     target += "_host"
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)
   sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL, *ctx.avals_in[1:]])
-  return rule(sub, x, _partition_id(ctx), *init,
+  return rule(sub, x, _partition_id_operand(ctx), *init,
               kind=np.int32(_tables()['KIND'][OPS[op].kind]), reduce_op=np.int32(_tables()['REDUCE'][reduce]),
               key=key, key_hash=np.int64(key_hash), site=np.int64(site),
               group_size=np.int32(groups.shape[1]), groups=groups.reshape(-1),

@@ -120,7 +120,7 @@ def _start(ctx, x, *, peers, role, perm, key, key_hash, site, api, arg, op):
   backend.load()
   rule = jax.ffi.ffi_lowering("dfccl_start", operand_output_aliases={0: 1}, has_side_effect=True)
   sub = ctx.replace(avals_in=[ctx.avals_in[0], c._PID_AVAL])
-  return rule(sub, x, c._partition_id(ctx), kind=np.int32(c.KIND["ppermute"]), reduce_op=np.int32(0),
+  return rule(sub, x, c._partition_id_operand(ctx), kind=np.int32(c.KIND["ppermute"]), reduce_op=np.int32(0),
               key=key, key_hash=np.int64(key_hash), site=np.int64(site), group_size=np.int32(2),
               groups=rows, device_ids=ids, perm=np.asarray(perm, dtype=np.int32).reshape(-1))
 

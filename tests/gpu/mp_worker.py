@@ -12,7 +12,8 @@ peer that first waits on another do not starve that one of slots; with --case ch
 K psums in process-specific orders against one order (--keys, --reps); with --case direct,
 every op at 64 KiB .. 16 MiB per rank (the direct path across processes; --config k=v,... sets
 jax_dfccl.config entries for any case, e.g. direct=0 for the staged path; --case bench --profile
-adds the device timeline of each chain, benchmarks/common.py kernel_timeline).  Prints one JSON line
+adds the device timeline of each chain, benchmarks/common.py kernel_timeline, and --keep-trace DIR
+keeps the profiler's trace folders).  Prints one JSON line
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
@@ -202,6 +203,7 @@ elif case == "direct":
   out["errors"] = st.get("errors", [])
   out["ok"] &= out["started"] >= 3 * 10
 elif case == "bench":
+  from benchmarks.common import donated_time, gpu_kernel_events, kernel_timeline
   # Per-op time of dependent psum chains (100 ops, unrolled and in a fori_loop), 4 KiB .. 16 MiB per rank.
   out["sizes"] = {}
   sizes = (sys.argv[sys.argv.index("--sizes") + 1] if "--sizes" in sys.argv else "4096,65536,1048576,16777216")
@@ -262,30 +264,21 @@ elif case == "bench":
         row[name + "_pipelined_launch_us_per_call"] = (total(st1, "host_streamop_us") - total(st0, "host_streamop_us")) / calls
       # The same, each execution donating its input and fed the last output (a training
       # step's buffers): parameter, result and temporaries stay put, so XLA replays its
-      # command buffers without updating them (no handler runs).
-      # Medians of 3 rounds of 8, after a round that settles the buffers (its first
-      # executions may still re-capture commands whose buffers moved).
+      # command buffers without updating them (no handler runs).  Median of 3 rounds of 8
+      # after a settling round; the handler calls counted over the timed rounds.
       fd = donating[name]
-      yd = fd(jnp.copy(y))
-      for _ in range(8):
-        yd = fd(yd)
-      yd.block_until_ready()
-      st0 = d.stats()["cuda"]
-      ts = []
-      for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(8):
-          yd = fd(yd)
-        yd.block_until_ready()
-        ts.append((time.perf_counter() - t0) / 800 * 1e6)
-      row[name + "_donated_us"] = sorted(ts)[1]
-      row[name + "_donated_handler_calls_per_op"] = (d.stats()["cuda"]["host_calls"] - st0["host_calls"]) / 2400
+      settled = {}
+      t = donated_time(fd, y, reps=3, depth=8, on_settled=lambda: settled.update(d.stats()["cuda"]))
+      row[name + "_donated_us"] = t / 100 * 1e6
+      row[name + "_donated_handler_calls_per_op"] = (d.stats()["cuda"]["host_calls"] - settled["host_calls"]) / 2400
       if "--profile" in sys.argv:
         # The device timeline of 4 executions enqueued ahead (jax.profiler): the submit kernel's
         # period, each kernel's duration and the idle gaps between consecutive kernels.
         import tempfile
-        from benchmarks.common import gpu_kernel_events, kernel_timeline
-        for tag, g in (("", f), ("_donated", fd)):
+        yd = fd(jnp.copy(y))
+        for _ in range(8):  # settled, as above
+          yd = fd(yd)
+        for tag, g in (("_donated", fd), ("", f)):  # (the donated program first: on its settled buffer)
           tdir = tempfile.mkdtemp()
           with jax.profiler.trace(tdir):
             for _ in range(4):
