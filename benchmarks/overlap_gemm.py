@@ -50,6 +50,9 @@ the other pairs keep --m.  The ratio column is fused_1x1 / xla_dot.
 --profile also traces one call of each chain (jax.profiler) and reports the
 GEMM kernel's own time and the GPU's idle gap between consecutive GEMMs.
 
+Each row also records what XLA made of its dot (`xla_dot_impl`: cuBLAS, or
+Triton with the tiling its autotuner chose), listed after the table.
+
 --cutlass-probe BINARY (tools/cutlass_gemm_probe.cu, built with the line in
 its header) also times stock CUTLASS's sm90 GEMMs on the same shapes, timed
 the same way, in a process of its own after this one's timing; the table gets
@@ -191,6 +194,47 @@ def chain_profile(f, a, trace_dir):
   return gemm_kernel_stats(gpu_kernel_events(trace_dir))
 
 
+def _json_object_at(text, start):
+  """The JSON object that begins at text[start] ("{"), parsed (balanced braces; strings hold none)."""
+  depth = 0
+  for i in range(start, len(text)):
+    depth += {"{": 1, "}": -1}.get(text[i], 0)
+    if depth == 0:
+      return json.loads(text[start:i + 1])
+  raise ValueError("unbalanced JSON object")
+
+
+def xla_dot_impl(hlo_text):
+  """How XLA implemented the dots of an optimized HLO module (`compiled.as_text()`): {"impl": "cublas", "triton",
+  "cudnn", "xla" (its own emitter) or another library call's target; "config": the Triton tiling where XLA's
+  autotuner chose one; "gemms": how many}, or None where the module holds no dot.  A Triton GEMM's operand
+  fusions carry the GEMM's fusion kind too: only the fusions calling a `gemm_fusion` computation count."""
+  lines = hlo_text.splitlines()
+  calls = [m.group(1) for ln in lines for m in [re.search(r'custom_call_target="([^"]+)"', ln)]
+           if m and re.search(r"cublas|matmul|gemm", m.group(1), re.IGNORECASE)]
+  if calls:
+    return {"impl": "cublas" if all("cublas" in t for t in calls) else calls[0], "target": calls[0],
+            "gemms": len(calls)}
+  legacy = [ln for ln in lines if '"kind":"__triton_gemm"' in ln]
+  if legacy:
+    c = _json_object_at(legacy[0], legacy[0].index('"triton_gemm_config":') + len('"triton_gemm_config":'))
+    return {"impl": "triton", "config": f"{c['block_m']}x{c['block_n']}x{c['block_k']}, split_k {c['split_k']}, "
+                                        f"{c['num_stages']} stages, {c['num_warps']} warps", "gemms": len(legacy)}
+  nested = [ln for ln in lines if '"kind":"__triton_nested_gemm_fusion"' in ln]
+  outer = [ln for ln in nested if re.search(r"calls=%?gemm_fusion", ln)] or nested[:1]
+  if outer:
+    key = '"block_level_fusion_config":'
+    c = _json_object_at(outer[0], outer[0].index(key) + len(key)) if key in outer[0] else {}
+    tile = "x".join(c.get("output_tiles", [{}])[0].get("sizes", [])) or "?"
+    return {"impl": "triton", "config": f"{tile}, {c.get('num_stages', '?')} stages, {c.get('num_warps', '?')} warps",
+            "gemms": len(outer)}
+  cudnn = [ln for ln in lines if '"kind":"__cudnn$fusion"' in ln]
+  if cudnn:
+    return {"impl": "cudnn", "gemms": len(cudnn)}
+  dots = [ln for ln in lines if re.search(r"=\s*\S+\s+dot\(", ln)]
+  return {"impl": "xla", "gemms": len(dots)} if dots else None
+
+
 def parse_cutlass_probe(text):
   """{"MxNxK": {configuration: us}} from the output of tools/cutlass_gemm_probe.cu (a shape line, then one
   line per configuration: name, us, TFLOP/s; "cannot implement" lines are left out)."""
@@ -276,6 +320,11 @@ def main():
           try:
             f, a = make()
             built[v] = (f, a)
+            if v == "xla_dot":  # what XLA made of the dot (cuBLAS or a Triton tiling: its autotuner's choice)
+              try:
+                row["xla_dot_impl"] = xla_dot_impl(f.lower(*a).compile().as_text())
+              except Exception as e:  # noqa: BLE001  (recorded; the timing does not depend on it)
+                row.setdefault("errors", {})["xla_dot_impl"] = f"{type(e).__name__}: {e}"[:300]
             if not args.interleave:
               row["ms"][v], _ = time_per_op(f, a, iters, args.reps, args.min_rep_ms / 1e3)
           except Exception as e:  # noqa: BLE001  (recorded, the run goes on)
@@ -361,6 +410,13 @@ def main():
         f", {pl['sk_tiles']}x{pl['sk_units'] // pl['sk_tiles']}" if pl["sk_units"] else "")
     lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | {'x'.join(map(str, r['gemm']))} | {plan_cell} | "
                  + " | ".join(cells) + f" | {ratio} |")
+  if any(r.get("xla_dot_impl") for r in rows):
+    lines += ["", "XLA's dot as XLA compiled it (the optimized HLO of the xla_dot chain):", "",
+              "| op | M | N | K | implementation |", "|---|---|---|---|---|"]
+    for r in rows:
+      d = r.get("xla_dot_impl")
+      lines.append(f"| {r['kind']} | {r['M']} | {r['N']} | {r['K']} | "
+                   + ("-" if not d else d["impl"] + (f" {d['config']}" if d.get("config") else "")) + " |")
   if args.profile:
     lines += ["", "Traced chains: GEMM kernel us / GPU idle gap between consecutive GEMMs us / start-to-start"
               " period us (median)", "",

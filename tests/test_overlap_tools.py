@@ -284,6 +284,41 @@ def test_cutlass_probe_output_joins_the_rows():
   assert mod.parse_cutlass_probe("1x2x3\n  coop 128x256x64 cluster 1x1   cannot implement\n") == {"1x2x3": {}}
 
 
+def test_xla_dot_impl_names_the_library_and_the_tiling():
+  """benchmarks/overlap_gemm.py records what XLA made of its dot: a cuBLAS call, a Triton GEMM (both forms of
+  its backend config; a nested GEMM's operand fusions, which carry the same kind, not counted), cuDNN, or
+  XLA's own dot; checked on HLO lines in XLA's text format and on a dot compiled here."""
+  mod = _gemm_bench()
+  cublas = ('  %cublas-gemm.1 = (bf16[1024,4096]{1,0}, s8[4194304]{0}) custom-call(%p0, %p1), '
+            'custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"alpha_real":1}}')
+  assert mod.xla_dot_impl(cublas + "\n" + cublas) == {"impl": "cublas", "target": "__cublas$lt$matmul", "gemms": 2}
+  legacy = ('  ROOT %f = bf16[1024,4096]{1,0} fusion(%a, %b), kind=kCustom, calls=%triton_gemm_dot, '
+            'backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton_gemm",'
+            '"triton_gemm_config":{"block_m":"128","block_n":"128","block_k":"64","split_k":"1","num_stages":"3",'
+            '"num_warps":"4","num_ctas":"1"}},"force_earliest_schedule":false}')
+  assert mod.xla_dot_impl(legacy) == {"impl": "triton", "config": "128x128x64, split_k 1, 3 stages, 4 warps",
+                                      "gemms": 1}
+  operand = ('  %block_fusion = bf16[1024,7168]{1,0} fusion(%parameter_0), kind=kCustom, calls=%parameter_0, '
+             'backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion","block_level_fusion_config":'
+             '{"num_warps":"8","output_tiles":[{"sizes":["128","64"]}],"num_ctas":1,"num_stages":4}}}')
+  outer = ('  %gemm_fusion_dot_general_2 = bf16[1024,4096]{1,0} fusion(%x, %w), kind=kCustom, '
+           'calls=%gemm_fusion_dot_general_2_computation, metadata={op_name="jit(f)/dot_general"}, '
+           'backend_config={"operation_queue_id":"0","wait_on_operation_queues":[],"fusion_backend_config":'
+           '{"kind":"__triton_nested_gemm_fusion","block_level_fusion_config":{"num_warps":"4","output_tiles":'
+           '[{"sizes":["128","128"]}],"num_ctas":1,"num_stages":3,"is_tma_allowed":true}},"reification_cost":[]}')
+  got = mod.xla_dot_impl("\n".join([operand, operand, outer, operand, outer]))
+  assert got == {"impl": "triton", "config": "128x128, 3 stages, 4 warps", "gemms": 2}
+  cudnn = '  %f = bf16[8,8]{1,0} fusion(%a, %b), kind=kCustom, calls=%c, backend_config={"fusion_backend_config":{"kind":"__cudnn$fusion"}}'
+  assert mod.xla_dot_impl(cudnn) == {"impl": "cudnn", "gemms": 1}
+  assert mod.xla_dot_impl("  %a = f32[2]{0} add(%x, %y)") is None
+  import jax
+  import jax.numpy as jnp
+  x = jnp.ones((64, 32), jnp.float32)
+  text = jax.jit(lambda x, w: jnp.dot(jnp.dot(x, w), w.T)).lower(x, x.T).compile().as_text()
+  got = mod.xla_dot_impl(text)
+  assert got is not None and got["gemms"] >= 1, text[:2000]
+
+
 def test_gemm_kernel_stats():
   """The trace summary of benchmarks/overlap_gemm.py --profile and tools/gemm_power_probe.py --trace: the kernel
   with the most time is the GEMM; its duration, gaps and start-to-start periods by hand."""
