@@ -21,6 +21,12 @@
 #             (one GPU: the one-rank GEMM, both cluster shapes, two split last waves), one run per tool in
 #             OVERLAP_SANITIZERS (default memcheck; also racecheck, synccheck), each within the
 #             time left (at most OVERLAP_SAN_S, default 120 s)
+#   sanitize  (one GPU; only if listed in OVERLAP_STEPS) compute-sanitizer over the fused GEMM's own GPU
+#             tests, the largest case of every variant (OVERLAP_SAN_K, default: 1300x3600x704, the 2x1
+#             clusters the plan picks, variants alternating on one channel), one run per tool in
+#             OVERLAP_SAN_TOOLS (default synccheck racecheck), each within the time left (at most
+#             OVERLAP_SAN_TESTS_S, default 330 s); XLA's autotuning off, so that the tests' f32 reference
+#             dot is not autotuned under the tool (racecheck of the autotuner's candidates took minutes)
 # OVERLAP_STEPS (default tests,timeline,bench) picks the steps, OVERLAP_TAG (default
 # h200x2) names the results.  The kernels' settings come from jax_dfccl.config.
 set -u
@@ -143,4 +149,18 @@ PYEOF
     echo "$tool rc=$?"; filt < "$OUT/overlap_$tool.log" | grep -v "^=========  *Host Frame\|^=========     " | tail -30
   done
 fi
+
+if step sanitize && command -v compute-sanitizer >/dev/null; then
+  for tool in ${OVERLAP_SAN_TOOLS:-synccheck racecheck}; do
+    st=$(( $(left) - 5 )); (( st > ${OVERLAP_SAN_TESTS_S:-330} )) && st=${OVERLAP_SAN_TESTS_S:-330}; (( st >= 60 )) || break
+    log "compute-sanitizer $tool over the GEMM tests (timeout $st s)"
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+      timeout $st compute-sanitizer --tool $tool --print-limit 20 $PY -m pytest -m gpu -v -p no:cacheprovider \
+      tests/gpu/test_overlap_gemm.py -k "${OVERLAP_SAN_K:-1300-3600-704 or test_auto_cluster or alternate}" \
+      > "$OUT/overlap_tests_$tool.log" 2>&1
+    echo "$tool rc=$? ($(grep -c PASSED "$OUT/overlap_tests_$tool.log") passed)"
+    grep "SUMMARY\|FAILED\|hazard\|Error" "$OUT/overlap_tests_$tool.log" | grep -v "^=========  *Host Frame" | tail -12
+  done
+fi
+
 log done
