@@ -267,10 +267,11 @@ elif case == "bench":
       # command buffers without updating them (no handler runs).  Median of 3 rounds of 8
       # after a settling round; the handler calls counted over the timed rounds.
       fd = donating[name]
-      settled = {}
-      t = donated_time(fd, y, reps=3, depth=8, on_settled=lambda: settled.update(d.stats()["cuda"]))
-      row[name + "_donated_us"] = t / 100 * 1e6
-      row[name + "_donated_handler_calls_per_op"] = (d.stats()["cuda"]["host_calls"] - settled["host_calls"]) / 2400
+      settled, reps, depth, chain_ops = {}, 3, 8, 100  # chain_ops: collectives per execution
+      t = donated_time(fd, y, reps=reps, depth=depth, on_settled=lambda: settled.update(d.stats()["cuda"]))
+      row[name + "_donated_us"] = t / chain_ops * 1e6
+      row[name + "_donated_handler_calls_per_op"] = ((d.stats()["cuda"]["host_calls"] - settled["host_calls"])
+                                                     / (reps * depth * chain_ops))
       if "--profile" in sys.argv:
         # The device timeline of 4 executions enqueued ahead (jax.profiler): the submit kernel's
         # period, each kernel's duration and the idle gaps between consecutive kernels.

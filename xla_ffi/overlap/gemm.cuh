@@ -376,21 +376,19 @@ __global__ void __launch_bounds__(GemmCfg<T, CM, TN, TMA, PP>::kThreads, 1)
           }
         }
       } else if constexpr (C::kTma) {
-        // Ping-pong: the group's 128 x 128 tile in one piece, both halves (the other group's epilogue
-        // waits for these stores' reads: below).
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < C::kPieces; ++h) {
-          if (mma_tid == 0) cute::tma_store_wait<0>();  // the previous piece's / tile's stores read the staging tile
-          ConsumerBarrier(C::kMmaThreads, group);
-          StageTilePiece<true, C::kPingpong, T, kTileN>(stage_tile(), acc, tCcD, h);
-          cute::tma_store_fence();  // these generic stores, visible to the bulk copies
-          ConsumerBarrier(C::kMmaThreads, group);
-          if (mma_tid == 0) {  // the piece's 64-column halves, clipped at the row block's and the output's bounds
-            for (int half = 0; half < 2 && 128 * h + 64 * half < kTileN; ++half)
-              cute::SM90_TMA_STORE_3D::copy(&p.out_map, stage_tile() + half * (kTileM * 128),
-                                            tc.ni * kTileN + 128 * h + 64 * half, tc.mi * kTileM, tc.b);
-            cute::tma_store_arrive();
-          }
+        // Ping-pong: the group's 128 x 128 tile in one piece, both 64-column halves (the other group's
+        // epilogue waits for these stores' reads: below).
+        static_assert(C::kPingpong && kTileN == 128, "the cooperative schedule's bulk stores are the slices above");
+        if (mma_tid == 0) cute::tma_store_wait<0>();  // the previous tile's stores read the staging tile
+        ConsumerBarrier(C::kMmaThreads, group);
+        StageTilePiece<true, true, T, kTileN>(stage_tile(), acc, tCcD, 0);
+        cute::tma_store_fence();  // these generic stores, visible to the bulk copies
+        ConsumerBarrier(C::kMmaThreads, group);
+        if (mma_tid == 0) {  // clipped at the row block's and the output's bounds
+          for (int half = 0; half < 2; ++half)
+            cute::SM90_TMA_STORE_3D::copy(&p.out_map, stage_tile() + half * (kTileM * 128), tc.ni * kTileN + 64 * half,
+                                          tc.mi * kTileM, tc.b);
+          cute::tma_store_arrive();
         }
       } else {
         const int rows = min(kTileM, l.mb - tc.mi * kTileM), cols = min(kTileN, l.n - tc.ni * kTileN);
