@@ -125,6 +125,9 @@ STATS_EXTRAS = {
         "tickets": "handles started whose done has not run yet",
         "tombstones": "failed instances that some rank never started (cleared when it starts the key "
                       "in a later execution, or by reset())",
+        "staging_bytes": "bytes of runtime memory holding the inputs and outputs of collectives in flight "
+                         "(and of handles whose done never ran: an abandoned execution's, until reset())",
+        "staging_pool_bytes": "bytes of released staging kept for reuse (at most 64 MiB; freed by reset())",
         "shm_process": "this process's index in the job (jax_dfccl.initialize(); -1: one process)",
         "shm_processes": "processes of the job sharing the runtime",
         "shm_live_entries": "entries of the shared instance table in use",

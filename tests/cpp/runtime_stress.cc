@@ -1,10 +1,12 @@
 // Stress test of the CPU runtime without XLA: 8 threads play 8 devices, start
 // collectives in rank-specific random orders, wait for them in other random
-// orders and free their inputs right after done() (so a premature completion
-// is a use-after-free under ASan, a race under TSan).  Checks every result.
+// orders and free their inputs right after start() (the runtime copies them: a
+// peer reading the caller's buffer is a use-after-free under ASan, a race under
+// TSan), then abandon executions between start and done.  Checks every result.
 //
-//   g++ -std=c++20 -O1 -g -fsanitize=thread -Ixla_ffi/include -Ixla_ffi \
-//       tests/cpp/runtime_stress.cc xla_ffi/cpu/runtime.cc xla_ffi/cpu/daemon.cc -o /tmp/stress && /tmp/stress
+//   g++ -std=c++20 -O1 -g -fsanitize=thread -Ixla_ffi/include -Ixla_ffi tests/cpp/runtime_stress.cc \
+//       xla_ffi/cpu/{runtime,inspect,daemon,multiprocess,shm,staging}.cc -o /tmp/stress && /tmp/stress
+// (tests/cpp/test_cpu_runtime.py builds and runs it under TSan and ASan).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -39,6 +41,19 @@ static CollectiveSpec MakeSpec(int rank, int key, OpKind kind) {
   return s;
 }
 
+// An all-reduce of `elems` elements over the two devices `first` and `first + 1`, under its own key.
+static CollectiveSpec PairSpec(int64_t first, int rank, const char* key, int64_t elems) {
+  CollectiveSpec c = MakeSpec(rank, 0, OpKind::kAllReduce);
+  c.nranks = 2;
+  c.group_devices = {first, first + 1};
+  c.self_device = first + rank;
+  c.key = key;
+  c.key_hash = std::hash<std::string>()(key);
+  c.site = static_cast<int64_t>(c.key_hash & 0x7fffffff);
+  c.in_elems = c.out_elems = c.elems_per_block = elems;
+  return c;
+}
+
 static OpKind KindOf(int key) {
   static const OpKind kinds[] = {OpKind::kAllReduce, OpKind::kAllGather, OpKind::kPermute};
   return kinds[key % 3];
@@ -68,13 +83,14 @@ int main() {
           ins[k] = std::make_unique<std::vector<float>>(E);
           outs[k] = std::make_unique<std::vector<float>>(spec.out_elems, -1.f);
           for (int i = 0; i < E; ++i) (*ins[k])[i] = Val(rank, k, it, i);
-          tickets[k] = StartCollective(spec, ins[k]->data(), outs[k]->data());
+          tickets[k] = StartCollective(spec, ins[k]->data());
+          ins[k].reset();  // copied at start: XLA may free it at once (an abandoned execution)
         }
         std::shuffle(order.begin(), order.end(), rng);
         for (int k : order) {
-          DoneStatus st = WaitCollective(tickets[k], "k" + std::to_string(k));
+          DoneStatus st = WaitCollective(tickets[k], "k" + std::to_string(k), outs[k]->data(),
+                                         static_cast<int64_t>(outs[k]->size() * sizeof(float)));
           if (!st.ok()) { std::fprintf(stderr, "error: %s\n", st.message.c_str()); ++bad; }
-          ins[k].reset();  // peers must have finished reading it
           const auto& o = *outs[k];
           for (int i = 0; i < E; ++i) {
             float want = 0;
@@ -103,8 +119,8 @@ int main() {
   // Timeout path: rank 0 alone.
   GetConfig().timeout_s = 0.05;
   std::vector<float> in(E, 1.f), out(E);
-  int64_t t = StartCollective(MakeSpec(0, 99, OpKind::kAllReduce), in.data(), out.data());
-  DoneStatus st = WaitCollective(t, "k99");
+  int64_t t = StartCollective(MakeSpec(0, 99, OpKind::kAllReduce), in.data());
+  DoneStatus st = WaitCollective(t, "k99", out.data(), E * 4);
   std::printf("timeout: %s\n", st.message.c_str());
   failures += st.ok();
   Reset();
@@ -120,9 +136,9 @@ int main() {
           auto spec = MakeSpec(rank, 50, OpKind::kAllReduce);
           auto in = std::make_unique<std::vector<float>>(E, float(rank + 1));
           std::vector<float> out(E, -1.f);
-          int64_t tk = StartCollective(spec, in->data(), out.data(), run);
-          DoneStatus d = WaitCollective(tk, "k50");
+          int64_t tk = StartCollective(spec, in->data(), nullptr, run);
           in.reset();
+          DoneStatus d = WaitCollective(tk, "k50", out.data(), E * 4);
           if (!d.ok()) ++errs;
           else if (out[0] != float(N * (N + 1) / 2)) ++wrong;
         });
@@ -144,34 +160,50 @@ int main() {
   // never-waited 'orphan' (peer never starts it) must fail at once, not time out.
   GetConfig().timeout_s = 60;
   {
-    auto two = [](int rank, const char* key, int64_t elems) {
-      CollectiveSpec c = MakeSpec(rank, 0, OpKind::kAllReduce);
-      c.nranks = 2;
-      c.group_devices = {100, 101};
-      c.self_device = 100 + rank;
-      c.key = key;
-      c.key_hash = std::hash<std::string>()(key);
-      c.site = static_cast<int64_t>(c.key_hash & 0x7fffffff);
-      c.in_elems = c.out_elems = c.elems_per_block = elems;
-      return c;
-    };
-    std::vector<float> a(E, 1.f), b(E, 1.f), o1(E), o2(E), o3(E), o4(E);
-    int64_t orphan = StartCollective(two(0, "orphan", E), a.data(), o1.data());
-    int64_t ok0 = StartCollective(two(0, "ok", E), a.data(), o3.data());
-    int64_t ok1 = StartCollective(two(1, "ok", E), b.data(), o4.data());
-    int64_t mm0 = StartCollective(two(0, "mm", E), a.data(), o2.data());
-    int64_t mm1 = StartCollective(two(1, "mm", E - 1), b.data(), o2.data());
+    auto two = [](int rank, const char* key, int64_t elems) { return PairSpec(100, rank, key, elems); };
+    std::vector<float> a(E, 1.f), b(E, 1.f), o1(E), o2(E), o4(E);
+    const int64_t bytes = E * 4;
+    int64_t orphan = StartCollective(two(0, "orphan", E), a.data());
+    int64_t ok0 = StartCollective(two(0, "ok", E), a.data());
+    int64_t ok1 = StartCollective(two(1, "ok", E), b.data());
+    int64_t mm0 = StartCollective(two(0, "mm", E), a.data());
+    int64_t mm1 = StartCollective(two(1, "mm", E - 1), b.data());
     const int64_t t0 = NowNs();
-    DoneStatus e0 = WaitCollective(mm0, "mm");  // aborts device 100
-    DoneStatus e1 = WaitCollective(mm1, "mm");
-    DoneStatus eo = WaitCollective(orphan, "orphan");
-    DoneStatus k1 = WaitCollective(ok1, "ok");
+    DoneStatus e0 = WaitCollective(mm0, "mm", o2.data(), bytes);  // aborts device 100
+    DoneStatus e1 = WaitCollective(mm1, "mm", o2.data(), (E - 1) * 4);
+    DoneStatus eo = WaitCollective(orphan, "orphan", o1.data(), bytes);
+    DoneStatus k1 = WaitCollective(ok1, "ok", o4.data(), bytes);
     const double secs = (NowNs() - t0) * 1e-9;
     std::printf("abort: %s | %s (%.3f s)\n", e0.message.c_str(), eo.message.c_str(), secs);
     failures += e0.ok() || e1.ok() || secs > 5 ||
                 eo.message.find("stopped after an error in collective 'mm'") == std::string::npos ||
-                !k1.ok() || o3[0] != 2.f || o4[0] != 2.f;
+                !k1.ok() || o4[0] != 2.f;
     (void)ok0;  // device 100's program "aborted": its done never comes
+  }
+  Reset();
+  // An abandoned execution: XLA frees the buffers of a program that failed
+  // between a start and its done, and never runs the done.  Device 200 starts
+  // 'gone' and its program dies at once (input and output freed); device 201
+  // starts it later, and gets the right sum, while nothing touches the freed
+  // memory (ASan: no use after free).  A done handed a result of another size is refused.
+  {
+    auto two = [](int rank, const char* key) { return PairSpec(200, rank, key, E); };
+    int abandoned_bad = 0;
+    for (int it = 0; it < 50; ++it) {
+      auto in0 = std::make_unique<std::vector<float>>(E, float(it));
+      StartCollective(two(0, "gone"), in0->data());
+      in0.reset();  // the abandoned program's buffers are gone; its done never comes
+      std::vector<float> in1(E, 1.f), out1(E, -1.f);
+      DoneStatus d = WaitCollective(StartCollective(two(1, "gone"), in1.data()), "gone", out1.data(), E * 4);
+      abandoned_bad += !d.ok() || out1[0] != float(it + 1) || out1[E - 1] != float(it + 1);
+    }
+    std::vector<float> in(E, 1.f), small(E - 1);
+    const int64_t w0 = StartCollective(two(0, "size"), in.data()), w1 = StartCollective(two(1, "size"), in.data());
+    DoneStatus short_result = WaitCollective(w0, "size", small.data(), (E - 1) * 4);
+    DoneStatus other = WaitCollective(w1, "size", in.data(), E * 4);
+    std::printf("abandoned executions: %d wrong; short result: %s\n", abandoned_bad, short_result.message.c_str());
+    failures += abandoned_bad != 0 || short_result.ok() || !other.ok() ||
+                short_result.message.find("'size'") == std::string::npos;
   }
   Reset();
   s = GetStats();

@@ -174,6 +174,7 @@ def test_rank_dependent_order_and_reentry(mesh):
   assert s["started"] == s["completed"] == 10 * 4 * N and s["failed"] == 0, s
   assert s["instances_live"] == 0 and s["pending"] == 0, s
   assert s["key_counters"] == 4, s
+  assert s["tickets"] == 0 and s["staging_bytes"] == 0, s  # every input and output copy released
   ev = rt.trace_records()
   assert {e[3] for e in ev} >= {"start", "run", "finish"}
   assert all(isinstance(e[4], int) for e in ev) and len(ev) == s["trace_records"]
@@ -327,7 +328,7 @@ def test_runtime_stress_sanitized(tmp_path, sanitizer):
   """tests/cpp/runtime_stress.cc: random orders, inputs freed right after done(), under TSan/ASan."""
   _build_and_run_sanitized(tmp_path, sanitizer, [
       "tests/cpp/runtime_stress.cc", "xla_ffi/cpu/runtime.cc", "xla_ffi/cpu/inspect.cc", "xla_ffi/cpu/daemon.cc",
-      "xla_ffi/cpu/multiprocess.cc", "xla_ffi/cpu/shm.cc"])
+      "xla_ffi/cpu/multiprocess.cc", "xla_ffi/cpu/shm.cc", "xla_ffi/cpu/staging.cc"])
 
 
 @pytest.mark.parametrize("sanitizer", ["thread", "address"])

@@ -79,6 +79,8 @@ nb::dict Stats() {
   d["key_counters"] = s.key_counters;
   d["tickets"] = s.tickets;
   d["tombstones"] = s.tombstones;
+  d["staging_bytes"] = s.staging_bytes;
+  d["staging_pool_bytes"] = s.staging_pool_bytes;
   const ShmStats m = GetShmStats();  // the runtime across processes (multiprocess.h)
   d["shm_process"] = m.process;
   d["shm_processes"] = m.processes;

@@ -152,10 +152,12 @@ inline void ExecuteCollective(const CollectiveSpec& s, const std::vector<const v
   DFCCL_FAIL("dfccl: bad op kind " << static_cast<int>(s.kind));
 }
 
-// The same, its error as a value (daemon threads complete tasks with it).
-inline Status ExecuteCollectiveStatus(const CollectiveSpec& s, const std::vector<const void*>& ins, void* out) {
+// The same, its error as a value (daemon threads complete tasks with it);
+// `target()` gives the output buffer (it may allocate it, and fail).
+template <class Target>
+inline Status ExecuteCollectiveStatus(const CollectiveSpec& s, const std::vector<const void*>& ins, Target&& target) {
   try {
-    ExecuteCollective(s, ins, out);
+    ExecuteCollective(s, ins, target());
     return {};
   } catch (const Error& e) {
     return Status::Of(e);

@@ -86,6 +86,9 @@ StatsSnapshot GetStats() {
     std::lock_guard<std::mutex> l(g.tickets_mu);
     s.tickets = static_cast<int64_t>(g.tickets.size());
   }
+  const StagingStats st = GetStagingStats();
+  s.staging_bytes = st.in_use_bytes;
+  s.staging_pool_bytes = st.retained_bytes;
   return s;
 }
 

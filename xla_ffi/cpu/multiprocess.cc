@@ -282,7 +282,7 @@ void ShmComputeAndRelease(Task& t) {
   TraceEvent(t.spec.self_device, t.spec.key, t.seq, "run");
   std::vector<const void*> ins(en.n);
   for (int r = 0; r < en.n; ++r) ins[r] = w.arenas[en.slots[r].proc] + en.slots[r].offset;
-  const Status computed = ExecuteCollectiveStatus(t.spec, ins, t.out);
+  const Status computed = ExecuteCollectiveStatus(t.spec, ins, [&t] { return t.ComputeTarget(); });
   const ErrorCode kind = computed.code;
   const std::string& msg = computed.message;
   w.table->ReleaseReader(t.shm->entry, t.shm->gen);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -155,6 +156,8 @@ void Task::Complete(ErrorCode kind, std::string message) {
     (kind == ErrorCode::kOk ? c.completed : c.failed).fetch_add(1, std::memory_order_relaxed);
     c.live_tasks.fetch_sub(1, std::memory_order_relaxed);
     done.store(true, std::memory_order_release);
+    // Every reader of this rank's input finished (or none ever started).
+    in_stage.reset();
   }
   // AbortDevice holds a shared_ptr to this task and so does our caller, so the
   // task outlives this notify.
@@ -175,6 +178,13 @@ bool Task::Ready() const {
   return shm ? ShmReady(*this) : inst->posted.load(std::memory_order_acquire) == inst->n;
 }
 
+void* Task::ComputeTarget() {
+  void* r = result.load(std::memory_order_acquire);
+  if (r != nullptr && out_stage.data() == nullptr) return out = r;
+  if (out_stage.data() == nullptr) out_stage = Staging(spec.out_bytes());
+  return out = out_stage.data();
+}
+
 bool Task::TryCompute() {
   if (claimed.load(std::memory_order_relaxed) || claimed.exchange(true, std::memory_order_acq_rel)) return false;
   ComputeAndRelease(*this);
@@ -188,8 +198,7 @@ void RegisterTicket(const std::shared_ptr<Task>& task) {
   g.tickets.emplace(task->ticket, task);
 }
 
-int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, int64_t run_id) {
-
+int64_t StartCollective(const CollectiveSpec& spec, const void* in, const void* init, int64_t run_id) {
   Globals& g = G();
   DFCCL_CHECK_CODE(g.config.configured.load(std::memory_order_acquire), ErrorCode::kFailedPrecondition,
                    "dfccl: the CPU runtime was not configured (jax_dfccl._src.backend.load() passes every "
@@ -214,8 +223,19 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
   }
   auto task = std::make_shared<Task>();
   task->spec = spec;
-  task->in = in;
-  task->out = out;
+  // The input in runtime memory (Task::in_stage); the output is staged now only
+  // when it starts from the caller's values (else at the compute, if needed).
+  if (init != nullptr && spec.out_bytes() > 0) {
+    task->out_stage = Staging(spec.out_bytes());
+    std::memcpy(task->out_stage.data(), init, spec.out_bytes());
+  }
+  if (CrossProcess(spec) || spec.in_bytes() == 0) {
+    task->in = in;  // copied into the shared arena before StartCrossProcess returns
+  } else {
+    task->in_stage = Staging(spec.in_bytes());
+    std::memcpy(task->in_stage.data(), in, spec.in_bytes());
+    task->in = task->in_stage.data();
+  }
   task->comm = comm;
   task->daemon = &DaemonFor(spec.self_device);
   task->start_ns = NowNs();
@@ -310,8 +330,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, i
       } else {
         Slot& s = inst->slots[spec.rank];
         s.posted = true;
-        s.in = in;
-        s.out = out;
+        s.in = task->in;
         s.sig = std::move(sig);
         s.task = task;
         // Publishes the slot to daemons polling `posted` without the mutex.
@@ -349,7 +368,7 @@ void ComputeAndRelease(Task& t) {
   TraceEvent(t.spec.self_device, t.spec.key, t.seq, "run");  // start [preempt resume]* run finish
   std::vector<const void*> ins(inst.n);
   for (int r = 0; r < inst.n; ++r) ins[r] = inst.slots[r].in;
-  const Status computed = ExecuteCollectiveStatus(t.spec, ins, t.out);
+  const Status computed = ExecuteCollectiveStatus(t.spec, ins, [&t] { return t.ComputeTarget(); });
   const ErrorCode kind = computed.code;
   const std::string& msg = computed.message;
   if (kind != ErrorCode::kOk) {
@@ -445,8 +464,8 @@ void AbortDevice(int64_t device, const std::string& failed_key) {
 }  // namespace
 
 // ---- done ----------------------------------------------------------------------
-void WaitCollectiveAsync(int64_t ticket, std::string_view key,
-                         std::function<void(const DoneStatus&)> callback, const void* out_seen) {
+void WaitCollectiveAsync(int64_t ticket, std::string_view key, void* result, int64_t result_bytes,
+                         std::function<void(const DoneStatus&)> callback) {
   Globals& g = G();
   std::shared_ptr<Task> t;
   {
@@ -462,19 +481,21 @@ void WaitCollectiveAsync(int64_t ticket, std::string_view key,
     t = std::move(it->second);
     g.tickets.erase(it);
   }
+  // XLA keeps `result` until this done completes: the compute may write it directly.
+  if (result_bytes > 0 && result_bytes == t->spec.out_bytes()) t->result.store(result, std::memory_order_release);
   // The last reader (or a failure) completes the task; the daemon computes this
   // rank's output and enforces the timeout, unless the instance is ready now
   // and the daemon has not claimed it: then this thread computes it.
   if (!t->done.load(std::memory_order_acquire) && !t->claimed.load(std::memory_order_acquire) && t->Ready())
     t->TryCompute();
-  const bool moved = out_seen != nullptr && t->out != nullptr && out_seen != t->out;
-  auto finish = [t, moved, callback = std::move(callback)] {
+  auto finish = [t, result, result_bytes, callback = std::move(callback)] {
     DoneStatus st{t->err_kind, t->error};
-    if (st.ok() && moved)
+    if (st.ok() && result_bytes != t->spec.out_bytes())
       st = {ErrorCode::kInternal, "dfccl: collective '" + t->spec.key + "' (rank " +
-                                      std::to_string(t->spec.rank) + "): done was handed another buffer than "
-                                      "the one its start posted (the program copied the handle's result "
-                                      "while the transfer was in flight)"};
+                                      std::to_string(t->spec.rank) + "): done's result holds " +
+                                      std::to_string(result_bytes) + " bytes, the collective's output " +
+                                      std::to_string(t->spec.out_bytes())};
+    if (st.ok() && result_bytes > 0 && t->out != result) std::memcpy(result, t->out, result_bytes);
     if (st.code != ErrorCode::kOk) AbortDevice(t->spec.self_device, t->spec.key);
     callback(st);
   };
@@ -488,10 +509,10 @@ void WaitCollectiveAsync(int64_t ticket, std::string_view key,
   finish();
 }
 
-DoneStatus WaitCollective(int64_t ticket, std::string_view key) {
+DoneStatus WaitCollective(int64_t ticket, std::string_view key, void* result, int64_t result_bytes) {
   std::promise<DoneStatus> p;
   std::future<DoneStatus> f = p.get_future();
-  WaitCollectiveAsync(ticket, key, [&p](const DoneStatus& st) { p.set_value(st); });
+  WaitCollectiveAsync(ticket, key, result, result_bytes, [&p](const DoneStatus& st) { p.set_value(st); });
   return f.get();
 }
 
@@ -537,6 +558,7 @@ void Reset() {
     std::lock_guard<std::mutex> l(g.errors_mu);
     g.errors.clear();
   }
+  TrimStaging();  // (the tasks of abandoned executions were dropped with their tickets above)
   for (auto* c : {&g.counters.started, &g.counters.completed, &g.counters.failed, &g.counters.preemptions,
                   &g.counters.resumes})
     c->store(0);

@@ -3,12 +3,19 @@
 // Roles (one process, N CPU devices, XLA runs each device's program on its own
 // thread):
 //   * the dfccl_start handler (producer, XLA's device thread) resolves the
-//     instance (communicator, key_hash, seq), posts the rank's input pointer and
-//     signature to it, and submits a Task to the device's daemon; it never blocks.
+//     instance (communicator, key_hash, seq), copies the rank's input into
+//     runtime memory (Task::in_stage), posts it and its signature to the
+//     instance, and submits a Task to the device's daemon; it never blocks.
 //   * the device's daemon thread (consumer, daemon.cc) waits until every rank
 //     posted, computes the rank's output by reading peers' inputs in place, and
 //     reports "finished reading"; it preempts tasks that wait on peers.
-//   * the dfccl_done handler blocks its thread until the Task completed.
+//   * the dfccl_done handler hands the runtime its result buffer and waits
+//     (asynchronously) until the Task completed; the output was computed into
+//     that buffer, or into runtime memory (Task::out_stage) and is copied.
+//     Nothing of XLA's that the runtime reads or writes after start returned
+//     can be freed meanwhile, so an execution XLA abandons between start and
+//     done (its buffers freed, its done never run) cannot be corrupted by its
+//     peers or its daemon.
 //
 // Instance lifecycle (all transitions of `arrived`/`failed` happen under the
 // communicator mutex, so "all ranks posted" and "failed" exclude each other):
@@ -17,8 +24,8 @@
 //   open --(last rank posts)--> ready: slots are immutable from now on; every
 //        rank's daemon reads peers' inputs, then readers_done += 1
 //   ready --(readers_done == n)--> the thread that finished last completes
-//        every rank's task (nobody reads any input any more, so XLA may free
-//        them) and erases the instance.
+//        every rank's task (nobody reads any input any more: the inputs'
+//        staging is released) and erases the instance.
 //   failed: each posted task completes with the error at once (nobody ever
 //        read anything); a late rank that arrives gets the same error; the
 //        instance is erased once all n ranks arrived (or by reset()).
@@ -26,6 +33,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -37,6 +45,7 @@
 #include <vector>
 
 #include "cpu/config.h"
+#include "cpu/staging.h"
 #include "dfccl/check.h"
 #include "dfccl/collective.h"
 
@@ -81,7 +90,6 @@ int64_t TraceSize();
 struct Slot {
   bool posted = false;
   const void* in = nullptr;
-  void* out = nullptr;
   std::string sig;
   std::shared_ptr<Task> task;  // cleared when the instance completes (breaks the cycle)
 };
@@ -142,8 +150,21 @@ struct Communicator {
 // One rank's part of one instance.
 struct Task {
   CollectiveSpec spec;
-  const void* in = nullptr;
-  void* out = nullptr;
+  // XLA abandons an execution that fails between a start and its done (a host
+  // callback raising, another collective failing) and frees its buffers at
+  // once, while peers may still read this rank's input and the daemon write
+  // its output; an asynchronous done that was called keeps its buffers until
+  // it completes.  So the input lives in runtime memory: start copies it into
+  // `in_stage` (a group spanning processes copies it into the shared arena
+  // instead), released when the task completes (nobody reads it after that).
+  // The output goes to done's result if done was called before the compute
+  // (ComputeTarget), else into `out_stage`, which done copies; the caller's
+  // initial output values, if any, are staged at start.  cpu/staging.h: pooled,
+  // outside the heap.
+  Staging in_stage, out_stage;
+  const void* in = nullptr;  // in_stage, or the caller's input while a cross-process start copies it
+  void* out = nullptr;       // where the compute wrote (ComputeTarget), read after completion
+  std::atomic<void*> result{nullptr};  // done's result buffer (spec.out_bytes()), once done was called
   int64_t seq = 0;
   int64_t ticket = 0;
   int64_t start_ns = 0;
@@ -182,13 +203,19 @@ struct Task {
   bool TryCompute();
   // Every rank posted (acquire): the task can be computed.
   bool Ready() const;
+  // Where the one computing thread writes the output (sets `out`): done's
+  // result when done was called and nothing is staged, else `out_stage`.
+  void* ComputeTarget();
 };
 
 // ---- entry points --------------------------------------------------------------
-// dfccl_start: returns the ticket.  `run_id` identifies the XLA execution
-// (equal on every device of one run; see Tombstone).  Throws dfccl::Error on
-// malformed input.
-int64_t StartCollective(const CollectiveSpec& spec, const void* in, void* out, int64_t run_id = 0);
+// dfccl_start: returns the ticket.  `in` (spec.in_bytes()) is copied before it
+// returns; `init` (spec.out_bytes(), or null) holds the output's initial values
+// for an op that keeps some of them (ragged_all_to_all).  `run_id` identifies
+// the XLA execution (equal on every device of one run; see Tombstone).  Throws
+// dfccl::Error on malformed input.
+int64_t StartCollective(const CollectiveSpec& spec, const void* in, const void* init = nullptr,
+                        int64_t run_id = 0);
 // Makes a started task reachable by its ticket (for done()).
 void RegisterTicket(const std::shared_ptr<Task>& task);
 
@@ -200,13 +227,12 @@ using DoneStatus = ::dfccl::Status;
 // completion thread, never on a daemon).  XLA's device thread is never blocked, so a
 // device whose executor reaches done(A) before start(B) still starts B.
 // After an error the device's other pending collectives are failed first.
-// `out_seen`, when given, is the result buffer done() was handed: it must be the
-// one the start posted (the runtime wrote it until now), else the wait reports a
-// broken invariant instead of a result XLA read before the transfer landed.
-void WaitCollectiveAsync(int64_t ticket, std::string_view key,
-                         std::function<void(const DoneStatus&)> callback, const void* out_seen = nullptr);
+// On success the output is copied into `result` (`result_bytes`, which must be
+// spec.out_bytes()) before `callback` runs; on an error `result` is untouched.
+void WaitCollectiveAsync(int64_t ticket, std::string_view key, void* result, int64_t result_bytes,
+                         std::function<void(const DoneStatus&)> callback);
 // The same, blocking (C++ tests).
-DoneStatus WaitCollective(int64_t ticket, std::string_view key);
+DoneStatus WaitCollective(int64_t ticket, std::string_view key, void* result, int64_t result_bytes);
 
 // Once inst->posted == n, by whoever claimed the task: computes this rank's
 // output and reports finished reading (completing the instance if last).
@@ -218,7 +244,8 @@ void FailOnTimeout(Task& task, double timeout_s);
 // Module functions.
 struct StatsSnapshot {
   int64_t started, completed, failed, preemptions, resumes, pending, daemon_threads,
-      communicators, instances_live, key_counters, trace_records, tickets, tombstones;
+      communicators, instances_live, key_counters, trace_records, tickets, tombstones, staging_bytes,
+      staging_pool_bytes;
 };
 StatsSnapshot GetStats();
 // One line per collective instance in flight: key, sequence, which ranks started

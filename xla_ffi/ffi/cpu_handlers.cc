@@ -1,7 +1,6 @@
 // The FFI boundary of the CPU backend: decode, call the runtime, convert every
 // exception to an ffi::Error.  The handlers carry no traits: they do host work
 // and must never be captured into a command buffer.
-#include <cstring>
 #include <exception>
 #include <optional>
 
@@ -31,51 +30,44 @@ ffi::Error StartImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::AnyBuffer partiti
     DFCCL_CHECK(out->element_type() == x.element_type(),
                 "dfccl: collective '" << attrs.key << "': result and input element types differ");
     // An op whose output starts from the caller's values (ragged_all_to_all)
-    // passes them as `init`, aliased to out; XLA may still hand over a copy.
+    // passes them as `init`; the runtime copies them into its own output.
+    const void* init_values = nullptr;
     if (init.has_value()) {
       DFCCL_CHECK(init->size_bytes() == out->size_bytes(),
                   "dfccl: collective '" << attrs.key << "': init does not match the result");
-      if (init->untyped_data() != out->untyped_data() && init->size_bytes() > 0)
-        std::memcpy(out->untyped_data(), init->untyped_data(), init->size_bytes());
+      init_values = init->untyped_data();
     }
-    DFCCL_CHECK(x_alias->size_bytes() == x.size_bytes(),
-                "dfccl: collective '" << attrs.key << "': x_alias does not match x");
-    // Peers read the input until done(); x_alias is what keeps it alive.  When
-    // XLA did not alias it to x, post x_alias (a copy) rather than x.
-    const void* in = x.untyped_data();
-    if (x_alias->untyped_data() != in && x.size_bytes() > 0) {
-      std::memcpy(x_alias->untyped_data(), in, x.size_bytes());
-      in = x_alias->untyped_data();
-    }
-    const int64_t t = dfccl::cpu::StartCollective(spec, in, out->untyped_data(), run_id.run_id);
+    // The runtime copies x before this returns and writes the output into
+    // done's result (or its own memory, copied by done), so nothing of this
+    // execution is touched after a failure XLA abandons it for (cpu::Task).
+    // x_alias and out are part of the contract shared with the CUDA handlers,
+    // which read and write XLA's buffers in place; here they only order the calls.
+    const int64_t t = dfccl::cpu::StartCollective(spec, x.untyped_data(), init_values, run_id.run_id);
     *static_cast<int64_t*>(ticket->untyped_data()) = t;
   });
 }
 
-// dfccl_done(out, x_alias, ticket) -> result (out itself when XLA aliased them,
-// as in the blocking form; else a copy taken after the wait).  Asynchronous: returns a
+// dfccl_done(out, x_alias, ticket) -> result: the instance's output, computed
+// into result (or copied there after the wait).  Asynchronous: returns a
 // future that completes when every rank finished the instance (or it failed),
 // so XLA's device thread is never blocked and can still run this device's
 // other starts (a blocked thread could close a cycle with a peer device whose
 // executor ordered independent collectives the other way round).
 ffi::Future DoneImpl(ffi::AnyBuffer out, ffi::AnyBuffer x_alias, ffi::AnyBuffer ticket,
                      ffi::Result<ffi::AnyBuffer> result, dfccl::DoneAttrs attrs) {
+  (void)out;
   (void)x_alias;
   ffi::Promise promise;
   ffi::Future future(promise);
   ffi::Error error = dfccl::FfiGuard([&] {
     DFCCL_CHECK(ticket.element_type() == ffi::DataType::S64 && ticket.element_count() == 1,
                 "dfccl: collective '" << attrs.key << "': ticket must be s64[]");
-    DFCCL_CHECK(result->size_bytes() == out.size_bytes(), "dfccl: done result does not match out");
     const int64_t t = *static_cast<const int64_t*>(ticket.untyped_data());
-    void* dst = result->untyped_data();
-    const void* src = out.untyped_data();
-    const size_t bytes = out.size_bytes();
-    dfccl::cpu::WaitCollectiveAsync(t, attrs.key, [promise, dst, src, bytes](const dfccl::cpu::DoneStatus& st) mutable {
-      if (!st.ok()) return promise.SetError(dfccl::FfiStatus(st));
-      if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
-      promise.SetAvailable();
-    }, bytes > 0 ? src : nullptr);
+    dfccl::cpu::WaitCollectiveAsync(t, attrs.key, result->untyped_data(), static_cast<int64_t>(result->size_bytes()),
+                                    [promise](const dfccl::cpu::DoneStatus& st) mutable {
+                                      if (!st.ok()) return promise.SetError(dfccl::FfiStatus(st));
+                                      promise.SetAvailable();
+                                    });
   });
   if (!error.success()) promise.SetError(std::move(error));
   return future;
