@@ -271,7 +271,9 @@ def looped(k, rank):
     def step(i, c):
       h = dc.all_gather_start(c, "x", tiled=True, key="abandon/ag")
       p = dc.psum_start(c, "x", key="abandon/psum")
-      jax.debug.callback(fail_at(k, rank), i, jax.lax.axis_index("x"), ordered=False)
+      # The barrier runs both starts before the callback (XLA would schedule it first).
+      h, p, j = jax.lax.optimization_barrier((h, p, i))
+      jax.debug.callback(fail_at(k, rank), j, jax.lax.axis_index("x"), ordered=False)
       return c + dc.done(h)[: c.shape[0]] + dc.done(p)
     return jax.lax.fori_loop(0, 6, step, v)
   return smap(body)

@@ -10,7 +10,8 @@ primitives and their rules:
   (custom calls, see ``xla_ffi/ffi/attrs.h``); linear, with JVP/transpose/batching
   delegated to the op.
 * ``dfccl_start`` — returns ``(out, input_alias, ticket)``; ``input_alias``
-  keeps the input alive until the matching done.
+  keeps the input alive until the matching done (GPU; the CPU runtime copies
+  the input at the start, and there it is not aliased to the input).
 * ``dfccl_done`` — waits for the instance and returns ``out``.
 
 Identity, not order: every instance is identified by ``(group, key, seq)``.
@@ -497,6 +498,11 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   from jax_dfccl._src import backend
   backend.load()  # registers the FFI targets before XLA compiles the call
   perm_arr = np.asarray(perm if perm else [(-1, -1)], dtype=np.int32).reshape(-1)
+  if aliases is None and tuple(getattr(ctx.module_context, "platforms", ())) == ("cpu",):
+    # The CPU runtime copies x before the start returns (xla_ffi/cpu/runtime.h, Task): x_alias
+    # keeps nothing alive there, and aliasing it to x would make XLA copy an x that is used
+    # after the start.
+    aliases = {}
   aliases = dict({0: 1} if aliases is None else aliases)
   if init:  # operand 2 (after x and the partition id) is the output's initial value
     aliases[2] = 0
@@ -515,8 +521,8 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
 def _done_lowering(ctx, out, x_alias, ticket, *, key, site, in_place=False):
   """The done of a start: waits for the instance, then returns its result.
 
-  The runtime writes the start's output buffer until done, so no copy of that
-  buffer may be taken before done: XLA copies a buffer an instruction updates
+  The GPU runtime writes the start's output buffer until done (the CPU runtime
+  writes done's result or its own memory), so no copy of that buffer may be taken before done: XLA copies a buffer an instruction updates
   in place when the value has another user (a handle passed through
   `optimization_barrier`, returned, kept), and such a copy would read the
   transfer before it landed while the original buffer, dead to XLA, could be

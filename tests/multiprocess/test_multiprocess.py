@@ -122,6 +122,23 @@ def test_dead_peer(processes, devices):
     assert d["seconds"] < 0.5 + 1.0 < timeout_s, d
 
 
+@pytest.mark.parametrize("processes,devices", [(2, 2), (3, 1)])
+def test_abandoned_program_across_processes(processes, devices):
+  """Process 0's program fails between all_gather_start and its done, 12 times, each before the
+  other processes start the instance: their results are exact, nothing is written into the buffers
+  XLA freed for process 0 (which it refills meanwhile), and a program on every process after it
+  is exact."""
+  job = harness.run_workers("abandon", processes, devices, timeout_s=120)
+  _check_job(job, "abandon")
+  for i, r in enumerate(job.results):
+    a = r["abandon"]
+    assert a["after"], a
+    if i == 0:
+      assert a["failed"] == a["runs"] and a["keeps_intact"], a
+    else:
+      assert a["exact"] == a["runs"], a
+
+
 def test_stuck_peer():
   """A process alive but late: the others fail after timeout_s (+1 s) naming it;
   pending() names it from every process; its own late start gets the error."""

@@ -242,6 +242,53 @@ def stuck():
   result["stuck"]["pending"] = reports[0] if reports else ""
 
 
+def abandon():
+  """Process 0's program fails between a start and its done (its callback raises), RUNS times;
+  the other processes start each instance only after that failure.  XLA has freed the failed
+  program's buffers by then (process 0 fills fresh ones meanwhile): nothing may be written
+  into them, and every other process's result is exact.  Then every process runs a healthy program."""
+  from jax._src import distributed
+  client = distributed.global_state.client
+  runs = 12
+  xs = np.arange(n * 64, dtype=np.float32).reshape(n, 64)
+  x = make_input(xs, mesh1, P("x"))
+
+  def cb(proc):
+    if int(proc) == 0:
+      raise RuntimeError("injected failure")
+
+  def body(v):
+    h = dc.all_gather_start(v * 2.0, "x", tiled=True, key="abandon/ag")
+    # The barrier runs the start before the callback (XLA would schedule the callback first).
+    h, proc = jax.lax.optimization_barrier((h, jax.lax.axis_index("x") // ndev))
+    jax.debug.callback(cb, proc, ordered=False)
+    return dc.done(h)[: v.shape[0]] + v
+  f = smap(body, mesh1, P("x"), P("x"), check_vma=False)
+  failed, exact, keeps = 0, 0, []
+  for i in range(runs):
+    if me == 0:
+      try:
+        f(x).block_until_ready()
+      except Exception:  # noqa: BLE001
+        failed += 1
+      clear_failed_tokens()
+      keeps += [jax.device_put(np.full((1, 64), 7.0, np.float32), d) for d in by_proc[0] for _ in range(4)]
+      jax.block_until_ready(keeps)
+      client.key_value_set(f"abandon/{i}", "failed")
+    else:
+      client.blocking_key_value_get(f"abandon/{i}", 60_000)
+      outs = local_out(f(x))
+      rows = [devices.index(d) for d in by_proc[me]]  # their places on the axis
+      exact += all(np.array_equal(o, 2 * xs[:1] + xs[r:r + 1]) for o, r in zip(outs, rows))
+  client.key_value_set(f"abandon/done/{me}", "1")
+  for p in range(nprocs):
+    client.blocking_key_value_get(f"abandon/done/{p}", 60_000)
+  g = smap(lambda v: dc.psum(v, "x", key="abandon/after"), mesh1, P("x"), P("x"))
+  after = all(np.array_equal(o, xs.sum(0, keepdims=True)) for o in local_out(g(x)))
+  result["abandon"] = {"runs": runs, "failed": failed, "exact": exact, "after": after,
+                       "keeps_intact": all(np.all(np.asarray(k) == 7.0) for k in keeps)}
+
+
 def smoke():
   f = smap(lambda v: dc.psum(v, "x"), mesh1, P("x"), P("x"))
   y = f(make_input(np.ones((n, 2), np.float32), mesh1, P("x")))
@@ -273,7 +320,7 @@ def noinit():
 
 
 try:
-  {"suite": suite, "dead": dead, "stuck": stuck, "smoke": smoke, "noinit": noinit}[scenario]()
+  {"suite": suite, "dead": dead, "stuck": stuck, "abandon": abandon, "smoke": smoke, "noinit": noinit}[scenario]()
 except Exception:  # noqa: BLE001
   result["exception"] = traceback.format_exc()[-3000:]
 clear_failed_tokens()

@@ -6,8 +6,10 @@
 //   partition_id  s32[] this program instance's partition id (flat mesh index)
 //   init          only for ops whose result starts from the caller's values
 //                 (ragged_all_to_all): aliased to out
-//   out           the result buffer; written asynchronously after start returns
-//   x_alias       aliases x: keeps the input alive until done consumes it
+//   out           the result buffer; the GPU runtime writes it asynchronously after start
+//                 returns (the CPU runtime writes done's result, or its own memory)
+//   x_alias       aliases x: keeps the input alive until done consumes it (GPU; a program
+//                 lowered for CPU alone leaves it unaliased: the CPU runtime copies x at start)
 //   ticket        s64[] identifies the started instance on this device (CPU; the
 //                 CUDA backend pairs start and done by a FIFO per (device, site))
 // dfccl_done(out, x_alias, ticket) -> result
