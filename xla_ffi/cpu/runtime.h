@@ -7,7 +7,7 @@
 //     runtime memory (Task::in_stage), posts it and its signature to the
 //     instance, and submits a Task to the device's daemon; it never blocks.
 //   * the device's daemon thread (consumer, daemon.cc) waits until every rank
-//     posted, computes the rank's output by reading peers' inputs in place, and
+//     posted, computes the rank's output by reading peers' staged inputs, and
 //     reports "finished reading"; it preempts tasks that wait on peers.
 //   * the dfccl_done handler hands the runtime its result buffer and waits
 //     (asynchronously) until the Task completed; the output was computed into
@@ -33,7 +33,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -227,8 +226,9 @@ using DoneStatus = ::dfccl::Status;
 // completion thread, never on a daemon).  XLA's device thread is never blocked, so a
 // device whose executor reaches done(A) before start(B) still starts B.
 // After an error the device's other pending collectives are failed first.
-// On success the output is copied into `result` (`result_bytes`, which must be
-// spec.out_bytes()) before `callback` runs; on an error `result` is untouched.
+// On success the output is in `result` (`result_bytes`, which must be
+// spec.out_bytes()) before `callback` runs: computed there (the compute may
+// write it from this call on) or copied from the task's staging.
 void WaitCollectiveAsync(int64_t ticket, std::string_view key, void* result, int64_t result_bytes,
                          std::function<void(const DoneStatus&)> callback);
 // The same, blocking (C++ tests).
