@@ -35,6 +35,15 @@ def put(x, mesh, spec):
   return jax.device_put(x, NamedSharding(mesh, spec))
 
 
+def child_env(devices: int) -> dict:
+  """The environment of a child Python on `devices` CPU devices that imports the jax_dfccl this
+  process imported (an installed package, a source tree, a link farm) before anything else."""
+  import jax_dfccl
+  where = os.path.dirname(os.path.dirname(os.path.abspath(jax_dfccl.__file__)))
+  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+          "PYTHONPATH": os.pathsep.join([where, os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.fixture(autouse=True)
 def _reset_dfccl_config():
   import jax_dfccl

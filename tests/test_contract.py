@@ -176,14 +176,12 @@ except Exception as e:  # noqa: BLE001
 
 def test_unconfigured_runtime_runs_nothing():
   """A runtime given no configuration holds no values of its own and refuses to start."""
-  import os
   import subprocess
   import sys
+  from conftest import child_env
   # The child imports the jax_dfccl this process imported (-P: not a source tree in the cwd).
-  pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dc.__file__)))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=pkg_parent)
   p = subprocess.run([sys.executable, "-P", "-c", _UNCONFIGURED.format(cpp=str(ROOT / "tests" / "cpp"))],
-                     capture_output=True, text=True, timeout=120, env=env)
+                     capture_output=True, text=True, timeout=120, env=child_env(8))
   out = p.stdout + p.stderr
   assert "CONFIG {" in p.stdout and "RAN" not in p.stdout, out
   config_line = next(line for line in p.stdout.splitlines() if line.startswith("CONFIG"))

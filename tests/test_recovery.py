@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_dfccl as dc
-from conftest import put
+from conftest import child_env, put
 
 CASES = []
 
@@ -301,17 +301,15 @@ print("RESULT", failed, held[0] > 0 and held[1] >= held[0] * 64 * 4,
 
 def test_abandoned_executions_touch_no_freed_memory():
   """XLA frees the buffers of an execution that fails between a start and its done, and never runs
-  the done.  The runtime reads and writes only its own copies (cpu::Task::in_stage/out_stage), so
-  many such failures in a loop (every rank, or one rank, at various iterations, two collectives in
-  flight) leave the process intact and the next program exact; the abandoned handles' staging is
-  held until reset() frees it.  A fresh process, so that a memory fault fails this test alone."""
-  import os
+  the done.  The runtime reads only its own copy of each input and writes an output only into its own
+  memory or the result of a done that was called (cpu::Task), so many such failures in a loop (every
+  rank, or one rank, at various iterations, two collectives in flight) leave the process intact and
+  the next program exact; the abandoned handles' staging is held until reset() frees it.  A fresh
+  process, so that a memory fault fails this test alone."""
   import subprocess
   import sys
   runs = 60
-  pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dc.__file__)))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=pkg_parent)
   p = subprocess.run([sys.executable, "-P", "-c", _ABANDONED.replace("{runs}", str(runs))],
-                     capture_output=True, text=True, timeout=600, env=env)
+                     capture_output=True, text=True, timeout=600, env=child_env(8))
   assert p.returncode == 0, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
   assert f"RESULT {runs} True True" in p.stdout, p.stdout[-2000:]

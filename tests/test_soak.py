@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_dfccl as dc
-from conftest import put
+from conftest import child_env, put
 from jax_dfccl import testing as T
 
 N = 8
@@ -201,12 +201,8 @@ def test_gpu_soak_worker_on_cpu(tmp_path):
   import subprocess
   import sys
   root = pathlib.Path(__file__).resolve().parents[1]
-  # jax_dfccl from where this process found it (an installed package, a source tree, a link farm).
-  where = os.path.abspath(os.path.dirname(os.path.dirname(dc.__file__)))
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-         "PYTHONPATH": os.pathsep.join([where, os.environ.get("PYTHONPATH", "")])}
   p = subprocess.run([sys.executable, str(root / "tests/gpu/soak_worker.py"), "--instances", "200"],
-                     capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+                     capture_output=True, text=True, timeout=300, env=child_env(4), cwd=tmp_path)
   line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
   assert line, (p.stdout[-2000:], p.stderr[-3000:])
   r = json.loads(line[-1][7:])
