@@ -139,7 +139,7 @@ def config_markdown() -> str:
   module = importlib.import_module(MODULE)
   cfg = getattr(module, "config", None)
   cls = type(cfg) if cfg is not None and dataclasses.is_dataclass(cfg) else module.Config
-  return entries_markdown(cls, module)
+  return entries_markdown(cls, module, level=3)
 
 
 def _source_read(app, docname, source):
