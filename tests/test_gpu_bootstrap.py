@@ -61,8 +61,12 @@ def bootstrap(monkeypatch):
     monkeypatch.setattr(distributed, "_state", {})
     monkeypatch.setattr(jax, "process_index", lambda: me)
     monkeypatch.setattr(jax, "process_count", lambda: nprocs)
-    monkeypatch.setattr(distributed.config, "direct", direct)
-    distributed._initialize_gpu(1.0)
+    saved = distributed.config.tuning.direct
+    distributed.config._set_flat("direct", direct)  # Python's value only: the runtime here is a fake
+    try:
+      distributed._initialize_gpu(1.0)
+    finally:
+      distributed.config._set_flat("direct", saved)
     return rt, store, distributed._state
   return run
 
@@ -98,8 +102,8 @@ def test_direct_off_skips_the_probe(bootstrap, recwarn):
   rt, store, state = bootstrap(direct=False)
   assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # nothing asked for, nothing to say
   assert rt.probed == [] and rt.started == []
-  assert store.kv[f"{NS}/tok/export/1"] == "jax_dfccl.config.direct is False"
-  assert state["staged_because"] == "process 1: jax_dfccl.config.direct is False"
+  assert store.kv[f"{NS}/tok/export/1"] == "jax_dfccl.config.tuning.direct is False"
+  assert state["staged_because"] == "process 1: jax_dfccl.config.tuning.direct is False"
 
 
 def test_a_peer_that_never_gives_its_verdict_is_named(monkeypatch):

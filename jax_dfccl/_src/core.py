@@ -489,7 +489,7 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   from jax_dfccl._src import distributed
   distributed.prepare_gpu_rows(ctx, mesh, device_ids(mesh), groups)
   from jax_dfccl.config import config
-  if groups.shape[1] == 1 and not config.runtime_for_groups_of_one:  # nothing to match or move: no runtime
+  if groups.shape[1] == 1 and not config.testing.runtime_for_groups_of_one:  # nothing to match or move: no runtime
     _TRIVIAL_SITES.add(site)
     out = _trivial(ctx, x, op, perm)
     if target == "dfccl_collective":
