@@ -137,9 +137,11 @@ def _exportable(rt) -> str:
   return ""
 
 
-def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = True) -> None:
+def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False) -> None:
   """At lowering: the groups (rows of indices into the device ids ``ids``) of a
-  CUDA collective, for those that span processes (see :func:`prepare_gpu_group`)."""
+  CUDA collective, for those that span processes (see :func:`prepare_gpu_group`).
+  Lowering never waits for another process: the peers' memory is imported on a
+  thread, and a collective's first call waits for it (at most ``timeout_s``)."""
   if (not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return
@@ -147,13 +149,14 @@ def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = True) -> None:
     prepare_gpu_group([int(ids[i]) for i in row], wait)
 
 
-def prepare_gpu_group(row, wait: bool = True) -> None:
+def prepare_gpu_group(row, wait: bool = False) -> None:
   """Exchanges the memory of a group of global GPU ids spanning processes (once
   per group; every process whose devices are in it must lower a program using it).
-  ``wait=False`` (send/recv pairs, whose programs differ per process and may
-  name their groups in any order): the handles are exported now and the peers'
-  imported on a thread, so no lowering waits for another process's; the
-  collective's first call waits (at most ``timeout_s``) for the import."""
+  The handles are exported now and the peers' imported on a thread, so no
+  lowering waits for another process's (``.lower()`` of one process returns
+  while its peers have not lowered yet); the collective's first call waits (at
+  most ``timeout_s``) for the import.  ``wait=True`` imports on the caller's
+  thread instead (for tools that set a group up outside any lowering)."""
   if not _state.get("gpu"):
     return
   row = [int(g) for g in row]
