@@ -1,6 +1,6 @@
 """A small transformer trained end to end with jax_dfccl collectives and optax.
 
-The model: token embedding, ``--layers`` blocks of causal self-attention and a
+The model: token embedding, two blocks (``CONFIG``) of causal self-attention and a
 mixture-of-experts feed-forward layer (top-1 routing, one expert per device of
 the ``model`` axis), a final norm and the unembedding.  It learns a synthetic
 sequence rule (each token is the sum of the two before it, modulo the vocabulary).
@@ -17,7 +17,10 @@ The devices form a ``data`` x ``model`` mesh (2 x 4 on 8 CPU devices by default)
   ``jax_dfccl.matmul_reduce_scatter``; the heads are split over ``model``.  The
   same model code runs per shard inside the training step's ``shard_map`` and
   on global arrays from plain ``jax.jit`` (the evaluation, :func:`make_eval`),
-  where the two ops partition themselves;
+  where the two ops partition themselves.  (The training step is one
+  ``shard_map`` over both axes because the gradient average is explicit jax.lax
+  code; the ops' global form does not run inside a ``shard_map`` manual over
+  ``data`` only.)
 * **mixture of experts**: each token goes to one expert; the tokens travel to
   their expert's device and back with ``jax_dfccl.ragged_all_to_all`` (counts
   exchanged with ``jax_dfccl.all_to_all``), no token dropped.
@@ -25,8 +28,9 @@ The devices form a ``data`` x ``model`` mesh (2 x 4 on 8 CPU devices by default)
 ``--compare`` also trains the same model built from jax.lax collectives
 (``all_gather`` + dot, dot + ``psum_scatter``, ``pmean`` unpatched) with a
 dense mixture of experts (every device gathers the expert weights and applies
-each token's expert itself: XLA:CPU has no ``ragged_all_to_all``) and prints the
-largest relative difference of the losses.
+each token's expert itself: XLA:CPU has no ``ragged_all_to_all``) and checks
+that the first 20 losses agree (rtol 1e-5); the exit status is 1 if they do
+not, or if the loss did not decrease.
 
     python examples/train_transformer.py --steps 300 --plot loss.png [--compare]
     python examples/train_transformer.py --gpu --steps 300      # on the GPUs JAX sees
@@ -54,7 +58,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 import jax_dfccl  # noqa: E402
 
 CONFIG = dict(vocab=32, dim=32, heads=4, head_dim=8, seq=16, ffn=64, layers=2, batch=8, lr=1e-2)
-ROWS = ("data", "model")  # the token rows are split over both mesh axes
+ROWS = ("data", "model")
+# --compare checks the first COMPARE_STEPS losses (rtol 1e-5).  Later the rounding differences of
+# the two implementations (the order of their sums) grow: training amplifies them, and top-1 routing
+# is discontinuous (here about step 80 on 8 CPU devices).
+COMPARE_STEPS = 20  # the token rows are split over both mesh axes
 
 
 # ---- data and parameters ----------------------------------------------------------------------
@@ -311,11 +319,13 @@ def main(argv=None) -> int:
   runs, ok = {"jax_dfccl": ours["losses"]}, ours["losses"][-1] < ours["losses"][0]
   if a.compare:
     ref = train(mesh, a.steps, "lax")
-    err = float(np.max(np.abs(np.array(ours["losses"]) - ref["losses"]) / np.abs(ref["losses"])))
-    ok &= err < 1e-5
+    rel = np.abs(np.array(ours["losses"]) - ref["losses"]) / np.abs(ref["losses"])
+    first = min(COMPARE_STEPS, a.steps)
+    ok &= bool(rel[:first].max() < 1e-5)
     runs["jax.lax (dense MoE)"] = ref["losses"]
     print(f"jax.lax:   loss {ref['losses'][0]:.4f} -> {ref['losses'][-1]:.4f} "
-          f"({ref['seconds_per_step'] * 1e3:.1f} ms/step); largest relative difference {err:.1e}")
+          f"({ref['seconds_per_step'] * 1e3:.1f} ms/step); largest relative difference of the losses: "
+          f"{rel[:first].max():.1e} in the first {first} steps (checked: < 1e-5), {rel.max():.1e} in all")
   if a.plot:
     plot(a.plot, runs)
     print(f"loss plot: {a.plot}")
