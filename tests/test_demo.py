@@ -61,3 +61,12 @@ def test_demo_exits_1_when_a_row_does_not_show_its_claim(monkeypatch):
   assert demo.main([]) == 1
   monkeypatch.setattr(demo, "_dfccl_rows", lambda: [good, good])
   assert demo.main([]) == 0
+
+
+def test_demo_chaos_rows_run(monkeypatch, mesh8):
+  """The GPU rows' code on 8 CPU devices (its jax.lax child looks for GPUs and fails): jax_dfccl's
+  rank-specific order is exact; the jax.lax row, which claims a hang, does not count as shown."""
+  monkeypatch.setattr(demo, "_gpu_mesh", lambda: mesh8)
+  lax, ours = demo._chaos_rows()
+  assert ours.lib == "jax_dfccl" and ours.result == "exact" and ours.shown, ours.as_dict()
+  assert lax.lib == "jax.lax (NCCL)" and not lax.shown and lax.result.startswith("error"), lax.as_dict()
