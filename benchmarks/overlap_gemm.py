@@ -10,25 +10,25 @@ The per-rank GEMMs of benchmarks/overlap.py (TP=2 Megatron shards: AG+GEMM
               width picked per shape, a partial last wave's tiles split
               along k where the host's heuristic picks it)
   fused_t128, fused_t192, fused_t256
-              fused_1x1 with jax_dfccl.config.overlap_tile_n forced to that
+              fused_1x1 with jax_dfccl.config.overlap.tile_n forced to that
               width (128-row tiles)
-  fused_dp    the same with jax_dfccl.config.overlap_split_last_wave = False
+  fused_dp    the same with jax_dfccl.config.overlap.split_last_wave = False
               (whole tiles only: the previous schedule)
   fused_2x1   overlap_cluster_m = 2 (pairs of tiles on 2x1 clusters, the
               weight tile multicast to both; no split)
   fused_auto  overlap_cluster_m = 0: the host picks 1x1 (with the split) when
               the last wave is split or the tiles fit in one wave, else 2x1
-  fused_nopdl fused_1x1 with jax_dfccl.config.overlap_pdl = False (plain
+  fused_nopdl fused_1x1 with jax_dfccl.config.overlap.pdl = False (plain
               stream order: no launch before the previous kernel's end)
   fused_r1 ... fused_r6
-              fused_1x1 with jax_dfccl.config.overlap_raster = 1 ... 6 (the
+              fused_1x1 with jax_dfccl.config.overlap.raster = 1 ... 6 (the
               order of a row block's tiles forced: protocol.h kRasters);
               fused_2x1_r1 ... fused_2x1_r6 the same with 2x1 clusters
-  fused_tma   fused_1x1 with jax_dfccl.config.overlap_tma_store = True (the
+  fused_tma   fused_1x1 with jax_dfccl.config.overlap.tma_store = True (the
               epilogue's bulk tensor stores on every shape); fused_notma
               the same with False (the threads' stores on every shape;
               fused_1x1 leaves the choice to the plan)
-  fused_pp    fused_1x1 with jax_dfccl.config.overlap_pingpong = True (the
+  fused_pp    fused_1x1 with jax_dfccl.config.overlap.pingpong = True (the
               ping-pong schedule: 128-column tiles, each consumer warp group
               a tile of its own, one's epilogue under the other's mainloop);
               fused_1x1 is the default, the cooperative schedule

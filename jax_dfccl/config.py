@@ -1,19 +1,33 @@
-"""The one configuration object of jax_dfccl.
+"""The one configuration object of jax_dfccl: ``jax_dfccl.config``.
 
-Every tunable lives here, documented; nothing is read from environment
-variables.  Change entries with :func:`jax_dfccl.configure` (which also pushes
-them to the loaded runtimes); read them from ``jax_dfccl.config``.
+Entries live in four documented sections:
 
-This class is the one schema: the defaults below are the only ones.  Each
+* ``config.<entry>``: what a user sets — ``timeout_s``, ``trace``,
+  ``trace_capacity`` and the sizes of the runtime across processes;
+* ``config.tuning.<entry>``: the runtimes' scheduling and GPU transport
+  tuning (spin budgets, daemon geometry, pools, copy-engine thresholds);
+* ``config.overlap.<entry>``: switches of the fused GEMM + communication
+  kernels, read when a program is traced;
+* ``config.testing.<entry>``: fault injection and test-only paths.
+
+Assigning an entry takes effect at once in every loaded runtime, or raises:
+``jax_dfccl.config.timeout_s = 2.0`` is validated by the runtimes (a value out
+of range raises ``ValueError`` and changes nothing) and pushed to them; an
+unknown name raises ``AttributeError``.  :func:`jax_dfccl.configure` sets
+several entries at once by their flat names — the names the runtimes hold,
+``overlap_`` before the overlap switches (``configure(timeout_s=2.0,
+small_slots=64, overlap_tile_n=128)``) — and :func:`jax_dfccl.configured`
+does so for a ``with`` block.  Nothing is read from environment variables.
+
+This module is the one schema: the defaults below are the only ones.  Each
 runtime (``_dfccl_cpu``, ``_dfccl_cuda``) holds the entries it reads under the
-same names and units, without defaults of its own; it is given every entry when
-it is loaded (``jax_dfccl._src.backend.load``) and refuses to run a collective
-before that.  Each reports the values it holds through its ``config()``
-function (tests/test_contract.py, tests/gpu/test_gpu_contract.py check they
-equal these).  A runtime rejects a value outside its range (``ValueError``;
-``configure`` then leaves every entry as it was) instead of clamping it.
-Entries marked "GPU" are ignored by the CPU runtime; "read at trace time"
-entries go into the custom calls' attributes instead.
+flat names and units, without defaults of its own; it is given every entry
+when it is loaded (``jax_dfccl._src.backend.load``) and refuses to run a
+collective before that.  Each reports the values it holds through its
+``config()`` function (tests/test_contract.py, tests/gpu/test_gpu_contract.py
+check they equal these).  Entries marked "GPU" are ignored by the CPU runtime;
+entries "read when a program is traced" go into the custom calls' attributes
+or choose their lowering, so a change applies to programs traced afterwards.
 """
 from __future__ import annotations
 
@@ -22,12 +36,27 @@ import types
 import typing
 
 
-@dataclasses.dataclass
-class Config:
-  #: A collective whose peers have not all started it after this many seconds
-  #: fails with an error naming the key, the sequence number and the missing
-  #: ranks (instead of hanging).
-  timeout_s: float = 300.0
+class _Section:
+  """A section of entries: an assignment goes through :func:`jax_dfccl.configure`."""
+  _prefix = ""  # the entries' flat names are _prefix + field name
+
+  def __setattr__(self, name, value):
+    if not self.__dict__.get("_live"):
+      object.__setattr__(self, name, value)
+      return
+    if name not in _ENTRY_FIELDS.get(type(self), ()):
+      raise AttributeError(f"jax_dfccl.config{_SECTION_PATH[type(self)]}: no entry {name!r} "
+                           f"(entries: {', '.join(sorted(_ENTRY_FIELDS[type(self)]))})")
+    from jax_dfccl._src import backend
+    backend.configure(**{self._prefix + name: value})
+
+  def _live_now(self):
+    object.__setattr__(self, "_live", True)
+
+
+@dataclasses.dataclass(repr=False)
+class Tuning(_Section):
+  """``jax_dfccl.config.tuning``: scheduling and GPU transport tuning."""
   #: How long a collective waiting for peers keeps its worker (daemon thread
   #: on CPU, daemon block on GPU) before it is preempted and another runs.
   spin_budget_us: float = 20.0
@@ -65,84 +94,6 @@ class Config:
   #: peers' buffers (push); False: each rank's engines read what it needs from
   #: the peers (pull).
   copy_engine_push: bool = True
-  #: Record start/preempt/resume/finish events for :func:`jax_dfccl.export_trace`.
-  trace: bool = False
-  #: Trace ring-buffer capacity (events per runtime).
-  trace_capacity: int = 65536
-  #: GPU (sm90, bfloat16/float16): per-shard ``all_gather_matmul`` /
-  #: ``matmul_reduce_scatter`` run the fused tile-signaling GEMM kernels of the
-  #: ``_dfccl_overlap`` extension when it is built (read at trace time; the
-  #: context manager ``jax_dfccl._src.overlap_gpu.fused`` overrides it).
-  overlap_fused: bool = True
-  #: Bound of every cross-rank wait inside the fused overlap kernels.  A wait
-  #: past it records an error naming the op key and the ranks and stops the
-  #: kernels (trap): the program running the op fails (never a garbage result;
-  #: that GPU's CUDA context is lost), the error is printed to stderr at once,
-  #: returned by ``overlap_gpu.errors()`` and raised by any later call of the
-  #: op (xla_ffi/overlap/protocol.h).  Read at trace time.
-  overlap_wait_timeout_s: float = 10.0
-  #: Fused AG+GEMM: move the rows to the peers with the copy engine
-  #: (cudaMemcpyAsync over NVLink on a side stream, gated by the peer's ready
-  #: flag; no SMs taken from the GEMM) once every rank's buffers exist; False:
-  #: always the SM push kernel (16 SMs).  Read at trace time.
-  overlap_copy_engine: bool = True
-  #: Fused GEMM+RS: signal a partial tile with one system fence per CTA after a
-  #: barrier of the storing threads (cumulative release); False: every storing
-  #: thread runs its own system fence first (the first version's scheme).
-  #: Read at trace time.
-  overlap_cta_fence: bool = True
-  #: Fused GEMM+RS on 2 ranks: when the peer's block of partial results is at
-  #: least this many bytes, its tiles are stored locally and moved by the copy
-  #: engine once the block is complete (side stream, gated by a tile counter)
-  #: instead of NVLink stores from the epilogue; 0: always, -1: never.  On
-  #: 2xH200 the copy engine won with 16 MiB blocks (0.48 vs 0.70 ms for
-  #: 4096x4096x14336) and lost with 4 MiB blocks (0.59 vs 0.39 ms).  Read at trace time.
-  overlap_rs_copy_engine_min_bytes: int = 8 << 20
-  #: Fused GEMMs (both kinds): CTAs per cluster along M, 1 or 2.  2: clusters
-  #: of two CTAs compute pairs of vertically adjacent tiles of one row block
-  #: and load each weight tile once per pair (TMA multicast to both CTAs),
-  #: which cuts the mainloop's L2 traffic by a third; the grid is whole
-  #: clusters.  The GEMM alone on one H200 (benchmarks/overlap_gemm.py):
-  #: within -3%..+4% of 1 over the 18 benchmark shapes, so 1 stays the default
-  #: (not yet measured with communication on 2 GPUs).  0: chosen per launch
-  #: by the host (xla_ffi/overlap/plan.cc, PlanLaunch): 1 when the last
-  #: wave is split (overlap_split_last_wave) or the tiles fit in one wave,
-  #: else 2.  Read (and checked) at trace time.
-  overlap_cluster_m: int = 1
-  #: Fused GEMMs: the tile width (columns of a 128-row tile): 128, 192 or
-  #: 256, or 0 (default): the host picks one per shape, the least estimated
-  #: time of a per-width model of waves, k iterations and a partial last
-  #: wave's split, fitted to measurements on one H200
-  #: (xla_ffi/overlap/plan.cc, ChooseTileN; narrower tiles fill the SMs
-  #: better on small GEMMs, wider ones stream fewer operand bytes per flop).
-  #: Read (and checked) at trace time.
-  overlap_tile_n: int = 0
-  #: Fused GEMMs: the order of a row block's tiles over the CTAs (for
-  #: measurements): 0 (default) the plan's, n tiles in groups of 8 with m
-  #: outer; 1..6 force an order of xla_ffi/overlap/protocol.h kRasters (2:
-  #: m tiles inner, one n column at a time, CUTLASS's "along M").  Read (and
-  #: checked) at trace time.
-  overlap_raster: int = 0
-  #: Fused GEMMs on 1x1 clusters: the epilogue stores the tiles whose
-  #: destination is the rank's own output (AG; RS on one rank) with bulk
-  #: tensor stores (TMA) from the staging tile, so the consumers go on to
-  #: the next tile instead of storing it thread by thread.  None (default):
-  #: the host picks them per launch (xla_ffi/overlap/plan.cc, PlanLaunch)
-  #: when the tiles take more than one wave, so the next tile hides a tile's
-  #: stores (one H200, the GEMM alone: 3-5% faster at K = 4096, 0.5% on
-  #: average at larger K; 0-7% slower on a single wave).  True / False force
-  #: them on / off.  Read (and checked) at trace time.
-  overlap_tma_store: bool | None = None
-  #: Fused GEMMs: the ping-pong schedule (1x1 clusters, 128-column tiles):
-  #: the two consumer warp groups of a CTA compute a tile each and take turns
-  #: on the tensor cores, so one's epilogue runs while the other's mainloop
-  #: does.  False (default): the cooperative schedule (both groups on one
-  #: tile, the epilogue between two mainloops), which was faster on one H200
-  #: for the GEMM alone (xla_ffi/overlap/plan.cc, Pingpong).  True: ping-pong
-  #: (then ``overlap_tile_n`` must be 0 or 128 and ``overlap_cluster_m`` 0
-  #: or 1).  Read (and checked) at trace time.
-  overlap_pingpong: bool = False
-  # ---- GPU daemon tuning (runtime/config.h reads them; benchmarks and tools set them) ----
   #: GPU: cap of the proxy's backoff between relaunches of a daemon that quit
   #: while tasks were pending (it doubles from 20 us).
   relaunch_max_us: float = 2000.0
@@ -196,48 +147,6 @@ class Config:
   large_max_blocks: int = 64
   large_threshold: int = 4 << 20
 
-  #: Collectives over a group of one rank (a mesh axis of size 1) go through
-  #: the runtime like any other (a custom call, the daemon) instead of lowering
-  #: to plain HLO.  For tests and measurements of the runtime on one device
-  #: only: results are the same, slower.  Read at trace time.
-  runtime_for_groups_of_one: bool = False
-  #: Fused GEMMs on 1x1 clusters: split a partial last wave.  When
-  #: the last wave of whole tiles would leave at least half of the SMs idle,
-  #: its tiles are split into 2-4 equal k ranges, one CTA each; the last range
-  #: adds the others' f32 partials and runs the tile's epilogue (its signal
-  #: covers the whole tile).  The host chooses it per launch from the tile
-  #: count, the SMs and K (xla_ffi/overlap/plan.cc, Schedule); False:
-  #: whole tiles only.  Read at trace time.
-  overlap_split_last_wave: bool = True
-  #: Fused GEMMs: launched with programmatic stream serialization, so that a
-  #: launch and its prologue (barriers, descriptor prefetch) overlap the end of
-  #: the stream's previous kernel; each CTA that takes no more tiles lets the
-  #: stream's next kernel launch, whose CTAs fill the SMs the last wave leaves
-  #: (every such kernel waits for this one's completion before it touches
-  #: memory).  1x1 clusters only (with 2x1 clusters it was slower).  On one
-  #: H200 it saves 1-3 us per GEMM at M <= 2048.  False: plain stream order.
-  #: Read at trace time.
-  overlap_pdl: bool = True
-  #: CPU across processes (:func:`jax_dfccl.initialize`): bytes of each
-  #: process's shared staging arena (a POSIX shared-memory segment mapped by
-  #: every process of the job; tmpfs pages are used only once touched).  Every
-  #: rank of a group spanning processes copies its input there at start; the
-  #: copy is held until every rank has read it.  A start that finds the arena
-  #: full fails with an error naming this entry.  Read by initialize().
-  shm_arena_bytes: int = 1 << 30
-  #: CPU across processes: collective instances that may be in flight at once
-  #: across the job (entries of the shared instance table).  Read by initialize().
-  shm_max_instances: int = 2048
-
-  #: Fault injection, for tests (off by default): the device whose global
-  #: id this is (-1: none) starts every collective ``fault_start_delay_us``
-  #: late (its XLA thread waits: a slow or, past ``timeout_s``, a stuck rank)
-  #: and computes each one ``fault_compute_delay_us`` late (a slow daemon).
-  #: CPU backend.
-  fault_device: int = -1
-  fault_start_delay_us: float = 0.0
-  fault_compute_delay_us: float = 0.0
-
   #: GPU: how long (µs) the submit kernel of a blocking collective on the LL
   #: pool (small messages) runs it itself once its instance is matched — the
   #: peers' side being their own submit kernels or daemons — before it leaves
@@ -257,14 +166,175 @@ class Config:
   #: execution there).  Read at each call.
   submit_pdl: bool = False
 
-  def as_dict(self) -> dict:
-    return dataclasses.asdict(self)
 
-  @classmethod
-  def coerce(cls, name: str, value):
-    """`value` as entry `name`'s declared type (``int``, ``float``, ``bool``);
+@dataclasses.dataclass(repr=False)
+class Overlap(_Section):
+  """``jax_dfccl.config.overlap``: the fused GEMM + communication kernels (flat names ``overlap_<entry>``)."""
+  _prefix = "overlap_"
+  #: GPU (sm90, bfloat16/float16): per-shard ``all_gather_matmul`` /
+  #: ``matmul_reduce_scatter`` run the fused tile-signaling GEMM kernels of the
+  #: ``_dfccl_overlap`` extension when it is built (read at trace time; the
+  #: context manager ``jax_dfccl._src.overlap_gpu.fused`` overrides it).
+  fused: bool = True
+  #: Bound of every cross-rank wait inside the fused overlap kernels.  A wait
+  #: past it records an error naming the op key and the ranks and stops the
+  #: kernels (trap): the program running the op fails (never a garbage result;
+  #: that GPU's CUDA context is lost), the error is printed to stderr at once,
+  #: returned by ``gpu.errors()`` and raised by any later call of the
+  #: op (xla_ffi/overlap/protocol.h).  Read when a program is traced.
+  wait_timeout_s: float = 10.0
+  #: Fused AG+GEMM: move the rows to the peers with the copy engine
+  #: (cudaMemcpyAsync over NVLink on a side stream, gated by the peer's ready
+  #: flag; no SMs taken from the GEMM) once every rank's buffers exist; False:
+  #: always the SM push kernel (16 SMs).  Read when a program is traced.
+  copy_engine: bool = True
+  #: Fused GEMM+RS: signal a partial tile with one system fence per CTA after a
+  #: barrier of the storing threads (cumulative release); False: every storing
+  #: thread runs its own system fence first (the first version's scheme).
+  #: Read when a program is traced.
+  cta_fence: bool = True
+  #: Fused GEMM+RS on 2 ranks: when the peer's block of partial results is at
+  #: least this many bytes, its tiles are stored locally and moved by the copy
+  #: engine once the block is complete (side stream, gated by a tile counter)
+  #: instead of NVLink stores from the epilogue; 0: always, -1: never.  On
+  #: 2xH200 the copy engine won with 16 MiB blocks (0.48 vs 0.70 ms for
+  #: 4096x4096x14336) and lost with 4 MiB blocks (0.59 vs 0.39 ms).  Read when a program is traced.
+  rs_copy_engine_min_bytes: int = 8 << 20
+  #: Fused GEMMs (both kinds): CTAs per cluster along M, 1 or 2.  2: clusters
+  #: of two CTAs compute pairs of vertically adjacent tiles of one row block
+  #: and load each weight tile once per pair (TMA multicast to both CTAs),
+  #: which cuts the mainloop's L2 traffic by a third; the grid is whole
+  #: clusters.  The GEMM alone on one H200 (benchmarks/overlap_gemm.py):
+  #: within -3%..+4% of 1 over the 18 benchmark shapes, so 1 stays the default
+  #: (not yet measured with communication on 2 GPUs).  0: chosen per launch
+  #: by the host (xla_ffi/overlap/plan.cc, PlanLaunch): 1 when the last
+  #: wave is split (overlap_split_last_wave) or the tiles fit in one wave,
+  #: else 2.  Read (and checked) at trace time.
+  cluster_m: int = 1
+  #: Fused GEMMs: the tile width (columns of a 128-row tile): 128, 192 or
+  #: 256, or 0 (default): the host picks one per shape, the least estimated
+  #: time of a per-width model of waves, k iterations and a partial last
+  #: wave's split, fitted to measurements on one H200
+  #: (xla_ffi/overlap/plan.cc, ChooseTileN; narrower tiles fill the SMs
+  #: better on small GEMMs, wider ones stream fewer operand bytes per flop).
+  #: Read (and checked) at trace time.
+  tile_n: int = 0
+  #: Fused GEMMs: the order of a row block's tiles over the CTAs (for
+  #: measurements): 0 (default) the plan's, n tiles in groups of 8 with m
+  #: outer; 1..6 force an order of xla_ffi/overlap/protocol.h kRasters (2:
+  #: m tiles inner, one n column at a time, CUTLASS's "along M").  Read (and
+  #: checked) at trace time.
+  raster: int = 0
+  #: Fused GEMMs on 1x1 clusters: the epilogue stores the tiles whose
+  #: destination is the rank's own output (AG; RS on one rank) with bulk
+  #: tensor stores (TMA) from the staging tile, so the consumers go on to
+  #: the next tile instead of storing it thread by thread.  None (default):
+  #: the host picks them per launch (xla_ffi/overlap/plan.cc, PlanLaunch)
+  #: when the tiles take more than one wave, so the next tile hides a tile's
+  #: stores (one H200, the GEMM alone: 3-5% faster at K = 4096, 0.5% on
+  #: average at larger K; 0-7% slower on a single wave).  True / False force
+  #: them on / off.  Read (and checked) at trace time.
+  tma_store: bool | None = None
+  #: Fused GEMMs: the ping-pong schedule (1x1 clusters, 128-column tiles):
+  #: the two consumer warp groups of a CTA compute a tile each and take turns
+  #: on the tensor cores, so one's epilogue runs while the other's mainloop
+  #: does.  False (default): the cooperative schedule (both groups on one
+  #: tile, the epilogue between two mainloops), which was faster on one H200
+  #: for the GEMM alone (xla_ffi/overlap/plan.cc, Pingpong).  True: ping-pong
+  #: (then ``tile_n`` must be 0 or 128 and ``cluster_m`` 0
+  #: or 1).  Read (and checked) at trace time.
+  pingpong: bool = False
+  #: Fused GEMMs on 1x1 clusters: split a partial last wave.  When
+  #: the last wave of whole tiles would leave at least half of the SMs idle,
+  #: its tiles are split into 2-4 equal k ranges, one CTA each; the last range
+  #: adds the others' f32 partials and runs the tile's epilogue (its signal
+  #: covers the whole tile).  The host chooses it per launch from the tile
+  #: count, the SMs and K (xla_ffi/overlap/plan.cc, Schedule); False:
+  #: whole tiles only.  Read when a program is traced.
+  split_last_wave: bool = True
+  #: Fused GEMMs: launched with programmatic stream serialization, so that a
+  #: launch and its prologue (barriers, descriptor prefetch) overlap the end of
+  #: the stream's previous kernel; each CTA that takes no more tiles lets the
+  #: stream's next kernel launch, whose CTAs fill the SMs the last wave leaves
+  #: (every such kernel waits for this one's completion before it touches
+  #: memory).  1x1 clusters only (with 2x1 clusters it was slower).  On one
+  #: H200 it saves 1-3 us per GEMM at M <= 2048.  False: plain stream order.
+  #: Read when a program is traced.
+  pdl: bool = True
+
+
+@dataclasses.dataclass(repr=False)
+class TestHooks(_Section):
+  """``jax_dfccl.config.testing``: fault injection and test-only paths."""
+
+  #: Collectives over a group of one rank (a mesh axis of size 1) go through
+  #: the runtime like any other (a custom call, the daemon) instead of lowering
+  #: to plain HLO.  For tests and measurements of the runtime on one device
+  #: only: results are the same, slower.  Read when a program is traced.
+  runtime_for_groups_of_one: bool = False
+
+  #: Fault injection, for tests (off by default): the device whose global
+  #: id this is (-1: none) starts every collective ``fault_start_delay_us``
+  #: late (its XLA thread waits: a slow or, past ``timeout_s``, a stuck rank)
+  #: and computes each one ``fault_compute_delay_us`` late (a slow daemon).
+  #: CPU backend.
+  fault_device: int = -1
+  fault_start_delay_us: float = 0.0
+  fault_compute_delay_us: float = 0.0
+
+
+@dataclasses.dataclass(repr=False)
+class Config(_Section):
+  """``jax_dfccl.config``: what a user sets; the other sections as attributes."""
+  #: A collective whose peers have not all started it after this many seconds
+  #: fails with an error naming the key, the sequence number and the missing
+  #: ranks (instead of hanging).
+  timeout_s: float = 300.0
+  #: Record start/preempt/resume/finish events for :func:`jax_dfccl.export_trace`.
+  trace: bool = False
+  #: Trace ring-buffer capacity (events per runtime).
+  trace_capacity: int = 65536
+  #: CPU across processes (:func:`jax_dfccl.initialize`): bytes of each
+  #: process's shared staging arena (a POSIX shared-memory segment mapped by
+  #: every process of the job; tmpfs pages are used only once touched).  Every
+  #: rank of a group spanning processes copies its input there at start; the
+  #: copy is held until every rank has read it.  A start that finds the arena
+  #: full fails with an error naming this entry.  Read by initialize().
+  shm_arena_bytes: int = 1 << 30
+  #: CPU across processes: collective instances that may be in flight at once
+  #: across the job (entries of the shared instance table).  Read by initialize().
+  shm_max_instances: int = 2048
+  #: Scheduling and GPU transport tuning.
+  tuning: Tuning = dataclasses.field(default_factory=Tuning)
+  #: The fused GEMM + communication kernels.
+  overlap: Overlap = dataclasses.field(default_factory=Overlap)
+  #: Fault injection and test-only paths.
+  testing: TestHooks = dataclasses.field(default_factory=TestHooks)
+
+  def sections(self) -> dict:
+    """``{path: section}``: ``""`` for the user entries, then ``"tuning"``, ``"overlap"``, ``"testing"``."""
+    return {"": self, "tuning": self.tuning, "overlap": self.overlap, "testing": self.testing}
+
+  def as_dict(self) -> dict:
+    """Every entry by its flat name (the runtimes' names), with its value."""
+    return {flat: getattr(sec, field) for flat, (sec, field) in self._flat().items()}
+
+  def _flat(self) -> dict:
+    return {flat: (self.sections()[path], field) for flat, (path, field) in FLAT.items()}
+
+  def _set_flat(self, flat: str, value) -> None:
+    """Sets an entry without pushing it (jax_dfccl._src.backend.configure does the push)."""
+    sec, field = self._flat()[flat]
+    object.__setattr__(sec, field, value)
+
+  def __repr__(self):
+    return f"jax_dfccl.Config({self.as_dict()})"
+
+  @staticmethod
+  def coerce(name: str, value):
+    """`value` as the type of the entry with flat name `name` (``int``, ``float``, ``bool``);
     ``None`` kept where the entry allows it (``bool | None``)."""
-    hint = typing.get_type_hints(cls)[name]
+    hint = TYPES[name]
     if isinstance(hint, types.UnionType):
       if value is None and type(None) in hint.__args__:
         return None
@@ -272,8 +342,31 @@ class Config:
     return hint(value)
 
 
-config = Config()
+_SECTIONS = {"": Config, "tuning": Tuning, "overlap": Overlap, "testing": TestHooks}
+_SECTION_PATH = {cls: (f".{path}" if path else "") for path, cls in _SECTIONS.items()}
+_ENTRY_FIELDS = {cls: {f.name for f in dataclasses.fields(cls) if not isinstance(f.default_factory, type)}
+                 for cls in _SECTIONS.values()}
 
+#: Every entry: flat name -> (section path, field name).
+FLAT: dict[str, tuple[str, str]] = {
+    cls._prefix + name: (path, name) for path, cls in _SECTIONS.items() for name in sorted(_ENTRY_FIELDS[cls])}
+#: Every entry's type, by flat name.
+TYPES: dict[str, type] = {
+    cls._prefix + name: t for cls in _SECTIONS.values()
+    for name, t in typing.get_type_hints(cls).items() if name in _ENTRY_FIELDS[cls]}
+#: Every entry's default, by flat name.
+DEFAULTS: dict[str, object] = {}
+
+
+def _fresh() -> Config:
+  c = Config()
+  for sec in c.sections().values():
+    sec._live_now()
+  return c
+
+
+config = _fresh()
+DEFAULTS.update(Config().as_dict())
 
 #: The entries only the CPU runtime reads (the GPU runtime's table has the rest but these,
 #: INIT_ENTRIES and TRACE_TIME_ENTRIES).
@@ -283,5 +376,4 @@ CPU_ONLY_ENTRIES = frozenset({"trace_capacity", "fault_device", "fault_start_del
 INIT_ENTRIES = frozenset({"shm_arena_bytes", "shm_max_instances"})
 
 #: The entries read when a program is traced (by the Python layer), not by the runtimes.
-TRACE_TIME_ENTRIES = frozenset(
-    {f.name for f in dataclasses.fields(Config) if f.name.startswith("overlap_")} | {"runtime_for_groups_of_one"})
+TRACE_TIME_ENTRIES = frozenset({f for f, (path, _) in FLAT.items() if path == "overlap"} | {"runtime_for_groups_of_one"})

@@ -49,7 +49,8 @@ def _reset_dfccl_config():
   import jax_dfccl
   saved = jax_dfccl.config.as_dict()
   yield
-  changed = {k: v for k, v in saved.items() if getattr(jax_dfccl.config, k) != v}
+  now = jax_dfccl.config.as_dict()
+  changed = {k: v for k, v in saved.items() if now[k] != v}
   if changed:
     jax_dfccl.configure(**changed)
 

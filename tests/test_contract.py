@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_dfccl as dc
 from jax_dfccl._src import backend
-from jax_dfccl.config import Config
+from jax_dfccl.config import DEFAULTS, FLAT, TYPES, Config, Overlap, TestHooks, Tuning
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The entries the CPU runtime reads (xla_ffi/cpu/config.h DFCCL_CPU_CONFIG).
@@ -28,10 +28,10 @@ def _cpu():
 def test_cpu_runtime_holds_the_python_defaults():
   got = _cpu().config()
   assert set(got) == CPU_ENTRIES
-  want = Config()  # the defaults, as defined once in Python
+  want = DEFAULTS  # the defaults, as defined once in Python
   for k, v in got.items():
-    assert v == getattr(want, k) or v == getattr(dc.config, k), k
-    assert type(v) is type(getattr(want, k)), (k, type(v))
+    assert v == want[k] or v == dc.config.as_dict()[k], k
+    assert type(v) is type(want[k]), (k, type(v))
 
 
 def test_cpu_runtime_reports_exactly_what_python_set():
@@ -39,9 +39,9 @@ def test_cpu_runtime_reports_exactly_what_python_set():
          "trace_capacity": 1234, "fault_device": 3, "fault_start_delay_us": 1.5, "fault_compute_delay_us": 2.0}
   with dc.configured(**new):
     got = _cpu().config()
-    assert got == {k: getattr(dc.config, k) for k in CPU_ENTRIES} == new
+    assert got == {k: dc.config.as_dict()[k] for k in CPU_ENTRIES} == new
   got = _cpu().config()
-  assert got == {k: getattr(dc.config, k) for k in CPU_ENTRIES}
+  assert got == {k: dc.config.as_dict()[k] for k in CPU_ENTRIES}
 
 
 def test_rejected_value_changes_nothing():
@@ -54,7 +54,7 @@ def test_rejected_value_changes_nothing():
 def test_python_config_is_the_only_default_list():
   """Every entry is documented in config.py (a #: comment above it)."""
   src = (ROOT / "jax_dfccl" / "config.py").read_text()
-  for f in dataclasses.fields(Config):
+  for f in (f for cls in (Config, Tuning, Overlap, TestHooks) for f in dataclasses.fields(cls)):
     assert re.search(r"#:[^\n]*\n(?:\s*#:[^\n]*\n|\s*\w+: [^\n]*\n)*\s*" + f.name + ":", src), f.name
   # No competing defaults in the runtimes' config structs.
   for path in ("xla_ffi/runtime/config.h", "xla_ffi/cpu/config.h", "xla_ffi/cpu/runtime.h"):
@@ -140,7 +140,7 @@ def test_runtime_tables_are_entries_of_the_python_schema(path, macro):
   jax_dfccl.config, under its names and with its types."""
   rows = _table(path, macro)
   assert len(rows) >= 5
-  fields = {f.name: f.type for f in dataclasses.fields(Config)}
+  fields = {k: getattr(t, "__name__", str(t)) for k, t in TYPES.items()}
   py = {"double": "float", "int": "int", "int64_t": "int", "bool": "bool"}
   for ctype, name in rows:
     assert name in fields, f"{path}: {name} is not an entry of jax_dfccl.config"
@@ -154,7 +154,7 @@ def test_every_gpu_entry_reaches_the_gpu_runtime():
   cpu = {n for _, n in _table("xla_ffi/cpu/config.h", "DFCCL_CPU_CONFIG")}
   assert cpu == CPU_ENTRIES
   from jax_dfccl.config import CPU_ONLY_ENTRIES, INIT_ENTRIES, TRACE_TIME_ENTRIES
-  assert {f.name for f in dataclasses.fields(Config)} - gpu == CPU_ONLY_ENTRIES | TRACE_TIME_ENTRIES | INIT_ENTRIES
+  assert set(FLAT) - gpu == CPU_ONLY_ENTRIES | TRACE_TIME_ENTRIES | INIT_ENTRIES
 
 
 _UNCONFIGURED = """
@@ -259,7 +259,7 @@ def test_cuda_module_contract_without_a_gpu():
     m = importlib.import_module("jax_dfccl._dfccl_cuda")
   except ImportError:
     pytest.skip("the CUDA backend is not built")
-  want = Config().as_dict()
+  want = dict(DEFAULTS)
   m.configure(want)
   got = m.config()
   assert {k: (v, type(v)) for k, v in got.items()} == {k: (want[k], type(want[k])) for k in got}
@@ -272,3 +272,56 @@ def test_cuda_module_contract_without_a_gpu():
   assert set(s) == set(backend.STATS_KEYS) | set(backend.STATS_EXTRAS["cuda"])
   m.raise_if_failed()  # no GPU: no device, nothing recorded
   m.configure(dc.config.as_dict())
+
+
+def test_assigning_an_entry_takes_effect_in_the_runtime():
+  """``jax_dfccl.config.<entry> = value`` reaches the loaded runtime at once (a collective one rank
+  never starts fails after the new timeout_s, not the old one); a rejected value raises and changes
+  nothing; an unknown name raises instead of being kept by Python alone."""
+  import time
+  import jax
+  import numpy as np
+  from jax.sharding import Mesh, PartitionSpec as P
+  old = dc.config.timeout_s
+  _cpu()
+  try:
+    dc.config.timeout_s = 1.5
+    assert _cpu().config()["timeout_s"] == 1.5 and dc.config.as_dict()["timeout_s"] == 1.5
+    dc.config.tuning.spin_budget_us = 7.0
+    assert _cpu().config()["spin_budget_us"] == 7.0
+    before = (dc.config.as_dict(), _cpu().config())
+    with pytest.raises(ValueError, match="trace_capacity"):
+      dc.config.trace_capacity = 0
+    with pytest.raises(AttributeError, match="timout_s"):
+      dc.config.timout_s = 2.0
+    with pytest.raises(AttributeError, match="small_slot"):
+      dc.config.tuning.small_slot = 3
+    assert (dc.config.as_dict(), _cpu().config()) == before
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+
+    def body(v):  # rank 1 never starts 'late'
+      return jax.lax.cond(jax.lax.axis_index("x") == 0, lambda u: dc.psum(u, "x", key="late"), lambda u: u, v)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="DEADLINE_EXCEEDED.*'late'"):
+      f(np.ones((2, 4), np.float32)).block_until_ready()
+    assert time.monotonic() - t0 < 1.5 + 3.0
+    try:
+      jax.effects_barrier()
+    except Exception:  # noqa: BLE001 - the failed program's other devices
+      pass
+  finally:
+    dc.config.timeout_s = old
+    dc.config.tuning.spin_budget_us = DEFAULTS["spin_budget_us"]
+    dc.reset()
+
+
+def test_config_sections_are_documented_namespaces():
+  """User settings apart from tuning, overlap switches and test hooks; every entry has one flat
+  name (the runtimes') and one place."""
+  assert set(FLAT) == set(DEFAULTS) == set(TYPES)
+  user = {f for f, (path, _) in FLAT.items() if path == ""}
+  assert user == {"timeout_s", "trace", "trace_capacity", "shm_arena_bytes", "shm_max_instances"}
+  assert {f for f, (path, _) in FLAT.items() if path == "testing"} >= {"fault_device", "runtime_for_groups_of_one"}
+  assert all(f.startswith("overlap_") for f, (path, _) in FLAT.items() if path == "overlap")
+  assert dc.config.overlap.tile_n == DEFAULTS["overlap_tile_n"]

@@ -61,8 +61,12 @@ def bootstrap(monkeypatch):
     monkeypatch.setattr(distributed, "_state", {})
     monkeypatch.setattr(jax, "process_index", lambda: me)
     monkeypatch.setattr(jax, "process_count", lambda: nprocs)
-    monkeypatch.setattr(distributed.config, "direct", direct)
-    distributed._initialize_gpu(1.0)
+    saved = distributed.config.tuning.direct
+    distributed.config._set_flat("direct", direct)  # Python's value only: the runtime here is a fake
+    try:
+      distributed._initialize_gpu(1.0)
+    finally:
+      distributed.config._set_flat("direct", saved)
     return rt, store, distributed._state
   return run
 
@@ -98,8 +102,8 @@ def test_direct_off_skips_the_probe(bootstrap, recwarn):
   rt, store, state = bootstrap(direct=False)
   assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # nothing asked for, nothing to say
   assert rt.probed == [] and rt.started == []
-  assert store.kv[f"{NS}/tok/export/1"] == "jax_dfccl.config.direct is False"
-  assert state["staged_because"] == "process 1: jax_dfccl.config.direct is False"
+  assert store.kv[f"{NS}/tok/export/1"] == "jax_dfccl.config.tuning.direct is False"
+  assert state["staged_because"] == "process 1: jax_dfccl.config.tuning.direct is False"
 
 
 def test_a_peer_that_never_gives_its_verdict_is_named(monkeypatch):
@@ -113,3 +117,51 @@ def test_a_peer_that_never_gives_its_verdict_is_named(monkeypatch):
   with pytest.raises(TimeoutError, match="export/0"):
     distributed._initialize_gpu(1.0)
   assert rt.started == []
+
+
+def test_lowering_never_waits_for_another_process(monkeypatch):
+  """A group spanning processes gets its memory exchanged when a program using it is lowered:
+  this process's handles go into the key-value store at once, the peers' are imported on a
+  thread, so `.lower()` returns while the peer has not lowered yet (the previous build blocked
+  in the store until it did); the import completes once the peer's handles arrive."""
+  import threading
+  import time
+
+  class SlowStore:
+    def __init__(self):
+      self.kv, self.cv = {}, threading.Condition()
+
+    def key_value_set_bytes(self, key, value):
+      with self.cv:
+        self.kv[key] = value
+        self.cv.notify_all()
+
+    def blocking_key_value_get_bytes(self, key, timeout_ms):
+      with self.cv:
+        if not self.cv.wait_for(lambda: key in self.kv, timeout_ms / 1000):
+          raise TimeoutError(key)
+        return self.kv[key]
+
+  class Cuda:
+    def __init__(self):
+      self.imported = threading.Event()
+
+    def comm_export(self, row, r):
+      return f"blob{r}".encode()
+
+    def comm_import(self, row, blobs):
+      self.blobs = blobs
+      self.imported.set()
+
+  store, rt = SlowStore(), Cuda()
+  local = jax.local_devices()[0]
+  monkeypatch.setattr(distributed, "_client", lambda: store)
+  monkeypatch.setattr(distributed.backend, "runtimes", lambda: {"cuda": rt})
+  monkeypatch.setattr(distributed, "_state", {"gpu": True, "token": "t", "groups": set(), "timeout_ms": 10_000})
+  row = [int(local.id), 10_000 + int(local.id)]  # a device of this process and one of another
+  t0 = time.monotonic()
+  distributed.prepare_gpu_group(row)  # as the lowering calls it
+  assert time.monotonic() - t0 < 1.0 and not rt.imported.is_set()
+  assert store.kv == {f"{NS}/t/gpu/{row[0]},{row[1]}/0": b"blob0"}
+  store.key_value_set_bytes(f"{NS}/t/gpu/{row[0]},{row[1]}/1", b"blob1")  # the peer lowers later
+  assert rt.imported.wait(5.0) and rt.blobs == [b"blob0", b"blob1"]

@@ -41,9 +41,9 @@ def test_configure_rejects_unknown_entries():
 def test_configured_sets_for_a_block_and_restores():
   before = dc.config.timeout_s
   with dc.configured(timeout_s=77.0, overlap_cluster_m=2):
-    assert dc.config.timeout_s == 77.0 and dc.config.overlap_cluster_m == 2
+    assert dc.config.timeout_s == 77.0 and dc.config.overlap.cluster_m == 2
     assert dc._src.backend.runtime_config()["cpu"]["timeout_s"] == 77.0  # pushed to the runtime
-  assert dc.config.timeout_s == before and dc.config.overlap_cluster_m == 1
+  assert dc.config.timeout_s == before and dc.config.overlap.cluster_m == 1
   assert dc._src.backend.runtime_config()["cpu"]["timeout_s"] == before
   with pytest.raises(RuntimeError, match="inside"):
     with dc.configured(timeout_s=55.0):
@@ -58,16 +58,16 @@ def test_configured_sets_for_a_block_and_restores():
 def test_configure_keeps_an_entrys_declared_type():
   """Values are converted to the entry's declared type; an entry declared ``bool | None`` takes None, True and
   False (and keeps them: None is not False)."""
-  assert dc.config.overlap_tma_store is None
+  assert dc.config.overlap.tma_store is None
   with dc.configured(overlap_tma_store=True, timeout_s=9, overlap_tile_n=128.0):
-    assert dc.config.overlap_tma_store is True
-    assert type(dc.config.timeout_s) is float and type(dc.config.overlap_tile_n) is int
+    assert dc.config.overlap.tma_store is True
+    assert type(dc.config.timeout_s) is float and type(dc.config.overlap.tile_n) is int
     with dc.configured(overlap_tma_store=None):
-      assert dc.config.overlap_tma_store is None
+      assert dc.config.overlap.tma_store is None
     with dc.configured(overlap_tma_store=False):
-      assert dc.config.overlap_tma_store is False
-    assert dc.config.overlap_tma_store is True
-  assert dc.config.overlap_tma_store is None and dc.config.overlap_tile_n == 0
+      assert dc.config.overlap.tma_store is False
+    assert dc.config.overlap.tma_store is True
+  assert dc.config.overlap.tma_store is None and dc.config.overlap.tile_n == 0
 
 
 def test_pending_names_the_stuck_collective_and_its_ranks(mesh8):

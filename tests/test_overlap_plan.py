@@ -99,12 +99,12 @@ def test_fewer_sms_for_the_gemm():
   assert p["grid"] <= 100 and p["sk_units"] <= 100
 
 
-# protocol.h kRasters: (m_fast, group_n) of each order config.overlap_raster = 1..6 forces.
+# protocol.h kRasters: (m_fast, group_n) of each order config.overlap.raster = 1..6 forces.
 RASTERS = [(0, 8), (1, 1), (0, 0), (1, 4), (1, 8), (0, 2)]
 
 
 def test_tile_order():
-  """The default order (n tiles in groups of 8, m outer) unless config.overlap_raster forces one; nothing
+  """The default order (n tiles in groups of 8, m outer) unless config.overlap.raster forces one; nothing
   else in the plan changes with the order, and an order outside the table is refused."""
   assert len(RASTERS) == og.RASTERS
   for rows, n, k in SHAPES:
@@ -120,7 +120,7 @@ def test_tile_order():
 
 
 def test_tma_store():
-  """config.overlap_tma_store sets the plan's bulk-store flag on 1x1 clusters only (the kernel's TMA variants are
+  """config.overlap.tma_store sets the plan's bulk-store flag on 1x1 clusters only (the kernel's TMA variants are
   1x1); nothing else in the plan changes."""
   bit = og.MODE_TMA_STORE
   for rows, n, k in SHAPES:

@@ -29,7 +29,8 @@ def _cfg(**kw):
               overlap_cluster_m=1, overlap_split_last_wave=True, overlap_pdl=True, overlap_tile_n=0, overlap_raster=0,
               overlap_tma_store=False, overlap_pingpong=False)
   base.update(kw)
-  return types.SimpleNamespace(**base)
+  # jax_dfccl.config's shape: the overlap switches in their section, without the prefix
+  return types.SimpleNamespace(overlap=types.SimpleNamespace(**{k.removeprefix("overlap_"): v for k, v in base.items()}))
 
 
 def test_mode_bits():
@@ -50,7 +51,7 @@ def test_mode_cluster_bit():
   assert og._mode(_cfg(overlap_cluster_m=1), "rs", 2, 8 << 20) == 1 | 2 | 4
   assert og._mode(_cfg(overlap_cluster_m=0), "ag", 2, 0) == 1 | 2 | 64  # auto: the host picks
   for bad in (-1, 3, 4, True, "2", 2.0):
-    with pytest.raises(ValueError, match="overlap_cluster_m"):
+    with pytest.raises(ValueError, match="overlap.cluster_m"):
       og._mode(_cfg(overlap_cluster_m=bad), "ag", 2, 0)
 
 
@@ -74,7 +75,7 @@ def test_mode_tile_bits():
   for i, t in enumerate(og.TILE_NS):
     assert og._mode(_cfg(overlap_tile_n=t), "ag", 2, 0) == 1 | 2 | ((i + 1) << og.MODE_TILE_SHIFT)
   for bad in (64, 100, True, 512, 128.0):
-    with pytest.raises(ValueError, match="overlap_tile_n"):
+    with pytest.raises(ValueError, match="overlap.tile_n"):
       og._mode(_cfg(overlap_tile_n=bad), "rs", 2, 0)
 
 
@@ -103,9 +104,9 @@ def test_mode_tma_store_bits():
   assert og._mode(_cfg(overlap_tma_store=True), "ag", 2, 0) == 1 | 2 | og.MODE_TMA_STORE
   assert og._mode(_cfg(overlap_tma_store=False), "ag", 2, 0) == 1 | 2
   assert og._mode(_cfg(overlap_tma_store=None), "ag", 2, 0) == 1 | 2 | og.MODE_TMA_STORE_AUTO
-  assert Config().overlap_tma_store is None
+  assert Config().overlap.tma_store is None
   for bad in (1, 0, "on", 1.0):
-    with pytest.raises(ValueError, match="overlap_tma_store"):
+    with pytest.raises(ValueError, match="overlap.tma_store"):
       og._mode(_cfg(overlap_tma_store=bad), "rs", 1, 0)
 
 
@@ -116,12 +117,12 @@ def test_mode_pingpong_bits():
   assert og._mode(_cfg(overlap_pingpong=True, overlap_tile_n=128, overlap_cluster_m=0), "rs", 2, 0) == \
       1 | 2 | og.MODE_PINGPONG | og.MODE_CLUSTER_AUTO | (1 << og.MODE_TILE_SHIFT)
   assert og._mode(_cfg(overlap_pingpong=False), "ag", 2, 0) == 1 | 2
-  assert Config().overlap_pingpong is False
+  assert Config().overlap.pingpong is False
   for bad in (1, 0, "on", None):
-    with pytest.raises(ValueError, match="overlap_pingpong"):
+    with pytest.raises(ValueError, match="overlap.pingpong"):
       og._mode(_cfg(overlap_pingpong=bad), "rs", 1, 0)
   for kw in (dict(overlap_tile_n=256), dict(overlap_tile_n=192), dict(overlap_cluster_m=2)):
-    with pytest.raises(ValueError, match="overlap_pingpong=True runs 128-column tiles"):
+    with pytest.raises(ValueError, match="overlap.pingpong=True runs 128-column tiles"):
       og._mode(_cfg(overlap_pingpong=True, **kw), "ag", 2, 0)
     og._mode(_cfg(overlap_pingpong=False, **kw), "ag", 2, 0)
 
@@ -132,7 +133,7 @@ def test_mode_raster_bits():
   for r in range(1, og.RASTERS + 1):
     assert og._mode(_cfg(overlap_raster=r), "rs", 2, 0) == 1 | 2 | (r << og.MODE_RASTER_SHIFT)
   for bad in (-1, og.RASTERS + 1, True, 2.0):
-    with pytest.raises(ValueError, match="overlap_raster"):
+    with pytest.raises(ValueError, match="overlap.raster"):
       og._mode(_cfg(overlap_raster=bad), "ag", 2, 0)
 
 
@@ -161,8 +162,8 @@ def test_lowering_for_cuda_carries_the_cluster_bit(monkeypatch, kind, cluster_m)
   """overlap_cluster_m is read at trace time into the custom call's `mode` (CPU host, CUDA lowering)."""
   from jax_dfccl.config import config
   monkeypatch.setattr(og, "available", lambda: True)
-  monkeypatch.setattr(config, "overlap_cluster_m", cluster_m)
-  monkeypatch.setattr(config, "overlap_rs_copy_engine_min_bytes", -1)
+  monkeypatch.setattr(config.overlap, "cluster_m", cluster_m)
+  monkeypatch.setattr(config.overlap, "rs_copy_engine_min_bytes", -1)
   text = _lower_for_cuda(kind)
   assert f"dfccl_overlap_{kind}" in text
   defaults = og.MODE_TMA_STORE_AUTO
@@ -172,8 +173,8 @@ def test_lowering_for_cuda_carries_the_cluster_bit(monkeypatch, kind, cluster_m)
 def test_lowering_rejects_a_bad_cluster_m(monkeypatch):
   from jax_dfccl.config import config
   monkeypatch.setattr(og, "available", lambda: True)
-  monkeypatch.setattr(config, "overlap_cluster_m", 4)
-  with pytest.raises(ValueError, match=r"overlap_cluster_m must be 0 \(auto\), 1 or 2"):
+  monkeypatch.setattr(config.overlap, "cluster_m", 4)
+  with pytest.raises(ValueError, match=r"overlap.cluster_m must be 0 \(auto\), 1 or 2"):
     _lower_for_cuda("rs")
 
 

@@ -112,7 +112,7 @@ def test_overlap_ops_with_tensor_parallelism_of_one(mesh41, op):
 
 @pytest.mark.parametrize("op", list(_ops(jax.lax)))
 def test_forced_through_runtime(mesh41, op):
-  """config.runtime_for_groups_of_one: the same results as jax.lax, through the runtime."""
+  """config.testing.runtime_for_groups_of_one: the same results as jax.lax, through the runtime."""
   x = put(_x(2), mesh41, P("x"))
   with dc.configured(runtime_for_groups_of_one=True):
     started = dc.stats()["cpu"]["started"]

@@ -1,7 +1,7 @@
 """Do jax_dfccl's collectives sit inside XLA's command buffers (CUDA graphs)?
 
 Compiles, on one GPU, a chain of elementwise work and jax_dfccl collectives
-(a group of one forced through the runtime, ``config.runtime_for_groups_of_one``)
+(a group of one forced through the runtime, ``config.testing.runtime_for_groups_of_one``)
 with ``--xla_dump_to``, then reads the optimized HLO XLA dumped: which
 computations are command buffers and which custom calls they hold.  Then runs
 the program and reports per-op time and the handlers' calls per executed
@@ -68,7 +68,7 @@ def main():
   from jax.sharding import Mesh, PartitionSpec as P
 
   import jax_dfccl as d
-  d.config.runtime_for_groups_of_one = True
+  d.config.testing.runtime_for_groups_of_one = True
   mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
 
   def body(v):

@@ -49,11 +49,11 @@ def main():
 
   import jax_dfccl as d
   from jax_dfccl._src import backend
-  d.config.runtime_for_groups_of_one = True
+  d.config.testing.runtime_for_groups_of_one = True
   trace = "--trace" in sys.argv
   d.config.trace = trace
   if "--inline-us" in sys.argv:  # the inline submit kernel's budget (0: the daemon runs every task)
-    d.config.submit_inline_us = float(sys.argv[sys.argv.index("--inline-us") + 1])
+    d.config.tuning.submit_inline_us = float(sys.argv[sys.argv.index("--inline-us") + 1])
   mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
   nops = 32
 

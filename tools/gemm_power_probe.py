@@ -19,9 +19,9 @@ duration and start-to-start period there, so a slower rate can be told apart as
 a slower kernel or as gaps between kernels.
 
 Implementations: `xla` (jnp.dot under jax.jit), `tN` (the fused GEMM+RS op over
-a one-GPU axis with jax_dfccl.config.overlap_tile_n = N), `auto` (its default
+a one-GPU axis with jax_dfccl.config.overlap.tile_n = N), `auto` (its default
 tile choice); a suffix `-nopdl` turns the programmatic launch off
-(jax_dfccl.config.overlap_pdl = False).  Needs one GPU and nvidia-smi.
+(jax_dfccl.config.overlap.pdl = False).  Needs one GPU and nvidia-smi.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ and the per-op time with tracing off, and the host-side handler times.  Usage: p
 `--bw`: per-op time, busbw and the daemon's exchange time (run -> finish) of
 large psum / all_gather chains under a few GPU runtime settings.
 `--crossover`: marginal per-op time of psum / all_gather / psum_scatter chains from
-1 to 64 MiB on the daemon and on the copy-engine path (config.copy_engine_min_bytes).
+1 to 64 MiB on the daemon and on the copy-engine path (config.tuning.copy_engine_min_bytes).
 `--large`: large all_gather / psum chains (64 MiB .. 1 GiB) on the copy engines, unrolled and in fori_loop,
 wall time per op next to the copy-engine GPU time per op (first copy .. done write on
 rank 0, from stats()), and one all_gather per size checked against numpy on every rank.
@@ -111,7 +111,7 @@ def crossover():
   # Long chains and many repetitions: a program launch varies by ~0.5 ms, which
   # chains of 12 and 2 turned into +-50 us per op.
   long, short = 42, 2
-  saved = {k: getattr(dfccl.config, k) for k in ("copy_engine_min_bytes", "copy_engine_reduce_min_bytes")}
+  saved = {k: dfccl.config.as_dict()[k] for k in ("copy_engine_min_bytes", "copy_engine_reduce_min_bytes")}
   print(f"marginal us/op (chain of {long} minus chain of {short}): daemon | copy engine", flush=True)
   for mib in (1, 2, 4, 8, 16, 64):
     x = jnp.ones((N, (mib << 20) // 2), jnp.bfloat16)

@@ -64,22 +64,29 @@ def runtimes() -> dict:
 
 
 def configure(**entries):
-  """Updates ``jax_dfccl.config`` and pushes every entry to the loaded runtimes.
+  """Sets entries of ``jax_dfccl.config`` by their flat names and pushes every
+  entry to the loaded runtimes (loading them first), so the change holds in
+  the runtimes before this returns.  ``config.<section>.<entry> = value`` comes
+  here too.
 
   A value a runtime rejects (out of its range) raises ``ValueError`` and
-  leaves every entry, in Python and in the runtimes, as it was."""
+  leaves every entry, in Python and in the runtimes, as it was; an unknown
+  name raises ``AttributeError``."""
+  from jax_dfccl.config import FLAT, Config
+  for k in entries:
+    if k not in FLAT:
+      raise AttributeError(f"jax_dfccl.configure: unknown entry {k!r}; the entries are jax_dfccl.config's "
+                           f"(flat names: {', '.join(sorted(FLAT))})")
   old = config.as_dict()
-  for k, v in entries.items():
-    if not hasattr(config, k):
-      raise AttributeError(f"jax_dfccl.configure: unknown entry {k!r}; see jax_dfccl.config")
   try:
-    for k, v in entries.items():
-      setattr(config, k, type(config).coerce(k, v))
+    values = {k: Config.coerce(k, v) for k, v in entries.items()}
+    for k, v in values.items():
+      config._set_flat(k, v)
     for rt in load().values():
       rt.configure(config.as_dict())
   except Exception:
     for k, v in old.items():
-      setattr(config, k, v)
+      config._set_flat(k, v)
     for rt in _runtimes.values():
       rt.configure(old)
     raise
@@ -88,13 +95,13 @@ def configure(**entries):
 @contextlib.contextmanager
 def configured(**entries):
   """``configure(**entries)`` inside the block, the previous values restored
-  after it (also on an error).  Settings read at trace time (the ``overlap_*``
-  entries) apply to what is traced inside the block."""
-  old = {}
+  after it (also on an error).  Entries read when a program is traced (the
+  ``overlap_*`` entries) apply to what is traced inside the block."""
+  from jax_dfccl.config import FLAT
   for k in entries:
-    if not hasattr(config, k):
+    if k not in FLAT:
       raise AttributeError(f"jax_dfccl.configured: unknown entry {k!r}; see jax_dfccl.config")
-    old[k] = getattr(config, k)
+  old = {k: v for k, v in config.as_dict().items() if k in entries}
   configure(**entries)
   try:
     yield config
@@ -136,8 +143,8 @@ STATS_EXTRAS = {
     },
     "cuda": {
         "daemon_tasks_done": "tasks the daemon kernels finished (the copy-engine path excluded)",
-        "inline_done": "tasks their submit kernels finished themselves (config.submit_inline_us)",
-        "identity_done": "... of them matched by identity without a ticket (config.small_by_identity; counted "
+        "inline_done": "tasks their submit kernels finished themselves (config.tuning.submit_inline_us)",
+        "identity_done": "... of them matched by identity without a ticket (config.tuning.small_by_identity; counted "
                          "in started and completed too)",
         "steps": "lane steps the daemons ran",
         "aborted": "tasks the daemons dropped after the watchdog aborted them",
@@ -146,7 +153,7 @@ STATS_EXTRAS = {
         "bytes_held": "device memory held by the runtime (bytes)",
         "host_bytes_held": "pinned host memory held by the runtime (bytes)",
         "sms_used": "blocks of the latest daemon (max over devices)",
-        "sms_default": "daemon blocks without large messages (config.max_blocks)",
+        "sms_default": "daemon blocks without large messages (config.tuning.max_blocks)",
         "sms_large": "daemon blocks while a large message is pending",
         "daemons_running": "daemon kernels running now",
         "devices": "GPUs the runtime set up",

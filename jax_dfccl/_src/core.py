@@ -188,7 +188,7 @@ def _start_abstract(aval, *init, site, **params):
   return [_out_aval(aval, params, *init), aval, _ticket_aval(aval)], _effects(params)
 
 
-def _done_abstract(out, x_alias, ticket, *, key, site):
+def _done_abstract(out, x_alias, ticket, *, key, site, route=None):
   return out, {dfccl_effect}
 
 
@@ -442,15 +442,7 @@ def _async_start_lowering(ctx, x, *init, site, **params):
   return _start_lowering(ctx, x, *init, site=site, **params)
 
 
-# Sites whose group has one member: lowered without the runtime (see _trivial).
-_TRIVIAL_SITES: set[int] = set()
-# CUDA sites on the copy-engine path: the *_host targets (host matching, no
-# command buffers); every other CUDA site runs on the daemon path, whose
-# handlers XLA may capture into command buffers.
-_HOST_SITES: set[int] = set()
-
-
-def _copy_engine_path(ctx, op, nranks) -> bool:
+def _copy_engine_path(ctx, op, nranks, x_aval, out_aval) -> bool:
   """Whether this CUDA collective takes the copy-engine path: the runtime's rule
   (``uses_copy_engine``, from ``copy_engine_min_bytes`` and friends, which are
   therefore read when the program is lowered)."""
@@ -462,7 +454,25 @@ def _copy_engine_path(ctx, op, nranks) -> bool:
     return False
   nbytes = lambda a: int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize  # noqa: E731
   return bool(cuda.uses_copy_engine(int(_tables()['KIND'][OPS[op].kind]), int(nranks),
-                                    nbytes(ctx.avals_in[0]), nbytes(ctx.avals_out[0])))
+                                    nbytes(x_aval), nbytes(out_aval)))
+
+
+def _route(ctx, op, axes, groups, x_aval, out_aval) -> str:
+  """How a start and its done are lowered, decided from the same inputs by both (the done gets
+  its start's ``op``, ``axes`` and ``groups`` as its ``route`` parameter), so lowering keeps no
+  state between them: ``"trivial"`` (a group of one rank: plain HLO, see `_trivial`), ``"host"``
+  (CUDA, the copy-engine path: the ``*_host`` targets, host matching, no command buffers) or
+  ``"runtime"`` (every other collective; on CUDA the daemon path, capturable into command buffers)."""
+  from jax_dfccl.config import config
+  nranks = group_table(_spmd_mesh(ctx, op), axes, groups).shape[1]
+  if nranks == 1 and not config.testing.runtime_for_groups_of_one:
+    return "trivial"
+  return "host" if _copy_engine_path(ctx, op, nranks, x_aval, out_aval) else "runtime"
+
+
+def route_of(params) -> tuple:
+  """The ``route`` parameter a done gets from its start's parameters."""
+  return (params["op"], params["axes"], params["groups"])
 
 
 def _trivial(ctx, x, op, perm):
@@ -485,12 +495,11 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   if isinstance(mesh, jax.sharding.Mesh):
     from jax_dfccl._src import distributed
     distributed.check_reach(mesh.devices.flat, op)
+  route = _route(ctx, op, axes, groups, ctx.avals_in[0], ctx.avals_out[0])
   groups = group_table(mesh, axes, groups)
   from jax_dfccl._src import distributed
   distributed.prepare_gpu_rows(ctx, mesh, device_ids(mesh), groups)
-  from jax_dfccl.config import config
-  if groups.shape[1] == 1 and not config.runtime_for_groups_of_one:  # nothing to match or move: no runtime
-    _TRIVIAL_SITES.add(site)
+  if route == "trivial":  # nothing to match or move: no runtime
     out = _trivial(ctx, x, op, perm)
     if target == "dfccl_collective":
       return [out]
@@ -506,8 +515,7 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   aliases = dict({0: 1} if aliases is None else aliases)
   if init:  # operand 2 (after x and the partition id) is the output's initial value
     aliases[2] = 0
-  if _copy_engine_path(ctx, op, groups.shape[1]):
-    _HOST_SITES.add(site)
+  if route == "host":
     target += "_host"
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)
   sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL, *ctx.avals_in[1:]])
@@ -518,7 +526,7 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
               device_ids=device_ids(mesh), perm=perm_arr)
 
 
-def _done_lowering(ctx, out, x_alias, ticket, *, key, site, in_place=False):
+def _done_lowering(ctx, out, x_alias, ticket, *, key, site, route=None, in_place=False):
   """The done of a start: waits for the instance, then returns its result.
 
   The GPU runtime writes the start's output buffer until done (the CPU runtime
@@ -530,9 +538,10 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site, in_place=False):
   result of its own (the handlers copy after the wait); only the blocking
   form's internal handle, whose one user is its done, is updated in place.
   """
-  if site in _TRIVIAL_SITES:  # its start had a group of one
+  path = _route(ctx, *route, ctx.avals_in[1], ctx.avals_in[0]) if route is not None else "runtime"
+  if path == "trivial":  # its start had a group of one
     return [out]
-  target = "dfccl_done_host" if site in _HOST_SITES else "dfccl_done"
+  target = "dfccl_done_host" if path == "host" else "dfccl_done"
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 0} if in_place else None,
                               has_side_effect=True)
   return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
@@ -547,7 +556,7 @@ def _collective_lowering(ctx, x, *init, **params):
   out, xa, t = _start_lowering(ctx.replace(avals_out=[out_aval, x_aval, t_aval]), x, *init,
                                site=site, **params)
   return _done_lowering(ctx.replace(avals_in=[out_aval, x_aval, t_aval], avals_out=[out_aval]),
-                        out, xa, t, key=params["key"], site=site, in_place=True)
+                        out, xa, t, key=params["key"], site=site, route=route_of(params), in_place=True)
 
 
 def _collective_lowering_cuda(ctx, x, *init, **params):

@@ -5,7 +5,7 @@ GPUs; a group of devices spanning processes gets its memory (staging, flags,
 the match table) exchanged by CUDA IPC when a program using it is lowered
 (:func:`prepare_gpu_group`: each process allocates its ranks' memory, puts the
 IPC handles into the key-value store and maps the others').  Larger messages of
-such groups take the direct path (``config.direct``): each process listens at a
+such groups take the direct path (``config.tuning.direct``): each process listens at a
 Unix socket for the allocations holding the other processes' XLA buffers, which
 their owners export as file descriptors when a collective first uses them
 (``xla_ffi/runtime/ipc.h``); where XLA's memory cannot be exported (another
@@ -110,7 +110,7 @@ def _initialize_gpu(timeout_s: float) -> None:
   rt.set_device_ids([(int(d.id), int(d.local_hardware_id)) for d in jax.local_devices()])
   # The direct path across processes, if every process's XLA memory can be exported
   # (the same in all processes: pool geometry depends on it).
-  why = _exportable(rt) if config.direct else "jax_dfccl.config.direct is False"
+  why = _exportable(rt) if config.tuning.direct else "jax_dfccl.config.tuning.direct is False"
   me = jax.process_index()
   client.key_value_set(f"{_NS}/{token}/export/{me}", why or "ok")
   verdicts = [client.blocking_key_value_get(f"{_NS}/{token}/export/{p}", ms) for p in range(jax.process_count())]
@@ -118,7 +118,7 @@ def _initialize_gpu(timeout_s: float) -> None:
   staged_because = next((f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"), "")
   if direct:
     rt.start_ipc(f"jax_dfccl.{token}.{me}")
-  elif config.direct:  # asked for, not possible: say why (larger messages across processes are slower staged)
+  elif config.tuning.direct:  # asked for, not possible: say why (larger messages across processes are slower staged)
     import warnings
     warnings.warn(f"jax_dfccl.initialize: groups spanning processes take the staged path ({staged_because})",
                   RuntimeWarning, stacklevel=3)
@@ -137,9 +137,11 @@ def _exportable(rt) -> str:
   return ""
 
 
-def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = True) -> None:
+def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False) -> None:
   """At lowering: the groups (rows of indices into the device ids ``ids``) of a
-  CUDA collective, for those that span processes (see :func:`prepare_gpu_group`)."""
+  CUDA collective, for those that span processes (see :func:`prepare_gpu_group`).
+  Lowering never waits for another process: the peers' memory is imported on a
+  thread, and a collective's first call waits for it (at most ``timeout_s``)."""
   if (not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return
@@ -147,13 +149,14 @@ def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = True) -> None:
     prepare_gpu_group([int(ids[i]) for i in row], wait)
 
 
-def prepare_gpu_group(row, wait: bool = True) -> None:
+def prepare_gpu_group(row, wait: bool = False) -> None:
   """Exchanges the memory of a group of global GPU ids spanning processes (once
   per group; every process whose devices are in it must lower a program using it).
-  ``wait=False`` (send/recv pairs, whose programs differ per process and may
-  name their groups in any order): the handles are exported now and the peers'
-  imported on a thread, so no lowering waits for another process's; the
-  collective's first call waits (at most ``timeout_s``) for the import."""
+  The handles are exported now and the peers' imported on a thread, so no
+  lowering waits for another process's (``.lower()`` of one process returns
+  while its peers have not lowered yet); the collective's first call waits (at
+  most ``timeout_s``) for the import.  ``wait=True`` imports on the caller's
+  thread instead (for tools that set a group up outside any lowering)."""
   if not _state.get("gpu"):
     return
   row = [int(g) for g in row]

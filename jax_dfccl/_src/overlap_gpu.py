@@ -13,12 +13,12 @@ sm90 GEMM with tile-wise signaling (see xla_ffi/overlap/):
   computed last and adds the received partials in its epilogue (f32).
 
 Used when: the default backend is GPU (sm90), the module imports,
-``jax_dfccl.config.overlap_fused`` (default True; ``fused(False)`` turns it off
+``jax_dfccl.config.overlap.fused`` (default True; ``fused(False)`` turns it off
 inside a block), dtype bfloat16/float16,
 2..8 ranks, and K, N multiples of 8 (RS: rows divisible by the ranks). Anything
 else keeps the XLA-dot + collective schedule. Nothing here imports the
 extension on CPU.  Every cross-rank wait in the kernels is bounded by
-``jax_dfccl.config.overlap_wait_timeout_s`` (a custom-call attribute, read at
+``jax_dfccl.config.overlap.wait_timeout_s`` (a custom-call attribute, read at
 trace time); ``overlap_copy_engine`` (AG rows moved by the copy engine instead
 of the SM push kernel), ``overlap_cta_fence`` (RS: one system fence per CTA
 and tile) ``overlap_rs_copy_engine_min_bytes`` (RS partial blocks at least
@@ -59,7 +59,7 @@ __all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANKS = 8
 
-_enabled: list = [None]  # None: jax_dfccl.config.overlap_fused
+_enabled: list = [None]  # None: jax_dfccl.config.overlap.fused
 _diag_bits: list = [0]   # extra `mode` bits of ops traced inside diag_mode()
 MODE_MAILBOX_ONLY = 8    # protocol.h kModeMailboxOnly
 MODE_CLUSTER_M2 = 16     # protocol.h kModeClusterM2 (config overlap_cluster_m == 2)
@@ -130,7 +130,7 @@ def available() -> bool:
 
 def applies(kind, x, w, nranks) -> bool:
   """Whether the fused kernel runs this per-shard op (decided at trace time)."""
-  on = _enabled[0] if _enabled[0] is not None else _config().overlap_fused
+  on = _enabled[0] if _enabled[0] is not None else _config().overlap.fused
   if not on or jnp.dtype(x.dtype) not in FUSED_DTYPES or not 2 <= nranks <= MAX_RANKS:
     return False
   if x.ndim != 2 or w.ndim != 2 or x.shape[1] % 8 or w.shape[1] % 8 or 0 in x.shape + w.shape:
@@ -244,42 +244,42 @@ def _lowering(ctx, x, w, *, kind, axis, nranks, gather):
   key = f"{kind}:{xa.shape[0]}x{xa.shape[1]}@{wa.shape[0]}x{wa.shape[1]}"
   rule = jax.ffi.ffi_lowering("dfccl_overlap_" + kind, has_side_effect=True)
   cfg = _config()
-  timeout_ns = int(max(cfg.overlap_wait_timeout_s, 1e-3) * 1e9)
+  timeout_ns = int(max(cfg.overlap.wait_timeout_s, 1e-3) * 1e9)
   block_bytes = (xa.shape[0] // nranks) * wa.shape[1] * np.dtype(xa.dtype).itemsize  # RS: one rank's rows
   return rule(ctx, x, w, key=key, devices=devs, group_size=np.int32(nranks),
               timeout_ns=np.int64(timeout_ns), mode=np.int32(_mode(cfg, kind, nranks, block_bytes)))
 
 
-def _int_entry(cfg, name, allowed, what):
-  """cfg.<name>, an int (not a bool, not a float) among `allowed`, else a ValueError naming the entry."""
-  v = getattr(cfg, name)
+def _int_entry(section, name, allowed, what):
+  """cfg.overlap.<name>, an int (not a bool, not a float) among `allowed`, else a ValueError naming the entry."""
+  v = getattr(section, name)
   if not isinstance(v, int) or isinstance(v, bool) or v not in allowed:
-    raise ValueError(f"jax_dfccl.config.{name} must be {what}, got {v!r}")
+    raise ValueError(f"jax_dfccl.config.overlap.{name} must be {what}, got {v!r}")
   return v
 
 
 def _mode(cfg, kind, nranks, block_bytes) -> int:
   """The custom call's `mode` bits (xla_ffi/overlap/protocol.h, enum Mode)."""
-  lim = cfg.overlap_rs_copy_engine_min_bytes
+  lim = cfg.overlap.rs_copy_engine_min_bytes
   rs_ce = kind == "rs" and nranks == 2 and lim >= 0 and block_bytes >= lim
-  cluster_m = _int_entry(cfg, "overlap_cluster_m", (0, 1, 2), "0 (auto), 1 or 2")
-  tile_n = _int_entry(cfg, "overlap_tile_n", (0, *TILE_NS), f"0 (auto) or one of {TILE_NS}")
+  cluster_m = _int_entry(cfg.overlap, "cluster_m", (0, 1, 2), "0 (auto), 1 or 2")
+  tile_n = _int_entry(cfg.overlap, "tile_n", (0, *TILE_NS), f"0 (auto) or one of {TILE_NS}")
   tile_bits = (TILE_NS.index(tile_n) + 1) << MODE_TILE_SHIFT if tile_n else 0
-  raster = _int_entry(cfg, "overlap_raster", range(RASTERS + 1), f"0 (the plan's) or 1..{RASTERS}")
-  tma = cfg.overlap_tma_store
+  raster = _int_entry(cfg.overlap, "raster", range(RASTERS + 1), f"0 (the plan's) or 1..{RASTERS}")
+  tma = cfg.overlap.tma_store
   if tma is not None and not isinstance(tma, bool):
-    raise ValueError(f"jax_dfccl.config.overlap_tma_store must be None (the plan's), True or False, got {tma!r}")
+    raise ValueError(f"jax_dfccl.config.overlap.tma_store must be None (the plan's), True or False, got {tma!r}")
   tma_bits = MODE_TMA_STORE_AUTO if tma is None else MODE_TMA_STORE if tma else 0
-  pp = cfg.overlap_pingpong
+  pp = cfg.overlap.pingpong
   if not isinstance(pp, bool):
-    raise ValueError(f"jax_dfccl.config.overlap_pingpong must be True or False, got {pp!r}")
+    raise ValueError(f"jax_dfccl.config.overlap.pingpong must be True or False, got {pp!r}")
   if pp and (tile_n not in (0, 128) or cluster_m == 2):
-    raise ValueError("jax_dfccl.config.overlap_pingpong=True runs 128-column tiles on 1x1 clusters: overlap_tile_n "
+    raise ValueError("jax_dfccl.config.overlap.pingpong=True runs 128-column tiles on 1x1 clusters: overlap_tile_n "
                      f"must be 0 or 128 and overlap_cluster_m 0 or 1, got {tile_n} and {cluster_m}")
   pp_bits = MODE_PINGPONG if pp else 0
-  return ((1 if cfg.overlap_copy_engine else 0) | (2 if cfg.overlap_cta_fence else 0) | (4 if rs_ce else 0)
+  return ((1 if cfg.overlap.copy_engine else 0) | (2 if cfg.overlap.cta_fence else 0) | (4 if rs_ce else 0)
           | (MODE_CLUSTER_M2 if cluster_m == 2 else MODE_CLUSTER_AUTO if cluster_m == 0 else 0)
-          | (0 if cfg.overlap_split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap_pdl else MODE_NO_PDL)
+          | (0 if cfg.overlap.split_last_wave else MODE_NO_SPLIT) | (0 if cfg.overlap.pdl else MODE_NO_PDL)
           | tile_bits | (raster << MODE_RASTER_SHIFT) | tma_bits | pp_bits
           | _diag_bits[0])
 

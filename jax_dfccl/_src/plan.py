@@ -149,11 +149,12 @@ def run_blocking(leaves: Sequence[Leaf], treedef):
 
 
 class _HandleState:
-  __slots__ = ("names", "posts", "treedef", "keys", "sites", "consumed")
+  __slots__ = ("names", "posts", "treedef", "keys", "sites", "routes", "consumed")
 
-  def __init__(self, names, posts, treedef, keys, sites):
+  def __init__(self, names, posts, treedef, keys, sites, routes=None):
     self.names, self.posts, self.treedef = names, posts, treedef
     self.keys, self.sites, self.consumed = keys, sites, False
+    self.routes = routes if routes is not None else [None] * len(sites)  # each done's route parameter
 
 
 @jax.tree_util.register_pytree_node_class
@@ -191,7 +192,8 @@ def run_start(name: str, leaves: Sequence[Leaf], treedef) -> Handle:
     order.issued(arrays[-1], wait=False)  # its ticket
     sites.append(site)
   return Handle(arrays, _HandleState(name, [lf.post for lf in leaves], treedef,
-                                     [lf.params["key"] for lf in leaves], sites))
+                                     [lf.params["key"] for lf in leaves], sites,
+                                     [c.route_of(lf.params) for lf in leaves]))
 
 
 def done(handle: Handle):
@@ -204,8 +206,9 @@ def done(handle: Handle):
   st.consumed = True
   c._DONE_SITES.update(st.sites)
   outs = []
-  for i, (post, key, site) in enumerate(zip(st.posts, st.keys, st.sites)):
-    outs.append(post(order.bind_wait(c.done_p, *handle._arrays[3 * i: 3 * i + 3], key=key, site=site)))
+  for i, (post, key, site, route) in enumerate(zip(st.posts, st.keys, st.sites, st.routes)):
+    outs.append(post(order.bind_wait(c.done_p, *handle._arrays[3 * i: 3 * i + 3], key=key, site=site,
+                                     route=route)))
   return _assemble(st.treedef, outs)
 
 

@@ -98,7 +98,7 @@ def _plan(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes
   k = _check(x, output, idx, n)
   words_out, back = pl._to_words(output, 0)
   from jax_dfccl.config import config
-  if n == 1 and not config.runtime_for_groups_of_one:
+  if n == 1 and not config.testing.runtime_for_groups_of_one:
     # Nothing to exchange: the local placement, through a collective that lowers to plain HLO
     # (with runtime_for_groups_of_one the ragged op itself goes to the runtime, below).
     res, _ = pl._to_words(_local(x, output, *idx[:3]), 0)

@@ -44,7 +44,7 @@ def test_cuda_runtime_holds_every_gpu_entry_as_python_set():
   from jax_dfccl.config import CPU_ONLY_ENTRIES, INIT_ENTRIES, TRACE_TIME_ENTRIES
   assert set(fields) - set(got) == CPU_ONLY_ENTRIES | INIT_ENTRIES | TRACE_TIME_ENTRIES
   for k, v in got.items():
-    assert v == getattr(dc.config, k) and type(v) is type(getattr(dc.config, k)), (k, v)
+    assert v == dc.config.as_dict()[k] and type(v) is type(dc.config.as_dict()[k]), (k, v)
 
 
 def test_cuda_runtime_reports_exactly_what_python_set():
@@ -55,9 +55,9 @@ def test_cuda_runtime_reports_exactly_what_python_set():
   with dc.configured(**new):
     got = _cuda().config()
     assert {k: got[k] for k in new} == new
-    assert got == {k: getattr(dc.config, k) for k in got}
+    assert got == {k: dc.config.as_dict()[k] for k in got}
     assert dc.stats()["cuda"]["sms_default"] == 9 and dc.stats()["cuda"]["sms_large"] == 33
-  assert _cuda().config() == {k: getattr(dc.config, k) for k in got}
+  assert _cuda().config() == {k: dc.config.as_dict()[k] for k in got}
 
 
 def test_rejected_value_changes_nothing_in_any_runtime():

@@ -1,5 +1,5 @@
 """The CUDA runtime on ONE GPU: groups of one rank forced through the daemon
-(config.runtime_for_groups_of_one), so its every path runs on a one-GPU
+(config.testing.runtime_for_groups_of_one), so its every path runs on a one-GPU
 machine — the LL path (small messages), the direct path (larger ones), every
 op of the op table including pbroadcast and ragged_all_to_all — and each test
 asserts that the runtime did run (its started counter grew).  The reference

@@ -118,7 +118,7 @@ def test_tile_widths_alternate_on_one_channel():
 @pytest.mark.parametrize("cluster_m", [1, 2], ids=["1x1", "2x1"])
 @pytest.mark.parametrize("kind", ["ag", "rs"])
 def test_tile_orders(kind, cluster_m, raster):
-  """Every forced tile order (config.overlap_raster, protocol.h kRasters) covers every tile once: 9 m tiles
+  """Every forced tile order (config.overlap.raster, protocol.h kRasters) covers every tile once: 9 m tiles
   (an odd count: the last 2x1 pair half below the matrix) x 7 n tiles of 128 (groups of 2, 4 and 8 columns
   with a narrower last one), and the split last wave (1x1)."""
   M, N, K = 1100, 840, 1000
@@ -135,7 +135,7 @@ def test_tile_orders(kind, cluster_m, raster):
 @pytest.mark.parametrize("kind", ["ag", "rs"])
 @pytest.mark.parametrize("M,N,K", SHAPES + [(1300, 3600, 704)])
 def test_tma_store(M, N, K, kind, dtype, tile_n):
-  """config.overlap_tma_store: the epilogue's bulk tensor stores (a group of one: every tile's destination is the
+  """config.overlap.tma_store: the epilogue's bulk tensor stores (a group of one: every tile's destination is the
   output) -- partial tiles clipped at M and N (odd multiples of 8), K = 8, a split last wave (1300x3600x704 at
   128 columns), every width and both types -- exact against the same reference as the threads' stores; repeated
   instances reuse the staging tile while earlier stores may still read it."""
@@ -184,7 +184,7 @@ PINGPONG_CASES = [(jnp.bfloat16, False), (jnp.bfloat16, True), (jnp.float16, Tru
 @pytest.mark.parametrize("kind", ["ag", "rs"])
 @pytest.mark.parametrize("M,N,K", SHAPES + [(1300, 3600, 704), (200, 17000, 1000), (2048, 4096, 512)])
 def test_pingpong(M, N, K, kind, dtype, tma):
-  """config.overlap_pingpong: the two consumer warp groups compute a unit each, in turns -- partial tiles at M and
+  """config.overlap.pingpong: the two consumer warp groups compute a unit each, in turns -- partial tiles at M and
   N, K = 8, fewer units than CTAs (a group with no unit), a split last wave (1300x3600x704, 200x17000x1000: the
   owner's and the partials' units in either group), several waves (2048x4096x512: 512 units on 132 CTAs), the
   threads' and the bulk stores -- exact against the same reference, on repeated instances.  The plan says

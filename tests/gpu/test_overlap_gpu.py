@@ -242,8 +242,8 @@ def test_mailbox_only_and_back(kind, rs_ce):
   from jax_dfccl.config import config
   dtype = jnp.bfloat16
   x, w = _inputs(512, 768, 384, dtype, seed=11)
-  old = config.overlap_rs_copy_engine_min_bytes
-  config.overlap_rs_copy_engine_min_bytes = 0 if rs_ce else -1
+  old = config.overlap.rs_copy_engine_min_bytes
+  config.overlap.rs_copy_engine_min_bytes = 0 if rs_ce else -1
   try:
     f, args = _per_shard(kind, x, w)
     f.lower(*args)
@@ -253,7 +253,7 @@ def test_mailbox_only_and_back(kind, rs_ce):
       bits = 1 | 2 | 8 | (4 if rs_ce and kind == "rs" else 0)  # copy engine, CTA fence, mailbox only
       assert f"mode = {bits}" in g.lower(*args).as_text()
   finally:
-    config.overlap_rs_copy_engine_min_bytes = old
+    config.overlap.rs_copy_engine_min_bytes = old
   ref = _ref(kind, x, w)
   for it in range(6):  # same op key: one channel, instances of both schemes interleaved
     _close((f if it % 3 else g)(*args), ref, dtype, f"{kind} iter {it}")
@@ -336,8 +336,8 @@ import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax_dfccl._src import overlap as ov, overlap_gpu as og
 from jax_dfccl.config import config
-config.overlap_rs_copy_engine_min_bytes = 0  # the copy engine from the first instance on
-config.overlap_wait_timeout_s = 5.0
+config.overlap.rs_copy_engine_min_bytes = 0  # the copy engine from the first instance on
+config.overlap.wait_timeout_s = 5.0
 mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
 rng = np.random.default_rng(0)
 x = rng.standard_normal((1024, 768)).astype(np.float32)

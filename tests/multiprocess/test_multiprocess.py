@@ -139,6 +139,39 @@ def test_abandoned_program_across_processes(processes, devices):
       assert a["exact"] == a["runs"], a
 
 
+@pytest.mark.parametrize("processes,devices", [(2, 1), (2, 2), (3, 1)])
+def test_retry_after_a_failure_before_the_start(processes, devices):
+  """Process 0's program fails before its keyed psum (a callback raises) while the others' run
+  of the program has started it; process 0 runs the program again at once (input 103, the others
+  1 then 2).  Its second run must not pair with their first (the previous build returned 104 on
+  both without an error): their first run fails with ABORTED naming the key, the ranks and that a
+  peer's program failed — at once, not after timeout_s —, and every process's next run pairs with
+  the others' next run (103 + 2 per peer device)."""
+  timeout_s = 20.0
+  job = harness.run_workers("retry", processes, devices, timeout_s=90, DFCCL_TEST_TIMEOUT_S=timeout_s)
+  _check_job(job, "retry")
+  want = 103.0 * devices + 2.0 * devices * (processes - 1)
+  for i, r in enumerate(job.results):
+    first, second = r["retry"]["runs"]
+    if i == 0:
+      assert "injected failure" in job.outputs[0] or "CpuCallback" in first.get("error", ""), first
+    else:
+      err = first.get("error", "")
+      assert err.startswith("ABORTED") and "'retry' (seq 0)" in err and "a peer's program failed" in err, first
+      assert "0 (device 0, process 0)" in err and f"process {i})" in err, first
+      assert first["seconds"] < timeout_s / 2, first
+    assert second.get("values") == [want], (i, second)
+
+
+def test_timeout_across_processes_is_deadline_exceeded():
+  """The error contract holds across processes: a collective a peer process never starts fails
+  with DEADLINE_EXCEEDED (as in one process), naming the key and the missing rank."""
+  timeout_s = 2.0
+  job = harness.run_workers("stuck", 2, 1, timeout_s=90, DFCCL_TEST_TIMEOUT_S=timeout_s)
+  _check_job(job, "stuck")
+  err = job.results[0]["stuck"]["error"]
+  assert err.startswith("DEADLINE_EXCEEDED") and "'S'" in err and "1 (device" in err, err
+
 def test_stuck_peer():
   """A process alive but late: the others fail after timeout_s (+1 s) naming it;
   pending() names it from every process; its own late start gets the error."""

@@ -289,6 +289,46 @@ def abandon():
                        "keeps_intact": all(np.all(np.asarray(k) == 7.0) for k in keeps)}
 
 
+def retry():
+  """Process 0's program fails before its keyed psum (a host callback raises) while the other
+  processes' run of the same program has started it; process 0 runs the program again at once.
+  Its second run must not pair with their first: their first run fails, naming the key and
+  that a peer's program failed, and their second run pairs with its second."""
+  from jax._src import distributed
+  client = distributed.global_state.client
+  fail = [me == 0]
+
+  def gate(v):
+    if fail[0]:
+      raise RuntimeError("injected failure before the start")
+    return v
+
+  def body(v):
+    w = jax.pure_callback(gate, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+    return dc.psum(w, "x", key="retry")
+  f = smap(body, mesh1, P("x"), P("x"), check_vma=False)
+  inputs = {0: [3.0, 103.0]}  # process 0: the failing run, then its second run
+  runs = []
+  f.lower(make_input(np.zeros((n, 1), np.float32), mesh1, P("x"))).compile()  # compiled before "about to run"
+  for i, val in enumerate(inputs.get(me, [1.0, 2.0])):
+    x = make_input(np.full((n, 1), val, np.float32), mesh1, P("x"))
+    if me != 0:
+      client.key_value_set(f"retry/{me}/{i}", "1")  # about to run (and start the psum)
+    elif i == 1:  # the retry comes once every other process's first run has started the psum
+      for p in range(1, nprocs):
+        client.blocking_key_value_get(f"retry/{p}/0", 60_000)
+      time.sleep(1.0)
+    t0 = time.monotonic()
+    try:
+      runs.append({"values": sorted({float(o.ravel()[0]) for o in local_out(f(x))}),
+                   "seconds": time.monotonic() - t0})
+    except Exception as e:  # noqa: BLE001
+      runs.append({"error": str(e).splitlines()[0][:600], "seconds": time.monotonic() - t0})
+      clear_failed_tokens()
+    fail[0] = False
+  result["retry"] = {"runs": runs, "devices": [len(by_proc[p]) for p in range(nprocs)]}
+
+
 def smoke():
   f = smap(lambda v: dc.psum(v, "x"), mesh1, P("x"), P("x"))
   y = f(make_input(np.ones((n, 2), np.float32), mesh1, P("x")))
@@ -320,7 +360,7 @@ def noinit():
 
 
 try:
-  {"suite": suite, "dead": dead, "stuck": stuck, "abandon": abandon, "smoke": smoke, "noinit": noinit}[scenario]()
+  {"suite": suite, "dead": dead, "stuck": stuck, "abandon": abandon, "retry": retry, "smoke": smoke, "noinit": noinit}[scenario]()
 except Exception:  # noqa: BLE001
   result["exception"] = traceback.format_exc()[-3000:]
 clear_failed_tokens()

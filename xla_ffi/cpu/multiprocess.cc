@@ -15,11 +15,15 @@
 #include "cpu/collectives.h"
 #include "cpu/shm.h"
 #include "dfccl/check.h"
+#include "dfccl/execution.h"
 
 namespace dfccl::cpu {
 namespace {
 
 constexpr int64_t kLivenessPeriodNs = 5'000'000;  // liveness checks of missing ranks' processes
+// A start moves past at most this many entries of executions its process left behind (one per failed
+// execution of the program whose peers had started the key; dfccl/execution.h).
+constexpr int kMaxSkips = kRunWindow;
 
 struct Staged {
   int32_t entry;
@@ -123,7 +127,7 @@ void CompleteFromTable(Task& t) {
   int32_t kind = 0;
   std::string err;
   if (W().table->TakeFailure(t.shm->entry, t.shm->gen, &kind, &err))
-    t.Complete(kind == shm::kPrecondition ? ErrorCode::kFailedPrecondition : ErrorCode::kInternal, err);
+    t.Complete(static_cast<ErrorCode>(kind), err);
 }
 
 void BellLoop(World* w) {
@@ -190,7 +194,7 @@ bool ShmStart(Task& t, ErrorCode* kind, std::string* error) {
     ReclaimLocked(w);
     off = AllocLocked(w, bytes);
     if (off < 0) {
-      *kind = ErrorCode::kInternal;
+      *kind = ErrorCode::kResourceExhausted;
       std::ostringstream os;
       os << "dfccl: collective '" << s.key << "' (seq " << t.seq << "): the shared staging arena of process "
          << w.me << " is full (" << w.staged_bytes << " of " << w.arena_bytes << " bytes held by collectives "
@@ -212,19 +216,36 @@ bool ShmStart(Task& t, ErrorCode* kind, std::string* error) {
   p.sig = s.Signature();
   p.offset = off;
   p.start_ns = t.start_ns;
+  p.run = t.run;
   shm::Table::PostResult r;
   try {
-    r = w.table->Arrive(p);
+    // An entry of an execution this process has left behind (dfccl/execution.h): this start
+    // belongs to the key's next sequence number, where the peers' later execution meets it.
+    for (int hops = 0;; ++hops) {
+      r = w.table->Arrive(p);
+      if (!r.skip) break;
+      RingGroup(w, w.table->entry(r.entry));  // its posted ranks fail
+      DFCCL_CHECK(hops < kMaxSkips, "dfccl: collective '" << s.key << "': more than " << kMaxSkips
+                                             << " failed executions of its peers in a row");
+      std::lock_guard<std::mutex> l(t.comm->mu);
+      auto& cnt = t.comm->counters[s.key_hash];
+      p.seq = t.seq = t.inst->seq = cnt[s.rank]++;
+    }
   } catch (...) {
     std::lock_guard<std::mutex> l(w.mu);
     if (bytes > 0) FreeBlockLocked(w, off, bytes);
     throw;
   }
-  if (r.failed || r.ready) RingGroup(w, w.table->entry(r.entry));
+  if (r.undo) {  // this execution was left behind: its sequence number stays for the next one
+    std::lock_guard<std::mutex> l(t.comm->mu);
+    auto& cnt = t.comm->counters[s.key_hash];
+    if (cnt[s.rank] == t.seq + 1) cnt[s.rank] = t.seq;
+  }
+  if ((r.failed && !r.undo) || r.ready) RingGroup(w, w.table->entry(r.entry));
   std::lock_guard<std::mutex> l(w.mu);
   if (r.failed) {
     if (bytes > 0) FreeBlockLocked(w, off, bytes);  // never read
-    *kind = r.err_kind == shm::kPrecondition ? ErrorCode::kFailedPrecondition : ErrorCode::kInternal;
+    *kind = static_cast<ErrorCode>(r.err_kind);
     *error = r.error;
     return false;
   }
@@ -253,7 +274,7 @@ bool ShmPoll(Task& t) {
   for (int r = 0; r < en.n && !dead; ++r)  // a hint without the lock; FailOpen re-checks under it
     dead = !__atomic_load_n(&en.slots[r].posted, __ATOMIC_RELAXED) && !ProcessGone(w, ProcOf(w, en.devices[r])).empty();
   if (!dead) return false;
-  const bool failed = w.table->FailOpen(t.shm->entry, t.shm->gen, shm::kInternal, true, [&](const shm::Entry& e) {
+  const bool failed = w.table->FailOpen(t.shm->entry, t.shm->gen, static_cast<int32_t>(ErrorCode::kAborted), true, [&](const shm::Entry& e) {
     std::ostringstream os;
     os << "dfccl: collective '" << e.key << "' (seq " << e.seq << ") failed on rank " << t.spec.rank
        << ": rank(s) [";
@@ -291,7 +312,8 @@ void ShmComputeAndRelease(Task& t) {
 
 void ShmFailOnTimeout(Task& t, double timeout_s) {
   World& w = W();
-  const bool failed = w.table->FailOpen(t.shm->entry, t.shm->gen, shm::kInternal, false, [&](const shm::Entry& e) {
+  const bool failed = w.table->FailOpen(t.shm->entry, t.shm->gen, static_cast<int32_t>(ErrorCode::kDeadlineExceeded),
+                                       false, [&](const shm::Entry& e) {
     std::ostringstream os;
     os << "dfccl: collective '" << e.key << "' (seq " << e.seq << ") timed out after " << timeout_s << " s on rank "
        << t.spec.rank << ": ranks [";
@@ -310,7 +332,8 @@ void ShmFailOnTimeout(Task& t, double timeout_s) {
 
 void ShmAbort(Task& t, const std::string& failed_key) {
   World& w = W();
-  const bool failed = w.table->FailOpen(t.shm->entry, t.shm->gen, shm::kInternal, false, [&](const shm::Entry& e) {
+  const bool failed = w.table->FailOpen(t.shm->entry, t.shm->gen, static_cast<int32_t>(ErrorCode::kAborted), false,
+                                       [&](const shm::Entry& e) {
     std::ostringstream os;
     os << "dfccl: collective '" << e.key << "' (seq " << e.seq << ") failed: rank " << t.spec.rank << " (device "
        << t.spec.self_device << ", process " << w.me << ") stopped after an error in collective '" << failed_key

@@ -239,6 +239,7 @@ int64_t StartCollective(const CollectiveSpec& spec, const void* in, const void* 
   task->comm = comm;
   task->daemon = &DaemonFor(spec.self_device);
   task->start_ns = NowNs();
+  task->run = run_id;
   task->ticket = g.next_ticket.fetch_add(1, std::memory_order_relaxed);
   g.counters.started.fetch_add(1, std::memory_order_relaxed);
   g.counters.live_tasks.fetch_add(1, std::memory_order_relaxed);

@@ -165,6 +165,7 @@ struct Task {
   void* out = nullptr;       // where the compute wrote (ComputeTarget), read after completion
   std::atomic<void*> result{nullptr};  // done's result buffer (spec.out_bytes()), once done was called
   int64_t seq = 0;
+  int64_t run = 0;  // launch id of the execution that started it (dfccl/execution.h)
   int64_t ticket = 0;
   int64_t start_ns = 0;
   std::shared_ptr<Communicator> comm;

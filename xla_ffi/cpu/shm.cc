@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "dfccl/check.h"
+#include "dfccl/execution.h"
 
 namespace dfccl::shm {
 
@@ -156,7 +157,8 @@ Table::PostResult Table::Arrive(const Post& p) {
     en.key_hash = p.key_hash;
     en.seq = p.seq;
     en.n = p.n;
-    en.arrived = en.acked = en.err_kind = en.dead_cause = 0;
+    en.arrived = en.acked = en.err_kind = en.dead_cause = en.has_stale_run = 0;
+    en.stale_run = 0;
     en.posted.store(0, std::memory_order_relaxed);
     en.readers_done.store(0, std::memory_order_relaxed);
     for (int i = 0; i < p.n; ++i) {
@@ -175,10 +177,62 @@ Table::PostResult Table::Arrive(const Post& p) {
     if (en.arrived >= en.n && en.acked >= en.posted.load(std::memory_order_relaxed)) FreeLocked(e);
   };
   if (en.state.load(std::memory_order_relaxed) == kFailed) {
+    if (en.has_stale_run && CompareRuns(p.run, en.stale_run) == RunOrder::kLater) {
+      r.skip = true;  // failed for an execution this rank's process has left behind: not this rank's instance
+      maybe_free();
+      return r;
+    }
     r.failed = true;
     r.err_kind = en.err_kind;
     r.error = en.error;
     maybe_free();
+    return r;
+  }
+  // The execution identity (dfccl/execution.h): a posted rank of another execution of the same program.
+  for (int q = 0; q < en.n; ++q) {
+    if (!en.slots[q].posted) continue;
+    const RunOrder order = CompareRuns(p.run, en.slots[q].run);
+    if (order != RunOrder::kLater && order != RunOrder::kEarlier) continue;
+    const bool later = order == RunOrder::kLater;
+    std::ostringstream os;
+    os << "dfccl: collective '" << p.key << "' (seq " << p.seq << ") aborted: a peer's program failed. ";
+    if (later) {  // the posted ranks' execution was left behind by this rank's process
+      os << "Rank " << p.rank << " (device " << p.devices[p.rank] << ", process " << p.proc
+         << ") started it in a later execution of the same program (launch id " << p.run << ") than rank(s) [";
+      bool first = true;
+      for (int i = 0; i < en.n; ++i)
+        if (en.slots[i].posted && en.slots[i].run == en.slots[q].run) {
+          os << (first ? "" : ", ") << i << " (device " << en.devices[i] << ", process " << en.slots[i].proc << ")";
+          first = false;
+        }
+      os << "] (launch id " << en.slots[q].run << "): its program failed in that execution before it started "
+         << "this collective, so the execution fails on every process";
+      CopyStr(en.error, kErrLen, os.str());
+      en.err_kind = static_cast<int32_t>(ErrorCode::kAborted);
+      en.has_stale_run = 1;
+      en.stale_run = en.slots[q].run;
+      en.state.store(kFailed, std::memory_order_release);
+      r.skip = true;
+      maybe_free();
+      return r;
+    }
+    // This rank's execution was left behind by the posted rank's process: fail without arriving.
+    os << "Rank(s) [";
+    bool first = true;
+    for (int i = 0; i < en.n; ++i)
+      if (en.slots[i].posted && en.slots[i].run == en.slots[q].run) {
+        os << (first ? "" : ", ") << i << " (device " << en.devices[i] << ", process " << en.slots[i].proc << ")";
+        first = false;
+      }
+    os << "] started it in a later execution of the same program (launch id " << en.slots[q].run << ") than rank "
+       << p.rank << " (device " << p.devices[p.rank] << ", process " << p.proc << ") (launch id " << p.run
+       << "): the program failed in this execution on that process before it started this collective, so the "
+          "execution fails on every process";
+    --en.arrived;
+    if (en.arrived == 0 && en.posted.load(std::memory_order_relaxed) == 0) FreeLocked(e);
+    r.failed = r.undo = true;
+    r.err_kind = static_cast<int32_t>(ErrorCode::kAborted);
+    r.error = os.str();
     return r;
   }
   std::string sig = p.sig.substr(0, kSigLen - 1);
@@ -191,10 +245,10 @@ Table::PostResult Table::Arrive(const Post& p) {
     os << "dfccl: collective '" << p.key << "' (seq " << p.seq << ") mismatch: rank " << lo << " " << lo_sig
        << " vs rank " << hi << " " << hi_sig;
     CopyStr(en.error, kErrLen, os.str());
-    en.err_kind = kPrecondition;
+    en.err_kind = static_cast<int32_t>(ErrorCode::kFailedPrecondition);
     en.state.store(kFailed, std::memory_order_release);
     r.failed = true;
-    r.err_kind = kPrecondition;
+    r.err_kind = en.err_kind;
     r.error = en.error;
     maybe_free();
     return r;
@@ -205,6 +259,7 @@ Table::PostResult Table::Arrive(const Post& p) {
   s.proc = p.proc;
   s.offset = p.offset;
   s.start_ns = p.start_ns;
+  s.run = p.run;
   CopyStr(s.sig, kSigLen, sig);
   s.posted = 1;
   const int32_t now = en.posted.load(std::memory_order_relaxed) + 1;
@@ -277,7 +332,7 @@ int Table::ResetProcess(int32_t proc, const std::string& msg) {
     for (int r = 0; r < en.n; ++r) mine |= en.slots[r].posted && en.slots[r].proc == proc;
     if (!mine) continue;
     CopyStr(en.error, kErrLen, msg);
-    en.err_kind = kInternal;
+    en.err_kind = static_cast<int32_t>(ErrorCode::kAborted);
     en.state.store(kFailed, std::memory_order_release);
     ++touched;
   }

@@ -26,12 +26,22 @@
 //   ready: every rank reads the peers' staged inputs, then readers_done += 1;
 //          the n-th reader frees the entry (gen += 1): staged inputs are
 //          reclaimable by their owners once gen moved on.
-//   open --mismatch / timeout / dead peer / abort--> failed: nobody ever read
+//   open --mismatch / timeout / dead peer / abort / a peer in a later
+//          execution of the same program (dfccl/execution.h)--> failed: nobody ever read
 //          anything; posted ranks acknowledge the error, late arrivals get it
 //          too; freed when all n arrived and every posted rank acknowledged
 //          (so a posted rank always finds its error text).  An entry failed
 //          because a rank died is never freed: the job is over.
 // Staging reclaim (by the owning process): (entry, gen) moved on, or failed.
+// Executions (dfccl/execution.h): a slot records the launch id of the
+// execution that posted it.  A rank arriving from a later execution of the
+// same program than a posted rank fails the entry for that execution
+// (`stale_run`), is counted as arrived without posting, and moves on to the
+// next sequence number (PostResult::skip); so does any later arrival from a
+// later execution at an entry failed that way.  A rank arriving from an
+// earlier execution than a posted rank fails without arriving
+// (PostResult::undo: its sequence number is not consumed, so the execution its
+// process runs next meets the posted ranks).
 #pragma once
 
 #include <algorithm>
@@ -43,6 +53,7 @@
 #include <string>
 #include <vector>
 
+#include "dfccl/check.h"
 #include "dfccl/host.h"
 
 namespace dfccl::shm {
@@ -67,22 +78,23 @@ struct Slot {
   int32_t proc;        // process whose arena holds the staged input
   int64_t offset;      // in that arena
   int64_t start_ns;    // steady clock (CLOCK_MONOTONIC: one clock per host)
+  int64_t run;         // launch id of the posting execution (dfccl/execution.h)
   char sig[kSigLen];   // CollectiveSpec::Signature()
 };
 
 enum EntryState : uint32_t { kFree = 0, kOpen = 1, kFailed = 2 };
-enum ErrorKind : int32_t { kInternal = 1, kPrecondition = 2 };
 
 struct Entry {
   std::atomic<uint32_t> gen;
   std::atomic<uint32_t> state;
   uint64_t group_hash, key_hash;
   int64_t seq;
-  int32_t n, arrived, acked, err_kind;
+  int32_t n, arrived, acked, err_kind;  // err_kind: a dfccl::ErrorCode
   std::atomic<int32_t> posted;
   std::atomic<int32_t> readers_done;
   int32_t dead_cause;  // failed because a rank's process died: never freed
-  int32_t pad;
+  int32_t has_stale_run;  // failed because its ranks' execution `stale_run` was left behind by a peer
+  int64_t stale_run;
   int64_t devices[kMaxRanks];
   char key[kKeyLen];
   char error[kErrLen];
@@ -127,13 +139,16 @@ class Table {
     const int64_t* devices;  // n global device ids, rank order
     std::string key, sig;
     int64_t offset, start_ns;
+    int64_t run = 0;  // launch id of the execution (dfccl/execution.h)
   };
   struct PostResult {
     int32_t entry = -1;
     uint32_t gen = 0;
     bool ready = false;   // this post completed the instance
     bool failed = false;  // error set: this rank's task fails now
-    int32_t err_kind = 0;
+    bool skip = false;    // this rank left the entry's execution behind: arrive at the next sequence number
+    bool undo = false;    // failed without arriving: the sequence number is not consumed
+    int32_t err_kind = 0;  // a dfccl::ErrorCode
     std::string error;
   };
   PostResult Arrive(const Post& p);
@@ -145,7 +160,7 @@ class Table {
   // Polls a posted rank's entry for failure; on failure copies the error and
   // acknowledges it (once per call that returns true: call it until it does).
   bool TakeFailure(int32_t e, uint32_t gen, int32_t* kind, std::string* error);
-  // Fails an open entry (posted < n).  `missing_msg(entry)` builds the error
+  // Fails an open entry (posted < n) with error code `kind` (a dfccl::ErrorCode).  `missing_msg(entry)` builds the error
   // under the lock from the entry's slots ("" to leave it open).  Returns
   // false when it was ready, already failed or freed, or left open.
   template <typename F>

@@ -14,7 +14,7 @@ cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 
 // The kernels of a collective on XLA's stream (submit_kernel.cu): the submit
 // kernel (the ready signal; the blocking form also waits) and the done wait;
-// pdl: launched with programmatic stream serialization (config.submit_pdl).
+// pdl: launched with programmatic stream serialization (config.tuning.submit_pdl).
 cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl);
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl);
 // The blocking form's inline submit kernel (daemon_kernel.cu; LaunchSubmit picks

@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   if (tid < kLaneStamps) stamps[tid] = 0;
   // The sequence number first, and the communicator's device view into L1 (the
   // lane reads it): neither depends on the stream's earlier kernels, so with
-  // programmatic launch (config.submit_pdl) both overlap the previous kernel's end.
+  // programmatic launch (config.tuning.submit_pdl) both overlap the previous kernel's end.
   constexpr int kCommLines = (sizeof(CommDev) + 127) / 128;
   if (tid == 0) SubmitTake(p, sd);
   else if (tid >= 32 && tid < 32 + kCommLines) PrefetchL1(reinterpret_cast<const char*>(p.task.comm) + 128 * (tid - 32));

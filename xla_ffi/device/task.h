@@ -11,7 +11,7 @@
 //               sequence counter per (communicator, key) in DeviceShared::seq_ctr.
 //               From then on a start does no host work but one kernel launch, so
 //               XLA can capture it into command buffers (CUDA graphs).  Launched
-//               with programmatic stream serialization (config.submit_pdl), a
+//               with programmatic stream serialization (config.tuning.submit_pdl), a
 //               submit kernel takes its sequence number while the stream's previous
 //               kernel finishes, and waits for it (griddepcontrol.wait) before it
 //               reads the input or signals anything.
@@ -37,7 +37,7 @@
 //               Publishing before completing keeps the ring entry from being
 //               reused while it is written (its ticket is not done yet).
 //  identity     pool-0 tasks of a communicator with CommDev::identity (the default,
-//               config.small_by_identity) skip the match table.  The key picks a
+//               config.tuning.small_by_identity) skip the match table.  The key picks a
 //               bucket of IdentityWays pool-0 slots (IdentityBucket, in TaskDesc::slot)
 //               and (key, sequence) the LL flag (IdentityTag), on every rank alike,
 //               so a sender writes its lines into the receiver's staging at once,

@@ -26,7 +26,7 @@ DFCCL_DEV bool BlockPoll(P pred) {
 }
 
 // Budget of spinning without progress, in nanoseconds of %globaltimer (thread
-// 0's reads), so it means the same at any SM clock (config.spin_budget_us; no
+// 0's reads), so it means the same at any SM clock (config.tuning.spin_budget_us; no
 // clock rate is assumed).  The timer's update granularity is up to 1 us on some
 // GPUs (32 ns on others), which bounds a budget's precision, not its meaning.
 class Spinner {

@@ -7,7 +7,7 @@
 // Attributes: key (op identity: kind, dtype, shapes), devices (i64, the
 // device ordinals of every group, a row of group_size per group, in rank
 // order), group_size, timeout_ns (bound of every cross-rank wait; from
-// jax_dfccl.config.overlap_wait_timeout_s), mode (protocol.h enum Mode: copy
+// jax_dfccl.config.overlap.wait_timeout_s), mode (protocol.h enum Mode: copy
 // engine for AG rows, one fence per CTA in RS, copy engine for RS partials).
 #pragma once
 

@@ -72,7 +72,7 @@
 //    errors() (overlap_gpu.errors()/check()) returns it, and any later call of
 //    the op's channel raises it (DEADLINE_EXCEEDED).  This trades the
 //    process's GPU state for never returning garbage; the bound
-//    (config.overlap_wait_timeout_s, 10 s) trips only when a peer never
+//    (config.overlap.wait_timeout_s, 10 s) trips only when a peer never
 //    arrives, where the alternative is a hang.
 //    A waiter reads `error` (host memory) only every kErrorPollEvery polls,
 //    the first time after that many, so a short wait makes no PCIe read.

@@ -161,7 +161,7 @@ int Ipc::Tag(const void* p, int ordinal) {
   DFCCL_CHECK_CODE(next_tag_ < kMaxXRanges, ErrorCode::kResourceExhausted,
                    "dfccl: more than " << kMaxXRanges - 1 << " allocations shared with other processes (the "
                    "direct path across processes needs an allocator that keeps its allocations, XLA's default; "
-                   "or set jax_dfccl.config.direct = False)");
+                   "or set jax_dfccl.config.tuning.direct = False)");
   const int fd = Vmm::ExportFd(r.base);  // first: a range that cannot be exported changes nothing
   // A range that overlaps known ones replaces them: the allocator gave them back.
   for (auto o = exports_.begin(); o != exports_.end();) {

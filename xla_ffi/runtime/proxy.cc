@@ -143,7 +143,7 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
         if (missing.empty())
           why << "every rank it receives from started it; its own message waits for a free staging cell at a peer "
                  "(every way of its key's bucket holds a message of an instance that peer has not started; "
-                 "config.small_slots)";
+                 "config.tuning.small_slots)";
       } else {
         found = ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
         for (int r = 0; r < ti.comm->n; ++r)
@@ -158,7 +158,7 @@ void Runtime::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldes
           // Every slot of its pool stayed in use, the reserve too (device/match.cuh): by
           // instances that did not complete either.
           why << "every rank started it, but no instance slot of its pool became free (all "
-              << (m.pool == 0 ? "config.small_slots" : ti.comm->direct ? "config.direct_slots" : "config.large_slots")
+              << (m.pool == 0 ? "config.tuning.small_slots" : ti.comm->direct ? "config.tuning.direct_slots" : "config.tuning.large_slots")
               << " slots in use by instances that did not complete)";
         } else if (missing.empty()) {
           why << "every rank started it but it did not complete";

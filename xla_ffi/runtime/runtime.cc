@@ -255,7 +255,7 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
       throw Error("dfccl: collective '" + site.key + "' (rank " + std::to_string(site.rank) + "): its buffers cannot "
                   "be shared with the other processes of its group (" + e.what() + "); an operand XLA did not "
                   "allocate, such as a constant, cannot be either: compute it inside the program, or set "
-                  "jax_dfccl.config.direct = False (the staged path) before the group's first program is lowered", e.code());
+                  "jax_dfccl.config.tuning.direct = False (the staged path) before the group's first program is lowered", e.code());
     }
   }
   p.trap = f.trap;

@@ -93,7 +93,7 @@ struct Site {
   int rank = 0;
   int64_t msg_bytes = 0;
   bool large = false;
-  bool ll = false;  // one lane of pool 0 (LL): the blocking form may run inline (config.submit_inline_us)
+  bool ll = false;  // one lane of pool 0 (LL): the blocking form may run inline (config.tuning.submit_inline_us)
   InlineSubmitFn inline_kernel = nullptr;  // then its inline submit kernel (device/daemon.h)
   bool tagged = false;  // direct path across processes: its buffers are tagged with their ranges (runtime/ipc.h)
   bool identity = false;  // matched by identity in the staging (device/task.h, "identity")

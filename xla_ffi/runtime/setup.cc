@@ -340,11 +340,11 @@ void Runtime::ImportComm(const std::vector<int64_t>& group, const std::vector<st
     DFCCL_CHECK(identity == c.view.identity,
                 "dfccl: the group of devices [" << GroupText(group) << "]: rank " << r << "'s process "
                 << (identity ? "matches" : "does not match") << " small collectives by identity, this one "
-                << (c.view.identity ? "does" : "does not") << " (jax_dfccl.config.small_by_identity must agree)");
+                << (c.view.identity ? "does" : "does not") << " (jax_dfccl.config.tuning.small_by_identity must agree)");
     DFCCL_CHECK(direct == (c.direct ? 1 : 0),
                 "dfccl: the group of devices [" << GroupText(group) << "]: rank " << r << "'s process "
                 << (direct ? "takes" : "does not take") << " the direct path across processes, this one "
-                << (c.direct ? "does" : "does not") << " (jax_dfccl.config.direct, or XLA's memory cannot be "
+                << (c.direct ? "does" : "does not") << " (jax_dfccl.config.tuning.direct, or XLA's memory cannot be "
                 << "exported in one of them: see jax_dfccl.initialize)");
     if (c.direct) c.procs[r].assign(&blobs[r][kBlobName], strnlen(&blobs[r][kBlobName], kBlobNameBytes));
     auto slots = RankSlots(c, r);
