@@ -122,6 +122,7 @@ def test_config_reference_recurses_into_sections(tmp_path):
       @dataclasses.dataclass
       class Gpu:
         """GPU tuning."""
+        _prefix = ""
         #: Thread blocks of the daemon.
         max_blocks: int = 16
         lanes: int = 4
@@ -146,10 +147,13 @@ def test_config_reference_recurses_into_sections(tmp_path):
   finally:
     del sys.modules["fake_sections_config"]
   assert "`timeout_s` (float, default `300.0`)\n: Seconds before a collective fails." in text
-  assert "## `gpu`" in text and "What a GPU runtime reads." in text and "GPU tuning." in text
-  # An entry without a comment is listed with the documented one before it.
-  assert "`gpu.max_blocks` (int, default `16`), `gpu.lanes` (int, default `4`)\n: Thread blocks of the daemon." in text
-  assert "`gpu.chunk_bytes` (int, default `1048576` (1 MiB))\n: Staging bytes per lane." in text
+  assert "## `config.gpu`\n\nGPU tuning." in text
+  # A section's entries under dotted names, with the flat name configure() takes; an entry without
+  # a comment is listed with the documented one before it.
+  assert ("`gpu.max_blocks` (int, default `16`; `configure(max_blocks=...)`), "
+          "`gpu.lanes` (int, default `4`; `configure(lanes=...)`)\n: Thread blocks of the daemon.") in text
+  assert ("`gpu.chunk_bytes` (int, default `1048576` (1 MiB); `configure(chunk_bytes=...)`)\n"
+          ": Staging bytes per lane.") in text
 
 
 def test_performance_plots_are_made_from_the_results(tmp_path):

@@ -16,6 +16,7 @@ import re
 import typing
 
 MARKER = "{{ dfccl_config_entries }}"
+OVERVIEW = "{{ dfccl_config_overview }}"
 MODULE = "jax_dfccl.config"
 
 
@@ -25,15 +26,24 @@ def _rst_to_myst(text: str) -> str:
 
 
 def _paragraphs(lines: list[str]) -> str:
-  paras, cur = [], []
-  for line in lines:
-    if line.strip():
-      cur.append(line.strip())
-    elif cur:
-      paras.append(" ".join(cur)); cur = []
-  if cur:
-    paras.append(" ".join(cur))
-  return "\n\n".join(_rst_to_myst(p) for p in paras)
+  """Comment or docstring lines as MyST paragraphs; lines starting with ``*`` or ``-`` are items."""
+  blocks, cur = [], []
+  for line in list(lines) + [""]:
+    text = line.strip()
+    if not text:
+      if cur:
+        blocks.append(cur); cur = []
+    elif text[:2] in ("* ", "- ") or not cur:
+      cur.append(text)
+    else:
+      cur[-1] += " " + text
+  out = []
+  for block in blocks:
+    if block[0][:2] in ("* ", "- "):
+      out.append("\n".join("- " + _rst_to_myst(item[2:]) for item in block))
+    else:
+      out.append(_rst_to_myst(" ".join(block)))
+  return "\n\n".join(out)
 
 
 def _target(name: str) -> str:
@@ -103,7 +113,8 @@ def entries_markdown(cls, module, prefix: str = "", level: int = 2) -> str:
     for fields, lines in groups:
       terms = []
       for f in fields:
-        tags = _tags(module, f.name)
+        flat = getattr(cls, "_prefix", "") + f.name  # the name configure() takes, if sections prefix it
+        tags = ([f"`configure({flat}=...)`"] if flat != prefix + f.name else []) + _tags(module, flat)
         extra = "; " + ", ".join(tags) if tags else ""
         terms.append(f"`{prefix}{f.name}` ({_type_name(cls, f)}, default "
                      f"{_value(f.name, _default(f))}{extra})")
@@ -118,9 +129,9 @@ def entries_markdown(cls, module, prefix: str = "", level: int = 2) -> str:
     if dataclasses.is_dataclass(default) and not isinstance(default, type):
       flush()
       sub = type(default)
-      title = f"`{prefix}{f.name}`"
-      intro = "\n\n".join(t for t in (_paragraphs(docs.get(f.name, [])),
-                                      _paragraphs(_own_docstring(sub).splitlines())) if t)
+      title = f"`config.{prefix}{f.name}`"
+      # The section class's docstring, else the comment above the field.
+      intro = _paragraphs(_own_docstring(sub).splitlines()) or _paragraphs(docs.get(f.name, []))
       out.append(f"{'#' * level} {title}\n")
       if intro:
         out.append(intro + "\n")
@@ -142,9 +153,17 @@ def config_markdown() -> str:
   return entries_markdown(cls, module, level=3)
 
 
+def overview_markdown() -> str:
+  """The configuration module's docstring, as MyST Markdown."""
+  module = importlib.import_module(MODULE)
+  return _paragraphs((module.__doc__ or "").splitlines()[1:])
+
+
 def _source_read(app, docname, source):
   if MARKER in source[0]:
     source[0] = source[0].replace(MARKER, config_markdown())
+  if OVERVIEW in source[0]:
+    source[0] = source[0].replace(OVERVIEW, overview_markdown())
 
 
 def setup(app):
