@@ -266,6 +266,7 @@ class Overlap(_Section):
 @dataclasses.dataclass(repr=False)
 class TestHooks(_Section):
   """``jax_dfccl.config.testing``: fault injection and test-only paths."""
+  __test__ = False  # not a test class (pytest collects classes named Test*)
 
   #: Collectives over a group of one rank (a mesh axis of size 1) go through
   #: the runtime like any other (a custom call, the daemon) instead of lowering

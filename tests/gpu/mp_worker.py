@@ -13,7 +13,10 @@ K psums in process-specific orders against one order (--keys, --reps); with --ca
 every op at 64 KiB .. 16 MiB per rank (the direct path across processes; --config k=v,... sets
 jax_dfccl.config entries for any case, e.g. direct=0 for the staged path; --case bench --profile
 adds the device timeline of each chain, benchmarks/common.py kernel_timeline, and --keep-trace DIR
-keeps the profiler's trace folders).  Prints one JSON line
+keeps the profiler's trace folders); with --case abandon, rank 0's program fails between a start and its
+done and rank 1 starts the instance later (rank 0's refilled buffers touched? rank 1 exact?); with
+--case retry, rank 0's program fails before a start rank 1 made, then both run again (what each run
+returns or raises).  Prints one JSON line
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
@@ -525,6 +528,180 @@ elif case == "sendrecv":
     check(f"sendrecv_{it}", res, want)
   out["started"] = int(d.stats()["cuda"]["started"] - s0)
   out["ok"] &= out["started"] >= 3 * 2 * micro
+elif case == "abandon":
+  # A program abandoned between a start and its done (issue 46): rank 0's program starts a
+  # collective, then a host callback raises (ordered after the start by an optimization barrier,
+  # and the done after the callback), so XLA frees that execution's buffers and never runs the
+  # done; rank 0 then fills fresh buffers of the output's size with a sentinel (kept alive) and
+  # only then (through the key-value store) rank 1 runs the same program, its start pairing with
+  # rank 0's abandoned one.  Per op and size: how many of rank 0's sentinel buffers were changed,
+  # and whether rank 1's result is exact.  --ops all_gather,psum  --sizes 4096,1048576,4194304
+  # (bytes of each rank's input)  --runs 3  --timeout-s 6 (config.timeout_s: a rank 1 that finds
+  # no partner fails after it).  One "PROBE {...}" line per run as it ends.
+  from jax._src import distributed as jd
+  client = jd.global_state.client
+  argv = lambda k, v: sys.argv[sys.argv.index(k) + 1] if k in sys.argv else v  # noqa: E731
+  ops = argv("--ops", "all_gather,psum").split(",")
+  sizes = [int(v) for v in argv("--sizes", "4096,1048576,4194304").split(",")]
+  runs = int(argv("--runs", "3"))
+  d.configure(timeout_s=float(argv("--timeout-s", "6")))
+  sentinel = np.float32(-7.25)  # the inputs are integers 1..997 (and their doubles, sums): never this
+  mine = jax.local_devices()[0]
+  full, x = inputs(2)  # the group's memory is exchanged when both ranks lower a program over it
+  check("warm", local(smap(lambda v: d.psum(v, "x", key="warm"))(x))[0], full.sum(0))
+
+  def fail_on_rank0(idx):
+    if int(idx) == 0:
+      raise RuntimeError("injected failure after the start")
+    return np.float32(0)  # added to the result: XLA cannot drop the callback
+
+  def program(op, tag):
+    def body(v):
+      w = v * 2.0  # a buffer of this execution (freed with it): the collective's input
+      h = (d.all_gather_start(w, "x", tiled=True, key=tag) if op == "all_gather"
+           else d.psum_start(w, "x", key=tag))
+      h, idx = jax.lax.optimization_barrier((h, jax.lax.axis_index("x")))  # the start, then the callback
+      y = jax.pure_callback(fail_on_rank0, jax.ShapeDtypeStruct((), jnp.float32), idx)
+      h, y = jax.lax.optimization_barrier((h, y))  # the callback, then the done
+      return d.done(h)[: v.shape[0]] + v + y
+    return smap(body)
+
+  keeps, probe = [], []
+  for op in ops:
+    for nbytes in sizes:
+      el = nbytes // 4
+      xs = (np.arange(n * el, dtype=np.float32).reshape(n, el) % 997) + 1
+      xa = jax.make_array_from_callback(xs.shape, NamedSharding(mesh, P("x")), lambda idx, xs=xs: xs[idx])
+      want = (2 * xs[0] if op == "all_gather" else 2 * xs.sum(0)) + xs[rank]
+      out_shape = (n * el,) if op == "all_gather" else (el,)
+      out_bytes = 4 * int(np.prod(out_shape))
+      count = int(max(8, min(256, (128 << 20) // out_bytes)))  # sentinel buffers per run
+      tag = f"abandon/{op}/{nbytes}"
+      f = program(op, tag)
+      for i in range(runs):
+        rec = {"op": op, "bytes": nbytes, "run": i, "rank": rank}
+        t0 = time.perf_counter()
+        if rank == 0:
+          try:
+            f(xa).block_until_ready()
+            rec["error"] = ""  # (the callback should have raised)
+          except Exception as e:  # noqa: BLE001
+            rec["error"] = str(e).strip().splitlines()[0][:300]
+            rec["injected"] = "injected failure after the start" in str(e)  # (the callback's, not a timeout)
+          for fn in (d.raise_if_failed, jax.effects_barrier):
+            try:
+              fn()
+            except Exception as e:  # noqa: BLE001
+              rec.setdefault("after_errors", []).append(str(e).strip().splitlines()[0][:300])
+          fill = np.full(out_shape, sentinel, np.float32)
+          new = [jax.device_put(fill, mine) for _ in range(count)]
+          jax.block_until_ready(new)
+          keeps += new
+          client.key_value_set(f"{tag}/{i}/failed", "1")
+          client.blocking_key_value_get(f"{tag}/{i}/ran", 120_000)
+          time.sleep(0.3)  # (rank 1's instance has completed or failed: the daemons are done with it)
+          touched = []
+          for j, k in enumerate(new):
+            a = np.asarray(k)
+            bad = np.flatnonzero(a != sentinel)
+            if bad.size:
+              touched.append({"index": j, "ptr": hex(k.unsafe_buffer_pointer()), "changed": int(bad.size),
+                              "first": int(bad[0]), "values": [float(v) for v in np.unique(a[bad])[:4]]})
+          ptrs = [k.unsafe_buffer_pointer() for k in new]
+          rec.update(sentinels=count, sentinel_bytes=out_bytes, touched=len(touched), touched_detail=touched[:8],
+                     sentinel_range=[hex(min(ptrs)), hex(max(ptrs) + out_bytes)])
+          out["ok"] &= not touched
+        else:
+          client.blocking_key_value_get(f"{tag}/{i}/failed", 120_000)
+          t0 = time.perf_counter()
+          err, got = "", None
+          try:
+            got = local(f(xa))[0]
+            d.raise_if_failed()
+          except Exception as e:  # noqa: BLE001
+            err = str(e).strip().splitlines()[0][:300]
+          rec["error"] = err
+          rec["exact"] = bool(got is not None and not err and np.array_equal(got, want))
+          out["ok"] &= rec["exact"]
+          if got is not None:  # wrong elements, and those whose rank-0 part (2 x0) read as the sentinel
+            rec["wrong"] = int(np.sum(got != want))
+            rec["from_sentinel"] = int(np.sum(got - (want - 2 * xs[0]) == sentinel))
+          client.key_value_set(f"{tag}/{i}/ran", "1")
+        rec["seconds"] = round(time.perf_counter() - t0, 3)
+        probe.append(rec)
+        print("PROBE " + json.dumps(rec), flush=True)
+  client.wait_at_barrier("abandon/runs", 120_000)
+  if rank == 0:  # every sentinel buffer again: a late write into an earlier run's
+    out["keeps_touched_at_end"] = int(sum(bool(np.any(np.asarray(k) != sentinel)) for k in keeps))
+    out["keeps"] = len(keeps)
+  try:  # then a healthy program on both ranks
+    check("after", local(smap(lambda v: d.psum(v, "x", key="abandon/after"))(x))[0], full.sum(0))
+    d.raise_if_failed()
+  except Exception as e:  # noqa: BLE001
+    out["ok"], out["after_error"] = False, str(e).strip().splitlines()[0][:300]
+  out["probe"] = probe
+  st = d.stats()["cuda"]
+  out["errors"] = st.get("errors", [])[-6:]
+  out["pending"] = int(st.get("pending", 0))
+  client.wait_at_barrier("abandon/end", 120_000)
+elif case == "retry":
+  # Across processes, a program that fails before a start its peer made (issue 46): rank 0's
+  # program fails in a host callback before its keyed psum while rank 1's run has started it;
+  # rank 0 runs again at once with 103; rank 1 runs twice, with 1 then 2 (as
+  # tests/multiprocess/worker.py's retry on CPU).  Each run's values, or its error, and seconds.
+  # --timeout-s 8 (config.timeout_s).
+  from jax._src import distributed as jd
+  client = jd.global_state.client
+  argv = lambda k, v: sys.argv[sys.argv.index(k) + 1] if k in sys.argv else v  # noqa: E731
+  d.configure(timeout_s=float(argv("--timeout-s", "8")))
+  fail = [rank == 0]
+
+  def gate(v):
+    if fail[0]:
+      raise RuntimeError("injected failure before the start")
+    return v
+
+  def body(v):
+    w = jax.pure_callback(gate, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+    return d.psum(w, "x", key="retry")
+  f = smap(body)
+  mk = lambda val: jax.make_array_from_callback((n, 1), NamedSharding(mesh, P("x")),  # noqa: E731
+                                                lambda idx: np.full((n, 1), val, np.float32)[idx])
+  f.lower(mk(0.0)).compile()  # both ranks: the group's memory is exchanged at lowering
+  runs = []
+  for i, val in enumerate([3.0, 103.0] if rank == 0 else [1.0, 2.0]):
+    xv = mk(val)
+    if rank != 0:
+      client.key_value_set(f"retry/{rank}/{i}", "1")  # about to run (and start the psum)
+    elif i == 1:  # the retry comes once the peer's first run has started the psum
+      client.blocking_key_value_get("retry/1/0", 120_000)
+      time.sleep(1.0)
+    rec = {"input": val}
+    try:  # (a failure raised late, by this call, belongs to an earlier run)
+      d.raise_if_failed()
+    except Exception as e:  # noqa: BLE001
+      rec["error_before"] = str(e).strip().splitlines()[0][:600]
+    t0 = time.perf_counter()
+    try:
+      rec["values"] = sorted({float(v) for v in local(f(xv)).ravel()})
+      d.raise_if_failed()
+    except Exception as e:  # noqa: BLE001
+      rec["error"] = str(e).strip().splitlines()[0][:600]
+      rec["injected"] = "injected failure before the start" in str(e)
+      try:
+        jax.effects_barrier()
+      except Exception:  # noqa: BLE001
+        pass
+    rec["seconds"] = round(time.perf_counter() - t0, 3)
+    runs.append(rec)
+    print("RUN " + json.dumps(rec), flush=True)
+    fail[0] = False
+  out["runs"] = runs
+  # What may be returned without an error: rank 0's second run with rank 1's second (103 + 2);
+  # rank 1's first run, whose peer's program failed, must fail.
+  out["ok"] = (len(runs) == 2 and "error" in runs[0] and "error" not in runs[1] and runs[1].get("values") == [105.0])
+  out["errors"] = d.stats()["cuda"].get("errors", [])[-4:]
+  client.wait_at_barrier("retry/end", 120_000)
 print("RESULT " + json.dumps(out), flush=True)
 if case in ("killed", "mismatch"):  # a peer gone or a CUDA context failed: no shutdown barrier
   os._exit(0 if out["ok"] else 1)
