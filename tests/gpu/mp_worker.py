@@ -197,7 +197,7 @@ elif case == "direct":
   args = [jax.make_array_from_callback(a.shape, NamedSharding(mesh, P("x")), lambda idx, a=a: a[idx]) for a in per_rank]
   ragged = jax.jit(jax.shard_map(lambda *a: d.ragged_all_to_all(*(t[0] for t in a), axis_name="x")[None], mesh=mesh,
                                  in_specs=(P("x"),) * 6, out_specs=P("x"), check_vma=False))
-  if dconfig.direct:
+  if dconfig.tuning.direct:
     check("ragged_all_to_all", local(ragged(*args))[0], want[rank])
   st = d.stats()["cuda"]
   out["started"] = int(st["started"] - s0)
@@ -346,7 +346,7 @@ elif case == "chaos":
   for name in fs:
     out[name + "_us"] = float(np.median(ts[name]))
   out["ratio"] = out["chaos_us"] / out["one_order_us"]
-  out["config"] = {k: getattr(d.config, k) for k in ("spin_budget_us", "sticky_budget_us", "max_blocks", "small_lanes", "submit_inline_us")}
+  out["config"] = {k: d.config.as_dict()[k] for k in ("spin_budget_us", "sticky_budget_us", "max_blocks", "small_lanes", "submit_inline_us")}
 elif case == "timeout":
   d.configure(timeout_s=3.0)
   full, x = inputs(2)
