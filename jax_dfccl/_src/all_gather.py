@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import named_axes
 from jax_dfccl._src import plan as pl
 
 
@@ -78,6 +79,9 @@ def _plan(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="vary
 
 
 all_gather, all_gather_start = pl.api("all_gather", _plan)
+all_gather = named_axes.route("all_gather", all_gather)
+all_gather_start = named_axes.route("all_gather", all_gather_start, start=True)
+
 all_gather.__doc__ = """Gathers ``x`` from every rank of ``axis_name``; drop-in for ``jax.lax.all_gather``.
 
 ``tiled=False`` stacks along a new dimension ``axis``; ``tiled=True`` concatenates

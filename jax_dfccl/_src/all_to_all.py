@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import named_axes
 from jax_dfccl._src import plan as pl
 
 
@@ -76,5 +77,8 @@ def _plan(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tile
 
 
 all_to_all, all_to_all_start = pl.api("all_to_all", _plan)
+all_to_all = named_axes.route("all_to_all", all_to_all)
+all_to_all_start = named_axes.route("all_to_all", all_to_all_start, start=True)
+
 all_to_all.__doc__ = """Splits ``x`` along ``split_axis`` across the ranks of ``axis_name`` and
 concatenates the received blocks along ``concat_axis``; drop-in for ``jax.lax.all_to_all``."""

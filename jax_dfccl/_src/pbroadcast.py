@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import named_axes
 from jax_dfccl._src import plan as pl
 
 
@@ -50,6 +51,9 @@ def _plan(x, axis_name, source, *, key=None):
 
 
 pbroadcast, pbroadcast_start = pl.api("pbroadcast", _plan)
+pbroadcast = named_axes.route("pbroadcast", pbroadcast)
+pbroadcast_start = named_axes.route("pbroadcast", pbroadcast_start, start=True)
+
 pbroadcast.__doc__ = """Every rank of ``axis_name`` receives the value of ``x`` on rank ``source``
 (an int); drop-in for ``jax.lax.pbroadcast`` (defined there as
 ``psum(where(axis_index(axis_name) == source, x, 0), axis_name)``).  ``x`` may be a pytree."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import named_axes
 from jax_dfccl._src import plan as pl
 
 
@@ -41,6 +42,9 @@ def _plan(x, axis_name, perm, *, key=None):
 
 
 ppermute, ppermute_start = pl.api("ppermute", _plan)
+ppermute = named_axes.route("ppermute", ppermute)
+ppermute_start = named_axes.route("ppermute", ppermute_start, start=True)
+
 ppermute.__doc__ = """Sends ``x`` from rank ``src`` to rank ``dst`` for each ``(src, dst)`` in
 ``perm`` over ``axis_name``; ranks that receive nothing get zeros.  Drop-in for
 ``jax.lax.ppermute``."""

@@ -8,6 +8,7 @@ import numpy as np
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import keys
+from jax_dfccl._src import named_axes
 from jax_dfccl._src import plan as pl
 
 
@@ -112,6 +113,15 @@ psum, psum_start = pl.api("psum", _plan("sum", "psum"))
 pmean, pmean_start = pl.api("pmean", _plan("sum", "pmean", mean=True))
 pmax, pmax_start = pl.api("pmax", _plan("max", "pmax"))
 pmin, pmin_start = pl.api("pmin", _plan("min", "pmin"))
+psum = named_axes.route("psum", psum)
+psum_start = named_axes.route("psum", psum_start, start=True)
+pmean = named_axes.route("pmean", pmean)
+pmean_start = named_axes.route("pmean", pmean_start, start=True)
+pmax = named_axes.route("pmax", pmax)
+pmax_start = named_axes.route("pmax", pmax_start, start=True)
+pmin = named_axes.route("pmin", pmin)
+pmin_start = named_axes.route("pmin", pmin_start, start=True)
+
 
 psum.__doc__ = """All-reduce (sum) over mesh axis/axes ``axis_name``; drop-in for ``jax.lax.psum``.
 

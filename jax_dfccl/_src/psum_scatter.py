@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import named_axes
 from jax_dfccl._src import plan as pl
 from jax_dfccl._src.psum import as_reducible
 
@@ -77,5 +78,8 @@ def _plan(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=Fa
 
 
 psum_scatter, psum_scatter_start = pl.api("psum_scatter", _plan)
+psum_scatter = named_axes.route("psum_scatter", psum_scatter)
+psum_scatter_start = named_axes.route("psum_scatter", psum_scatter_start, start=True)
+
 psum_scatter.__doc__ = """Sums over ``axis_name`` and scatters along ``scatter_dimension``;
 drop-in for ``jax.lax.psum_scatter``."""

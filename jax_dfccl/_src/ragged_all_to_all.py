@@ -33,6 +33,7 @@ from jax._src.interpreters import mlir
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import keys
+from jax_dfccl._src import named_axes
 from jax_dfccl._src import order
 from jax_dfccl._src import plan as pl
 
@@ -278,6 +279,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
 
 def _start_plan(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
                 axis_index_groups=None, key=None):
+  output = named_axes.no_tangent(output)  # (the operand's is the route's, below)
   operand, output, idx, p = _prepare(operand, output, input_offsets, send_sizes, output_offsets,
                                      recv_sizes, axis_name, axis_index_groups, key)
   return [_leaf(operand, output, idx, p["axes"], p["groups"], p["n"], p["key"], p["key_hash"])], \
@@ -285,3 +287,5 @@ def _start_plan(operand, output, input_offsets, send_sizes, output_offsets, recv
 
 
 _unused_blocking, ragged_all_to_all_start = pl.api(_API, _start_plan)
+ragged_all_to_all = named_axes.route(_API, ragged_all_to_all)
+ragged_all_to_all_start = named_axes.route(_API, ragged_all_to_all_start, start=True)

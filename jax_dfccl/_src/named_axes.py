@@ -1,0 +1,77 @@
+"""Collectives over an axis name bound by ``jax.vmap(..., axis_name=...)``.
+
+Such an axis is not a mesh axis: its "ranks" are the elements of a batch on one
+device, and nothing crosses devices, so there is nothing to match by identity.
+A public op whose ``axis_name`` names only such axes is ``jax.lax``'s op (with
+``jax.lax``'s batching rules, results and errors); the reductions over vmapped
+and mesh axes together reduce over the vmapped ones with ``jax.lax`` first and
+then over the mesh axes with jax_dfccl.  Other mixes, and the start forms over a
+vmapped axis, raise ``NotImplementedError``.
+
+The start forms' inputs also pass through :func:`no_tangent` here: a handle is
+not differentiable, and an input carried as int32 words (complex, float8, the
+ragged header) would otherwise get a zero tangent without the start's rules
+being asked.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+
+_REDUCTIONS = ("psum", "pmean", "pmax", "pmin")
+
+
+def vmapped_axes(axis_name) -> tuple:
+  """The axes of ``axis_name`` bound by vmap (bound, and not axes of the current mesh)."""
+  axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  env = core.get_axis_env()
+  mesh_axes = set(jax.sharding.get_abstract_mesh().axis_names)
+  return tuple(a for a in axes if a not in mesh_axes and env.axis_exists(a))
+
+
+@jax.custom_jvp
+def _no_tangent(x):
+  return x
+
+
+@_no_tangent.defjvp
+def _no_tangent_jvp(primals, tangents):
+  raise NotImplementedError("jax_dfccl: start/done handles are not differentiable; "
+                            "use the blocking form (e.g. jax_dfccl.psum) under autodiff")
+
+
+def no_tangent(tree):
+  """``tree`` unchanged; differentiating through it raises NotImplementedError."""
+  return jax.tree.map(lambda v: _no_tangent(v) if jnp.issubdtype(jnp.result_type(v), jnp.inexact) else v, tree)
+
+
+def route(name: str, ours, *, start: bool = False, axis_pos: int = 1):
+  """``ours`` (a public op) that hands calls over vmapped axis names to ``jax.lax.<name>``."""
+  lax_op = getattr(jax.lax, name)  # taken now: inside patch_lax() the attribute is ours
+  @functools.wraps(ours)
+  def f(*args, **kwargs):
+    axis_name = kwargs["axis_name"] if "axis_name" in kwargs else (
+        args[axis_pos] if len(args) > axis_pos else None)
+    vm = vmapped_axes(axis_name) if axis_name is not None else ()
+    if not vm:
+      if start and args and not (isinstance(args[0], (int, float, complex))):
+        args = (no_tangent(args[0]), *args[1:])
+      return ours(*args, **kwargs)
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    api = name + ("_start" if start else "")
+    if start:
+      raise NotImplementedError(f"jax_dfccl.{api}: the start forms do not take a vmapped axis name "
+                                f"({', '.join(map(repr, vm))}); use jax_dfccl.{name}")
+    if len(vm) == len(axes):  # nothing crosses devices: jax.lax's op and rules
+      return lax_op(*args, **{k: v for k, v in kwargs.items() if k != "key"})
+    if name in _REDUCTIONS and kwargs.get("axis_index_groups") is None and len(args) <= 2:
+      rest = {k: v for k, v in kwargs.items() if k != "axis_name"}
+      x = lax_op(args[0], vm)  # equal group sizes: the pmean of pmeans is the pmean
+      return ours(x, tuple(a for a in axes if a not in vm), **rest)
+    raise NotImplementedError(f"jax_dfccl.{name}: axis_name {axis_name!r} mixes vmapped axes {vm} with "
+                              "mesh axes (supported for psum, pmean, pmax and pmin without "
+                              "axis_index_groups)")
+  return f
