@@ -204,11 +204,12 @@ def _program(fn, mesh, ax="y"):
                        out_specs=P(("x", "y")), check_vma=False)
 
 
-def _inputs(mesh, seed=0, batch=False):
+def _inputs(mesh, seed=0, batch=False, dtype=jnp.float32):
   rng = np.random.default_rng(seed)
   shape = ((B,) if batch else ()) + SHAPE
   spec = P(None, "x", "y") if batch else P("x", "y")
-  return put(jnp.asarray(rng.standard_normal(shape), jnp.float32), mesh, spec)
+  v = rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if dtype == jnp.complex64 else 0)
+  return put(jnp.asarray(v, dtype), mesh, spec)
 
 
 def _weights(out_shape, seed=7):
@@ -304,6 +305,26 @@ def test_grid(mesh, opname, transform):
   if transform in op.lax_raises:
     assert _outcome(run, op.lax_op, mesh)[1] is not None, f"jax.lax's {opname} now supports {transform}"
   _assert_same(got, _outcome(run, op.ref(), mesh), f"{opname} {transform}")
+
+
+@pytest.mark.parametrize("transform", ["jvp", "grad"])
+@pytest.mark.parametrize("opname", ["psum", "pmean", "all_gather", "all_gather_tiled_ax1", "psum_scatter",
+                                    "all_to_all", "ppermute", "pbroadcast", "ragged_all_to_all"])
+def test_complex_tangents(mesh, opname, transform):
+  """Complex values (carried as int32 words by the data-movement ops) keep their tangents."""
+  op = OPS_BY_NAME[opname]
+  x, t = _inputs(mesh, dtype=jnp.complex64), _inputs(mesh, seed=1, dtype=jnp.complex64)
+
+  def run(fn):
+    g = _program(fn, mesh)
+    if transform == "jvp":
+      return jax.jit(lambda a, b: jax.jvp(g, (a,), (b,)))(x, t)
+    w = _weights(jax.eval_shape(g, x).shape)
+    return jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(jnp.sin(g(v))) * w)))(x)
+  got, want = run(op.ours), run(op.ref())
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    assert np.abs(np.asarray(b)).max() > 0
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
 
 
 # ---------------------------------------------------------------- checkpoint: what is saved

@@ -8,7 +8,8 @@ and mesh axes together reduce over the vmapped ones with ``jax.lax`` first and
 then over the mesh axes with jax_dfccl.  Other mixes, and the start forms over a
 vmapped axis, raise ``NotImplementedError``.
 
-The start forms' inputs also pass through :func:`no_tangent` here: a handle is
+The complex inputs of the blocking data-movement ops travel as (real, imaginary)
+pairs (differentiable; see :func:`_as_pairs`).  The start forms' inputs also pass through :func:`no_tangent` here: a handle is
 not differentiable, and an input carried as int32 words (complex, float8, the
 ragged header) would otherwise get a zero tangent without the start's rules
 being asked.
@@ -48,6 +49,24 @@ def no_tangent(tree):
   return jax.tree.map(lambda v: _no_tangent(v) if jnp.issubdtype(jnp.result_type(v), jnp.inexact) else v, tree)
 
 
+_MOVEMENT = ("all_gather", "all_to_all", "ppermute", "pbroadcast")
+
+
+def _as_pairs(x):
+  """The complex leaves of ``x`` as (real, imaginary) pairs, and the inverse (None: none).  The
+  data-movement ops carry other dtypes as int32 words, which have no tangents; the pairs are float
+  arrays, moved together (one bucket) and differentiable."""
+  leaves, tdef = jax.tree.flatten(x)
+  cplx = [jnp.iscomplexobj(v) for v in leaves]
+  if not any(cplx):
+    return x, None
+  parts = [(jnp.real(v), jnp.imag(v)) if c else v for v, c in zip(leaves, cplx)]
+
+  def join(y):
+    return jax.tree.unflatten(tdef, [jax.lax.complex(*v) if c else v for v, c in zip(y, cplx)])
+  return parts, join
+
+
 def route(name: str, ours, *, start: bool = False, axis_pos: int = 1):
   """``ours`` (a public op) that hands calls over vmapped axis names to ``jax.lax.<name>``."""
   lax_op = getattr(jax.lax, name)  # taken now: inside patch_lax() the attribute is ours
@@ -59,6 +78,10 @@ def route(name: str, ours, *, start: bool = False, axis_pos: int = 1):
     if not vm:
       if start and args and not (isinstance(args[0], (int, float, complex))):
         args = (no_tangent(args[0]), *args[1:])
+      elif name in _MOVEMENT and args:
+        x, join = _as_pairs(args[0])
+        if join is not None:
+          return join(ours(x, *args[1:], **kwargs))
       return ours(*args, **kwargs)
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
     api = name + ("_start" if start else "")
