@@ -129,6 +129,8 @@ def _ragged(fn):
   return lambda v, ax: fn(*_ragged_args(v), axis_name=ax)
 
 
+W_AG = np.random.default_rng(11).standard_normal((2, 3)).astype(np.float32)
+W_RS = np.random.default_rng(12).standard_normal((2, 8)).astype(np.float32)
 AD = ("jvp", "linearize", "grad", "checkpoint")
 # The start forms: handles are not differentiable, and they take no vmapped axis name.
 START_REFUSES = ("vmap_named_axis", *AD)
@@ -166,6 +168,12 @@ OPS = [
        reference=lambda v, ax: _pbroadcast_reference(v, ax, 1)),
     Op("ragged_all_to_all", _ragged(dc.ragged_all_to_all), _ragged(lax.ragged_all_to_all),
        reference=_ragged(ragged_reference)),
+    # GEMM + communication overlap: against the jax.lax compositions they replace
+    Op("all_gather_matmul", lambda v, ax: dc.all_gather_matmul(v, W_AG, ax),
+       lambda v, ax: lax.all_gather(v, ax, axis=0, tiled=True) @ W_AG),
+    Op("matmul_reduce_scatter", lambda v, ax: dc.matmul_reduce_scatter(v, W_RS, ax),
+       lambda v, ax: lax.psum_scatter(v @ W_RS, ax, scatter_dimension=0, tiled=True)),
+    Op("matmul_psum", lambda v, ax: dc.matmul_psum(v, W_RS, ax), lambda v, ax: lax.psum(v @ W_RS, ax)),
     # start forms: against the blocking jax.lax op
     Op("psum_start", lambda v, ax: dc.done(dc.psum_start(v, ax)), lambda v, ax: lax.psum(v, ax), refuses=START_REFUSES),
     Op("pmean_start", lambda v, ax: dc.done(dc.pmean_start(v, ax)), lambda v, ax: lax.pmean(v, ax),

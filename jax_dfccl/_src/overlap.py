@@ -333,8 +333,13 @@ def _mmar_fwd(x, w, axis, num_chunks):
 
 
 def _mmar_bwd(axis, num_chunks, res, g):
-  del axis, num_chunks
-  x, w = res                                 # g is replicated: no communication
+  del num_chunks
+  x, w = res
+  if not compat.check_vma_enabled():
+    # As jax.lax.psum's transpose without check_vma: every rank's copy of the result reached the
+    # loss, so the cotangent is their sum.  (With check_vma, g is invariant: no communication.)
+    comm = _comm()
+    g = comm.done(comm.psum_start(g, axis))
   return _dot(g, w.T).astype(x.dtype), _dot(x.T, g).astype(w.dtype)
 
 
