@@ -112,6 +112,7 @@ class Op:
   reference: Callable | None = None  # runs where lax_op does not (its definition)
   lax_raises: tuple = ()  # transforms jax.lax fails on (asserted), ours checked against `reference`
   refuses: tuple = ()  # transforms ours refuses by design (NotImplementedError, asserted)
+  gaps: tuple = ()  # transforms ours does not support yet (strict xfail: passes once supported)
 
   def ref(self):
     return self.reference or self.lax_op
@@ -169,11 +170,13 @@ OPS = [
     Op("ragged_all_to_all", _ragged(dc.ragged_all_to_all), _ragged(lax.ragged_all_to_all),
        reference=_ragged(ragged_reference)),
     # GEMM + communication overlap: against the jax.lax compositions they replace
+    # (custom VJPs: no forward mode yet)
     Op("all_gather_matmul", lambda v, ax: dc.all_gather_matmul(v, W_AG, ax),
-       lambda v, ax: lax.all_gather(v, ax, axis=0, tiled=True) @ W_AG),
+       lambda v, ax: lax.all_gather(v, ax, axis=0, tiled=True) @ W_AG, gaps=("jvp", "linearize")),
     Op("matmul_reduce_scatter", lambda v, ax: dc.matmul_reduce_scatter(v, W_RS, ax),
-       lambda v, ax: lax.psum_scatter(v @ W_RS, ax, scatter_dimension=0, tiled=True)),
-    Op("matmul_psum", lambda v, ax: dc.matmul_psum(v, W_RS, ax), lambda v, ax: lax.psum(v @ W_RS, ax)),
+       lambda v, ax: lax.psum_scatter(v @ W_RS, ax, scatter_dimension=0, tiled=True), gaps=("jvp", "linearize")),
+    Op("matmul_psum", lambda v, ax: dc.matmul_psum(v, W_RS, ax), lambda v, ax: lax.psum(v @ W_RS, ax),
+       gaps=("jvp", "linearize")),
     # start forms: against the blocking jax.lax op
     Op("psum_start", lambda v, ax: dc.done(dc.psum_start(v, ax)), lambda v, ax: lax.psum(v, ax), refuses=START_REFUSES),
     Op("pmean_start", lambda v, ax: dc.done(dc.pmean_start(v, ax)), lambda v, ax: lax.pmean(v, ax),
@@ -295,7 +298,8 @@ def _assert_same(got, want, what):
 def _grid():
   for op in OPS:
     for t in TRANSFORMS:
-      yield pytest.param(op.name, t, id=f"{op.name}-{t}")
+      gap = pytest.mark.xfail(strict=True, reason=f"{op.name}: no {t} rule yet")
+      yield pytest.param(op.name, t, id=f"{op.name}-{t}", marks=gap if t in op.gaps else ())
 
 
 @pytest.mark.parametrize("opname,transform", list(_grid()))

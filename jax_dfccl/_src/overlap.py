@@ -450,6 +450,15 @@ def _global_bwd(kind, mesh, axis, res, g):
 _global.defvjp(_global_fwd, _global_bwd)
 
 
+def _lax_composition(kind, x, w, axis_name):
+  """What the per-shard ops replace, with jax.lax's collectives (and their numerics)."""
+  if kind == "ag":
+    return _dot(lax.all_gather(x, axis_name, axis=0, tiled=True), w).astype(x.dtype)
+  if kind == "rs":
+    return lax.psum_scatter(_dot(x, w), axis_name, scatter_dimension=0, tiled=True).astype(x.dtype)
+  return lax.psum(_dot(x, w).astype(x.dtype), axis_name)
+
+
 def _dispatch(api, kind, x, w, axis_name, per_shard):
   if isinstance(axis_name, (tuple, list)):
     if len(axis_name) != 1:
@@ -457,6 +466,9 @@ def _dispatch(api, kind, x, w, axis_name, per_shard):
     axis_name = axis_name[0]
   x, w = jnp.asarray(x), jnp.asarray(w)
   _check(api, x, w)
+  from jax_dfccl._src.named_axes import vmapped_axes
+  if vmapped_axes(axis_name):  # an axis of jax.vmap: no device communicates, jax.lax's composition
+    return _lax_composition(kind, x, w, axis_name)
   if _in_shard_map(axis_name):
     n = _axis_size(axis_name)
     if kind == "rs" and x.shape[0] % n:
