@@ -25,12 +25,25 @@ from jax._src import core
 _REDUCTIONS = ("psum", "pmean", "pmax", "pmin")
 
 
+def _batch_axis_names() -> set:
+  """The axis names of the vmaps whose traces are open here (the current trace and its parents)."""
+  names, tr = set(), core.trace_ctx.trace
+  while tr is not None:
+    name = getattr(getattr(tr, "axis_data", None), "name", None)
+    if name is not None:
+      names.add(name)
+    tr = getattr(tr, "parent_trace", None)
+  return names
+
+
 def vmapped_axes(axis_name) -> tuple:
-  """The axes of ``axis_name`` bound by vmap (bound, and not axes of the current mesh)."""
+  """The axes of ``axis_name`` bound by an open ``jax.vmap(..., axis_name=...)``."""
   axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
   env = core.get_axis_env()
-  mesh_axes = set(jax.sharding.get_abstract_mesh().axis_names)
-  return tuple(a for a in axes if a not in mesh_axes and env.axis_exists(a))
+  if not any(env.axis_exists(a) for a in axes):
+    return ()
+  batch = _batch_axis_names()
+  return tuple(a for a in axes if a in batch)
 
 
 @jax.custom_jvp
