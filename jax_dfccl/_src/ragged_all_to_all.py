@@ -32,6 +32,7 @@ from jax._src.interpreters import mlir
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import docstrings as ds
 from jax_dfccl._src import keys
 from jax_dfccl._src import named_axes
 from jax_dfccl._src import order
@@ -264,14 +265,20 @@ _register_remat()
 
 # ---- public functions ----
 
+_EXAMPLE = """    >>> mesh = jax.sharding.Mesh(jax.devices()[:2], ("x",))
+    >>> def g(a, b, c, d, e, f):
+    ...   return {call}(a[0], b[0], c[0], d[0], e[0], f[0], axis_name="x")[None]
+    >>> g = jax.jit(jax.shard_map(g, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    >>> print(g(jnp.array([[1, 2, 2], [3, 4, 0]]), jnp.zeros((2, 4), jnp.int32),
+    ...         jnp.array([[0, 1], [0, 1]]), jnp.array([[1, 2], [1, 1]]),
+    ...         jnp.array([[0, 0], [1, 2]]), jnp.array([[1, 1], [2, 1]])))
+    [[1 3 0 0]
+     [2 2 4 0]]
+"""
+
+
 def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
                       axis_index_groups=None, key=None):
-  """Sends slice ``i`` of ``operand`` (rows ``input_offsets[i]`` to ``+ send_sizes[i]``) to rank
-  ``i // k`` of ``axis_name`` (``k`` slices per rank), where it lands at row ``output_offsets[i]`` of
-  that rank's result; the result is ``output`` with every received slice written in
-  (``recv_sizes[i]``: rows received as rank ``i // k``'s slice ``i % k``).  Drop-in for
-  ``jax.lax.ragged_all_to_all``; offsets and sizes may be traced values.  Differentiable
-  (reverse mode) as in ``jax.lax``."""
   operand, output, idx, params = _prepare(operand, output, input_offsets, send_sizes, output_offsets,
                                           recv_sizes, axis_name, axis_index_groups, key)
   return order.bind_blocking(ragged_p, operand, output, *idx, **params)
@@ -289,3 +296,50 @@ def _start_plan(operand, output, input_offsets, send_sizes, output_offsets, recv
 _unused_blocking, ragged_all_to_all_start = pl.api(_API, _start_plan)
 ragged_all_to_all = named_axes.route(_API, ragged_all_to_all)
 ragged_all_to_all_start = named_axes.route(_API, ragged_all_to_all_start, start=True)
+
+
+ragged_all_to_all.__doc__ = f"""Sends ragged slices of ``operand`` to the ranks of ``axis_name``; drop-in for ``jax.lax.ragged_all_to_all``.
+
+  The exchange of a mixture-of-experts layer's tokens.  With ``K = len(input_offsets)`` and
+  ``k = K // n`` slices per rank (``n`` the group size), slice ``i`` (the rows
+  ``input_offsets[i]`` to ``input_offsets[i] + send_sizes[i]`` of ``operand``) goes to rank
+  ``i // k``, where it is written at row ``output_offsets[i]`` of its result; the result
+  is ``output`` with every received slice written in.  ``recv_sizes[i]`` is the number of
+  rows this rank receives as slice ``i % k`` of rank ``i // k`` (the runtime checks it
+  against what that rank sends).  Offsets and sizes may be traced values.
+
+  Differentiable as ``jax.lax``'s (linear in ``operand`` and ``output``: ``jax.jvp``,
+  ``jax.grad``, ``jax.linearize``; offsets and sizes are not differentiated) and batched
+  by ``jax.vmap`` (the batch merged into the rows).
+
+  Args:
+    operand: the rows to send, shape ``(N, *R)``.
+    output: the result's initial value, shape ``(M, *R)``, ``operand``'s dtype.
+    input_offsets: int array ``(K,)``: where each slice starts in ``operand``.
+    send_sizes: int array ``(K,)``: each slice's rows.
+    output_offsets: int array ``(K,)``: where each slice lands on its destination.
+    recv_sizes: int array ``(K,)``: the rows received per slice (see above).
+    {ds.AXIS_NAME}
+    {ds.GROUPS}
+    {ds.KEY}
+
+  Returns:
+    ``output`` with the received slices written in (shape ``(M, *R)``).
+
+  Raises:
+    ValueError: an offsets or sizes argument that is not of integer type, not of rank 1 or
+      empty (named, and checked before the axis name, as ``jax.lax``); lengths that differ
+      or are not a multiple of the group size; rows of ``operand`` and ``output`` that differ.
+    {ds.RAISES_AXIS}  Operand and output of different dtypes are a TypeError.
+    NotImplementedError: under ``jax.vmap`` over an axis name it communicates over (as
+      ``jax.lax``).
+
+  {ds.RUNTIME_ERROR}
+
+  The example is ``jax.lax.ragged_all_to_all``'s, on two devices.
+
+  Example:
+{_EXAMPLE.format(call="jax_dfccl.ragged_all_to_all")}
+  """
+ragged_all_to_all_start.__doc__ = ds.start_doc(_API, _EXAMPLE.format(
+    call="(lambda *a, **k: jax_dfccl.done(jax_dfccl.ragged_all_to_all_start(*a, **k)))"))
