@@ -267,7 +267,8 @@ _register_remat()
 
 _EXAMPLE = """    >>> mesh = jax.sharding.Mesh(jax.devices()[:2], ("x",))
     >>> def g(a, b, c, d, e, f):
-    ...   return {call}(a[0], b[0], c[0], d[0], e[0], f[0], axis_name="x")[None]
+    ...   y = {call}(a[0], b[0], c[0], d[0], e[0], f[0], axis_name="x")
+    ...   return {result}[None]
     >>> g = jax.jit(jax.shard_map(g, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     >>> print(g(jnp.array([[1, 2, 2], [3, 4, 0]]), jnp.zeros((2, 4), jnp.int32),
     ...         jnp.array([[0, 1], [0, 1]]), jnp.array([[1, 2], [1, 1]]),
@@ -339,7 +340,7 @@ ragged_all_to_all.__doc__ = f"""Sends ragged slices of ``operand`` to the ranks 
   The example is ``jax.lax.ragged_all_to_all``'s, on two devices.
 
   Example:
-{_EXAMPLE.format(call="jax_dfccl.ragged_all_to_all")}
+{_EXAMPLE.format(call="jax_dfccl.ragged_all_to_all", result="y")}
   """
 ragged_all_to_all_start.__doc__ = ds.start_doc(_API, _EXAMPLE.format(
-    call="(lambda *a, **k: jax_dfccl.done(jax_dfccl.ragged_all_to_all_start(*a, **k)))"))
+    call="jax_dfccl.ragged_all_to_all_start", result="jax_dfccl.done(y)"))
