@@ -107,17 +107,14 @@ class patch_lax:
     RuntimeError: when an object already entered is entered again, or one not
       entered is exited.
 
-  Example::
-
-    mesh = jax.make_mesh((8,), ("x",))
-
-    @jax.jit
-    @jax.shard_map(mesh=mesh, in_specs=P("x"), out_specs=P())
-    def total(v):
-      return jax.lax.psum(v.sum(), "x")   # unmodified jax.lax code
-
-    with jax_dfccl.patch_lax():
-      y = total(jnp.arange(16.0))         # traced here: jax_dfccl's psum
+  Example:
+    >>> mesh = jax.sharding.Mesh(jax.devices(), ("x",))
+    >>> def total(v):  # unmodified jax.lax code
+    ...   return jax.lax.psum(v, "x")
+    >>> f = jax.jit(jax.shard_map(total, mesh=mesh, in_specs=P("x"), out_specs=P()))
+    >>> with jax_dfccl.patch_lax():
+    ...   print("dfccl_start" in f.lower(jnp.arange(8.0)).as_text(), f(jnp.arange(8.0)))
+    True [28.]
   """
 
   def __init__(self):
