@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import docstrings as ds
-from jax_dfccl._src import named_axes
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -80,8 +80,8 @@ def _plan(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="vary
 
 
 all_gather, all_gather_start = pl.api("all_gather", _plan)
-all_gather = named_axes.route("all_gather", all_gather)
-all_gather_start = named_axes.route("all_gather", all_gather_start, start=True)
+all_gather = frontend.route("all_gather", all_gather)
+all_gather_start = frontend.route("all_gather", all_gather_start, start=True)
 
 _CALL, _OUT = 'jax_dfccl.all_gather(v, "x", tiled=True, to="invarying")', "[0 1 2 3 4 5 6 7]"
 all_gather.__doc__ = f"""Gathers ``x`` from every rank of ``axis_name``; drop-in for ``jax.lax.all_gather``.

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import docstrings as ds
-from jax_dfccl._src import named_axes
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -78,8 +78,8 @@ def _plan(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tile
 
 
 all_to_all, all_to_all_start = pl.api("all_to_all", _plan)
-all_to_all = named_axes.route("all_to_all", all_to_all)
-all_to_all_start = named_axes.route("all_to_all", all_to_all_start, start=True)
+all_to_all = frontend.route("all_to_all", all_to_all)
+all_to_all_start = frontend.route("all_to_all", all_to_all_start, start=True)
 
 _CALL = 'jax_dfccl.all_to_all(v, "x", 1, 0, tiled=True)'
 _ARGS = dict(x="jnp.arange(64).reshape(8, 8)", out_specs='P(None, "x")', show="(f(x) == x).all()")

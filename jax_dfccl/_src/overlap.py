@@ -466,7 +466,7 @@ def _dispatch(api, kind, x, w, axis_name, per_shard):
     axis_name = axis_name[0]
   x, w = jnp.asarray(x), jnp.asarray(w)
   _check(api, x, w)
-  from jax_dfccl._src.named_axes import vmapped_axes
+  from jax_dfccl._src.frontend import vmapped_axes
   if vmapped_axes(axis_name):  # an axis of jax.vmap: no device communicates, jax.lax's composition
     return _lax_composition(kind, x, w, axis_name)
   if _in_shard_map(axis_name):

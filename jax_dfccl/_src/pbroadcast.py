@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import docstrings as ds
-from jax_dfccl._src import named_axes
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -52,8 +52,8 @@ def _plan(x, axis_name, source, *, key=None):
 
 
 pbroadcast, pbroadcast_start = pl.api("pbroadcast", _plan)
-pbroadcast = named_axes.route("pbroadcast", pbroadcast)
-pbroadcast_start = named_axes.route("pbroadcast", pbroadcast_start, start=True)
+pbroadcast = frontend.route("pbroadcast", pbroadcast)
+pbroadcast_start = frontend.route("pbroadcast", pbroadcast_start, start=True)
 
 _CALL = 'jax_dfccl.pbroadcast(v, "x", 3)'
 _ARGS = dict(x="jnp.arange(8.0)", out_specs='P("x")')

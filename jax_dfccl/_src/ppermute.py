@@ -4,7 +4,7 @@ from __future__ import annotations
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import docstrings as ds
-from jax_dfccl._src import named_axes
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -43,8 +43,8 @@ def _plan(x, axis_name, perm, *, key=None):
 
 
 ppermute, ppermute_start = pl.api("ppermute", _plan)
-ppermute = named_axes.route("ppermute", ppermute)
-ppermute_start = named_axes.route("ppermute", ppermute_start, start=True)
+ppermute = frontend.route("ppermute", ppermute)
+ppermute_start = frontend.route("ppermute", ppermute_start, start=True)
 
 _CALL = 'jax_dfccl.ppermute(v, "x", [(i, (i + 1) % 8) for i in range(8)])'
 _ARGS = dict(x="jnp.arange(8)", out_specs='P("x")')

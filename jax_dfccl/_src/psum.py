@@ -9,7 +9,7 @@ from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import docstrings as ds
 from jax_dfccl._src import keys
-from jax_dfccl._src import named_axes
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -114,14 +114,14 @@ psum, psum_start = pl.api("psum", _plan("sum", "psum"))
 pmean, pmean_start = pl.api("pmean", _plan("sum", "pmean", mean=True))
 pmax, pmax_start = pl.api("pmax", _plan("max", "pmax"))
 pmin, pmin_start = pl.api("pmin", _plan("min", "pmin"))
-psum = named_axes.route("psum", psum)
-psum_start = named_axes.route("psum", psum_start, start=True)
-pmean = named_axes.route("pmean", pmean)
-pmean_start = named_axes.route("pmean", pmean_start, start=True)
-pmax = named_axes.route("pmax", pmax)
-pmax_start = named_axes.route("pmax", pmax_start, start=True)
-pmin = named_axes.route("pmin", pmin)
-pmin_start = named_axes.route("pmin", pmin_start, start=True)
+psum = frontend.route("psum", psum)
+psum_start = frontend.route("psum", psum_start, start=True)
+pmean = frontend.route("pmean", pmean)
+pmean_start = frontend.route("pmean", pmean_start, start=True)
+pmax = frontend.route("pmax", pmax)
+pmax_start = frontend.route("pmax", pmax_start, start=True)
+pmin = frontend.route("pmin", pmin)
+pmin_start = frontend.route("pmin", pmin_start, start=True)
 
 
 

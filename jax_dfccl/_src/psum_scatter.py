@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import docstrings as ds
-from jax_dfccl._src import named_axes
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 from jax_dfccl._src.psum import as_reducible
 
@@ -79,8 +79,8 @@ def _plan(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=Fa
 
 
 psum_scatter, psum_scatter_start = pl.api("psum_scatter", _plan)
-psum_scatter = named_axes.route("psum_scatter", psum_scatter)
-psum_scatter_start = named_axes.route("psum_scatter", psum_scatter_start, start=True)
+psum_scatter = frontend.route("psum_scatter", psum_scatter)
+psum_scatter_start = frontend.route("psum_scatter", psum_scatter_start, start=True)
 
 _CALL = 'jax_dfccl.psum_scatter(v[0], "x", tiled=True)'
 _ARGS = dict(x="jnp.arange(64).reshape(8, 8)", out_specs='P("x")')

@@ -34,7 +34,7 @@ from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
 from jax_dfccl._src import docstrings as ds
 from jax_dfccl._src import keys
-from jax_dfccl._src import named_axes
+from jax_dfccl._src import frontend
 from jax_dfccl._src import order
 from jax_dfccl._src import plan as pl
 
@@ -287,7 +287,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
 
 def _start_plan(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
                 axis_index_groups=None, key=None):
-  output = named_axes.no_tangent(output)  # (the operand's is the route's, below)
+  output = frontend.no_tangent(output)  # (the operand's is the route's, below)
   operand, output, idx, p = _prepare(operand, output, input_offsets, send_sizes, output_offsets,
                                      recv_sizes, axis_name, axis_index_groups, key)
   return [_leaf(operand, output, idx, p["axes"], p["groups"], p["n"], p["key"], p["key_hash"])], \
@@ -295,8 +295,8 @@ def _start_plan(operand, output, input_offsets, send_sizes, output_offsets, recv
 
 
 _unused_blocking, ragged_all_to_all_start = pl.api(_API, _start_plan)
-ragged_all_to_all = named_axes.route(_API, ragged_all_to_all)
-ragged_all_to_all_start = named_axes.route(_API, ragged_all_to_all_start, start=True)
+ragged_all_to_all = frontend.route(_API, ragged_all_to_all)
+ragged_all_to_all_start = frontend.route(_API, ragged_all_to_all_start, start=True)
 
 
 ragged_all_to_all.__doc__ = f"""Sends ragged slices of ``operand`` to the ranks of ``axis_name``; drop-in for ``jax.lax.ragged_all_to_all``.

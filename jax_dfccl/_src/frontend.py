@@ -1,18 +1,19 @@
-"""Collectives over an axis name bound by ``jax.vmap(..., axis_name=...)``.
+"""What every public collective does before its plan (:func:`route` wraps each one).
 
-Such an axis is not a mesh axis: its "ranks" are the elements of a batch on one
-device, and nothing crosses devices, so there is nothing to match by identity.
-A public op whose ``axis_name`` names only such axes is ``jax.lax``'s op (with
-``jax.lax``'s batching rules, results and errors); the reductions over vmapped
-and mesh axes together reduce over the vmapped ones with ``jax.lax`` first and
-then over the mesh axes with jax_dfccl.  Other mixes, and the start forms over a
-vmapped axis, raise ``NotImplementedError``.
-
-The complex inputs of the blocking data-movement ops travel as (real, imaginary)
-pairs (differentiable; see :func:`_as_pairs`).  The start forms' inputs also pass through :func:`no_tangent` here: a handle is
-not differentiable, and an input carried as int32 words (complex, float8, the
-ragged header) would otherwise get a zero tangent without the start's rules
-being asked.
+* An axis name bound by ``jax.vmap(..., axis_name=...)`` is not a mesh axis: its
+  "ranks" are the elements of a batch on one device, nothing crosses devices and
+  there is nothing to match by identity.  An op whose ``axis_name`` names only
+  such axes is ``jax.lax``'s op (its batching rules, results and errors); the
+  reductions over vmapped and mesh axes together reduce over the vmapped ones
+  with ``jax.lax`` first, then over the mesh axes with jax_dfccl.  Other mixes,
+  and the start forms over a vmapped axis, raise ``NotImplementedError``.
+* The complex inputs of the blocking data-movement ops travel as (real,
+  imaginary) float pairs (:func:`_as_pairs`): differentiable, where the int32
+  words other dtypes travel as have no tangents.
+* The start forms' inputs pass through :func:`no_tangent`: a handle is not
+  differentiable, and an input carried as int32 words (complex, float8, the
+  ragged header) would otherwise get a zero tangent without the start's rules
+  being asked.
 """
 from __future__ import annotations
 
