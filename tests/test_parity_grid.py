@@ -208,11 +208,14 @@ def mesh():
   return cpu_mesh((N_X, N_Y), ("x", "y"))
 
 
+_CHECK_VMA = [False]  # the programs' check_vma (test_grid runs both)
+
+
 def _program(fn, mesh, ax="y"):
   """fn over axis `ax` in a shard_map over the whole mesh; per-shard results stacked along a
   leading axis of the global result, so every op's shape fits one out_spec."""
   return jax.shard_map(lambda v: fn(v, ax)[None], mesh=mesh, in_specs=P("x", "y"),
-                       out_specs=P(("x", "y")), check_vma=False)
+                       out_specs=P(("x", "y")), check_vma=_CHECK_VMA[0])
 
 
 def _inputs(mesh, seed=0, batch=False, dtype=jnp.float32):
@@ -244,7 +247,8 @@ def t_vmap_named_axis(fn, mesh):
   def per_shard(v):
     vb = jnp.stack([v, 2.0 * v + 1.0, -v])  # (3, 4, 2)
     return jax.vmap(lambda u: fn(u, "b"), axis_name="b")(vb)[None]
-  sm = jax.shard_map(per_shard, mesh=mesh, in_specs=P("x", "y"), out_specs=P(("x", "y")), check_vma=False)
+  sm = jax.shard_map(per_shard, mesh=mesh, in_specs=P("x", "y"), out_specs=P(("x", "y")),
+                     check_vma=_CHECK_VMA[0])
   return jax.jit(sm)(_inputs(mesh))
 
 
@@ -302,8 +306,15 @@ def _grid():
       yield pytest.param(op.name, t, id=f"{op.name}-{t}", marks=gap if t in op.gaps else ())
 
 
+@pytest.fixture(params=[False, True], ids=["", "check_vma"])
+def check_vma(request):
+  _CHECK_VMA[0] = request.param
+  yield request.param
+  _CHECK_VMA[0] = False
+
+
 @pytest.mark.parametrize("opname,transform", list(_grid()))
-def test_grid(mesh, opname, transform):
+def test_grid(mesh, opname, transform, check_vma):
   op, run = OPS_BY_NAME[opname], TRANSFORMS[transform]
   got = _outcome(run, op.ours, mesh)
   if transform in op.refuses:  # ours refuses by design (what it refuses is said in REFUSALS)

@@ -190,6 +190,17 @@ def _varying(x, axis):
   return compat.pvary(x, (axis,))
 
 
+def _like(ct, primal):
+  """A cotangent typed as its primal: summed over the mesh axes it varies over and the primal
+  does not (the transpose of the implicit pvary of an input invariant over them, e.g. a weight
+  replicated over the other axes of a 2-D mesh)."""
+  extra = tuple(sorted(compat.varying(jax.typeof(ct)) - compat.varying(jax.typeof(primal)), key=str))
+  if not extra:
+    return ct
+  comm = _comm()
+  return comm.done(comm.psum_start(ct, extra))
+
+
 def _dot(a, b):
   return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
@@ -298,7 +309,7 @@ def _agmm_bwd(axis, res, g):
   xg, w = res
   dx = _matmul_rs_shard(g, w.T, axis)                  # GEMM+RS, overlapped
   dw = _dot(xg.T, g).astype(w.dtype)
-  return dx, dw
+  return dx, _like(dw, w)
 
 
 _agmm.defvjp(_agmm_fwd, _agmm_bwd)
@@ -317,7 +328,7 @@ def _mmrs_bwd(axis, res, g):
   x, w = res
   dx, gg = _ag_matmul_shard(g, w.T, axis, gather_x=True)  # AG+GEMM, overlapped
   dw = _dot(x.T, gg).astype(w.dtype)
-  return dx, dw
+  return _like(dx, x), _like(dw, w)
 
 
 _mmrs.defvjp(_mmrs_fwd, _mmrs_bwd)
@@ -340,7 +351,7 @@ def _mmar_bwd(axis, num_chunks, res, g):
     # loss, so the cotangent is their sum.  (With check_vma, g is invariant: no communication.)
     comm = _comm()
     g = comm.done(comm.psum_start(g, axis))
-  return _dot(g, w.T).astype(x.dtype), _dot(x.T, g).astype(w.dtype)
+  return _like(_dot(g, w.T).astype(x.dtype), x), _like(_dot(x.T, g).astype(w.dtype), w)
 
 
 _mmar.defvjp(_mmar_fwd, _mmar_bwd)
