@@ -350,6 +350,20 @@ def test_complex_tangents(mesh, opname, transform):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("transform", ["jvp", "checkpoint"])
+def test_start_form_of_complex_refuses_differentiation(mesh, transform):
+  """A complex input of a start form travels as int32 words, whose tangents JAX would drop
+  without asking the start's rules: refused, as for the runtimes' own dtypes."""
+  fn = lambda v, ax: dc.done(dc.all_gather_start(v, ax, tiled=True))  # noqa: E731
+  g = _program(fn, mesh)
+  x = _inputs(mesh, dtype=jnp.complex64)
+  with pytest.raises(NotImplementedError, match="not differentiable"):
+    if transform == "jvp":
+      jax.jvp(g, (x,), (x,))
+    else:
+      jax.grad(lambda v: jnp.sum(jnp.abs(jax.checkpoint(g)(v))))(x)
+
+
 # ---------------------------------------------------------------- checkpoint: what is saved
 
 

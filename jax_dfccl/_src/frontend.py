@@ -58,9 +58,18 @@ def _no_tangent_jvp(primals, tangents):
                             "use the blocking form (e.g. jax_dfccl.psum) under autodiff")
 
 
-def no_tangent(tree):
-  """``tree`` unchanged; differentiating through it raises NotImplementedError."""
-  return jax.tree.map(lambda v: _no_tangent(v) if jnp.issubdtype(jnp.result_type(v), jnp.inexact) else v, tree)
+def no_tangent(tree, all_inexact: bool = False):
+  """``tree`` unchanged; differentiating through it raises NotImplementedError.  Applied to the
+  inexact leaves that travel as int32 words (dtypes beyond the runtimes'), or to every inexact
+  leaf with ``all_inexact``; the others reach the start primitive, whose rules refuse AD."""
+  from jax_dfccl._src import core as c
+
+  def guard(v):
+    dt = jnp.result_type(v)
+    if jnp.issubdtype(dt, jnp.inexact) and (all_inexact or dt not in c.SUPPORTED_DTYPES):
+      return _no_tangent(v)
+    return v
+  return jax.tree.map(guard, tree)
 
 
 _MOVEMENT = ("all_gather", "all_to_all", "ppermute", "pbroadcast")
@@ -91,7 +100,7 @@ def route(name: str, ours, *, start: bool = False, axis_pos: int = 1):
     vm = vmapped_axes(axis_name) if axis_name is not None else ()
     if not vm:
       if start and args and not (isinstance(args[0], (int, float, complex))):
-        args = (no_tangent(args[0]), *args[1:])
+        args = (no_tangent(args[0], all_inexact=name == "ragged_all_to_all"), *args[1:])
       elif name in _MOVEMENT and args:
         x, join = _as_pairs(args[0])
         if join is not None:

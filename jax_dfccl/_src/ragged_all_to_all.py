@@ -287,7 +287,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
 
 def _start_plan(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
                 axis_index_groups=None, key=None):
-  output = frontend.no_tangent(output)  # (the operand's is the route's, below)
+  output = frontend.no_tangent(output, all_inexact=True)  # (the operand's: the route's, below)
   operand, output, idx, p = _prepare(operand, output, input_offsets, send_sizes, output_offsets,
                                      recv_sizes, axis_name, axis_index_groups, key)
   return [_leaf(operand, output, idx, p["axes"], p["groups"], p["n"], p["key"], p["key_hash"])], \
