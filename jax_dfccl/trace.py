@@ -66,7 +66,32 @@ def to_chrome_trace(recs) -> dict:
 
 
 def export_trace(path: str) -> int:
-  """Writes the recorded events to ``path`` (Chrome trace JSON); returns the event count."""
+  """Writes the runtimes' recorded events to ``path`` as a Chrome trace; returns the event count.
+
+  The runtimes record events (start, preemption, resumption, end of each collective
+  instance, per device) while ``jax_dfccl.config.trace`` is on; open the file in
+  ``chrome://tracing`` or Perfetto to see which rank waited for which key.
+
+  Args:
+    path: the file to write (JSON, Chrome trace event format).
+
+  Returns:
+    The number of events written.
+
+  Raises:
+    OSError: ``path`` cannot be written.
+
+  Example:
+    >>> import os, tempfile
+    >>> mesh = jax.sharding.Mesh(jax.devices(), ("x",))
+    >>> f = jax.jit(jax.shard_map(lambda v: jax_dfccl.psum(v, "x"), mesh=mesh,
+    ...                           in_specs=P("x"), out_specs=P()))
+    >>> with jax_dfccl.configured(trace=True):
+    ...   _ = f(jnp.arange(8.0)).block_until_ready()
+    >>> path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    >>> jax_dfccl.export_trace(path) > 0
+    True
+  """
   tr = to_chrome_trace(records())
   with open(path, "w") as f:
     json.dump(tr, f)

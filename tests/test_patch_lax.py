@@ -110,3 +110,42 @@ def test_all_gather_to_through_patch(mesh8):
   with dc.patch_lax():
     got = prog()(x)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_manual_enter_not_undone_by_garbage_collection(monkeypatch):
+  import gc
+  import weakref
+  from jax_dfccl._src import patch
+  before = {n: getattr(jax.lax, n) for n in NAMES}
+  for n, f in before.items():  # restored at teardown, whatever the test leaves
+    monkeypatch.setattr(jax.lax, n, f)
+  monkeypatch.setattr(patch, "_depth", 0)
+  monkeypatch.setattr(patch, "_originals", {})
+  cm = dc.patch_lax()
+  cm.__enter__()
+  alive = weakref.ref(cm)
+  del cm
+  gc.collect()
+  assert alive() is None  # the object is gone ...
+  assert all(getattr(jax.lax, n) is not before[n] for n in NAMES)  # ... and jax.lax stays patched
+
+
+def test_manual_enter_exit_and_misuse_refused():
+  before = jax.lax.psum
+  cm = dc.patch_lax()
+  with pytest.raises(RuntimeError, match="without a matching __enter__"):
+    cm.__exit__(None, None, None)
+  assert cm.__enter__() is cm
+  try:
+    assert jax.lax.psum is not before
+    with pytest.raises(RuntimeError, match="already entered"):
+      cm.__enter__()
+    with dc.patch_lax():  # a second object nests
+      assert jax.lax.psum is not before
+    assert jax.lax.psum is not before
+  finally:
+    cm.__exit__(None, None, None)
+  assert jax.lax.psum is before
+  with cm:  # the object can be entered again once exited
+    assert jax.lax.psum is not before
+  assert jax.lax.psum is before

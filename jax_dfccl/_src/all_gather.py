@@ -6,6 +6,8 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import docstrings as ds
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -78,10 +80,37 @@ def _plan(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="vary
 
 
 all_gather, all_gather_start = pl.api("all_gather", _plan)
-all_gather.__doc__ = """Gathers ``x`` from every rank of ``axis_name``; drop-in for ``jax.lax.all_gather``.
+all_gather = frontend.route("all_gather", all_gather)
+all_gather_start = frontend.route("all_gather", all_gather_start, start=True)
 
-``tiled=False`` stacks along a new dimension ``axis``; ``tiled=True`` concatenates
-along the existing dimension ``axis``.  ``to`` is the output's manual-axis type,
-as in ``jax.lax.all_gather``: ``'varying'`` (default), ``'invarying'`` (the same
-on every rank; its gradient is each rank's block, with no communication) or
-``'reduced'`` (its gradient is a reduce-scatter of the unreduced cotangent)."""
+_CALL, _OUT = 'jax_dfccl.all_gather(v, "x", tiled=True, to="invarying")', "[0 1 2 3 4 5 6 7]"
+all_gather.__doc__ = f"""Gathers ``x`` from every rank of ``axis_name``; drop-in for ``jax.lax.all_gather``.
+
+  Args:
+    x: an array or a pytree of arrays (any fixed-width dtype; the bytes are moved).
+    {ds.AXIS_NAME}
+    {ds.GROUPS}
+    axis: where the ranks' blocks go: a new dimension at ``axis`` (``tiled=False``) or the
+      existing dimension ``axis`` they are concatenated along (``tiled=True``).
+    tiled: stack (False) or concatenate (True) the blocks.
+    to: the result's manual-axis type, as in ``jax.lax.all_gather``: ``'varying'``
+      (default), ``'invarying'`` (the same on every rank; its gradient is each rank's block,
+      without communication) or ``'reduced'`` (its gradient is a reduce-scatter of the
+      unreduced cotangent).  Without ``check_vma`` only ``'varying'`` applies.
+    {ds.KEY}
+
+  Returns:
+    ``x`` gathered in rank order: ``x.shape`` with the group size ``n`` inserted at ``axis``
+    (``tiled=False``) or with ``x.shape[axis]`` multiplied by ``n`` (``tiled=True``).
+
+  Raises:
+    {ds.RAISES_AXIS}
+    ValueError: ``axis`` out of range, ``tiled=True`` on a scalar, or an unknown ``to``.
+    NotImplementedError: ``to`` other than ``'varying'`` with ``axis_index_groups``, as jax.lax.
+
+  {ds.RUNTIME_ERROR}
+
+  Example:
+{ds.example(_CALL, _OUT, x="jnp.arange(8)")}
+  """
+all_gather_start.__doc__ = ds.start_doc("all_gather", ds.example(ds.start_call(_CALL), _OUT, x="jnp.arange(8)"))

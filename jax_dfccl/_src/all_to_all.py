@@ -6,6 +6,8 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import docstrings as ds
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -76,5 +78,41 @@ def _plan(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tile
 
 
 all_to_all, all_to_all_start = pl.api("all_to_all", _plan)
-all_to_all.__doc__ = """Splits ``x`` along ``split_axis`` across the ranks of ``axis_name`` and
-concatenates the received blocks along ``concat_axis``; drop-in for ``jax.lax.all_to_all``."""
+all_to_all = frontend.route("all_to_all", all_to_all)
+all_to_all_start = frontend.route("all_to_all", all_to_all_start, start=True)
+
+_CALL = 'jax_dfccl.all_to_all(v, "x", 1, 0, tiled=True)'
+_ARGS = dict(x="jnp.arange(64).reshape(8, 8)", out_specs='P(None, "x")', show="(f(x) == x).all()")
+all_to_all.__doc__ = f"""Exchanges blocks of ``x`` between the ranks of ``axis_name``; drop-in for ``jax.lax.all_to_all``.
+
+  ``x`` is split along ``split_axis`` into one block per rank; rank ``i`` receives block
+  ``i`` of every rank and concatenates them, in rank order, along ``concat_axis``.
+
+  Args:
+    x: an array or a pytree of arrays (any fixed-width dtype; the bytes are moved).
+    {ds.AXIS_NAME}
+    split_axis: the dimension of ``x`` split into blocks.
+    concat_axis: the dimension the received blocks are concatenated along.
+    {ds.GROUPS}
+    tiled: False: ``x.shape[split_axis]`` equals the group size, that dimension is removed
+      and a new one of the group size is inserted at ``concat_axis``; True: the split
+      dimension is divisible by the group size and the blocks are concatenated along the
+      existing ``concat_axis``.
+    {ds.KEY}
+
+  Returns:
+    The received blocks, of ``x``'s dtype.
+
+  Raises:
+    {ds.RAISES_AXIS}
+    ValueError: an axis out of range, or a split dimension that does not fit the group size.
+
+  {ds.RUNTIME_ERROR}
+
+  The example reshards a matrix from rows to columns: rank ``i`` holds row ``i`` before and
+  column ``i`` after (the same global matrix).
+
+  Example:
+{ds.example(_CALL, "True", **_ARGS)}
+  """
+all_to_all_start.__doc__ = ds.start_doc("all_to_all", ds.example(ds.start_call(_CALL), "True", **_ARGS))

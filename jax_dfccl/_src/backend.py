@@ -69,9 +69,24 @@ def configure(**entries):
   the runtimes before this returns.  ``config.<section>.<entry> = value`` comes
   here too.
 
-  A value a runtime rejects (out of its range) raises ``ValueError`` and
-  leaves every entry, in Python and in the runtimes, as it was; an unknown
-  name raises ``AttributeError``."""
+  Args:
+    **entries: entries of :class:`jax_dfccl.config` by flat name (e.g. ``timeout_s=60.0``);
+      values are converted to the entry's type.
+
+  Returns:
+    None.
+
+  Raises:
+    AttributeError: an unknown entry.
+    ValueError: a value a runtime rejects (out of its range); every entry, in Python and
+      in the runtimes, is left as it was.
+
+  Example:
+    >>> jax_dfccl.configure(timeout_s=60)
+    >>> jax_dfccl.config.timeout_s
+    60.0
+    >>> jax_dfccl.configure(timeout_s=300.0)
+  """
   from jax_dfccl.config import FLAT, Config
   for k in entries:
     if k not in FLAT:
@@ -94,9 +109,28 @@ def configure(**entries):
 
 @contextlib.contextmanager
 def configured(**entries):
-  """``configure(**entries)`` inside the block, the previous values restored
-  after it (also on an error).  Entries read when a program is traced (the
-  ``overlap_*`` entries) apply to what is traced inside the block."""
+  """Applies ``configure(**entries)`` inside a ``with`` block and restores the previous values after it.
+
+  The values are restored also when the block raises.  Settings read at trace time (the
+  ``overlap_*`` entries) apply to what is traced inside the block.
+
+  Args:
+    **entries: as :func:`configure`.
+
+  Returns:
+    A context manager; ``with configured(...) as cfg`` binds ``cfg`` to ``jax_dfccl.config``.
+
+  Raises:
+    AttributeError: an unknown entry (nothing changed).
+    ValueError: a value a runtime rejects, as :func:`configure`.
+
+  Example:
+    >>> with jax_dfccl.configured(timeout_s=5.0) as cfg:
+    ...   print(cfg.timeout_s)
+    5.0
+    >>> jax_dfccl.config.timeout_s
+    300.0
+  """
   from jax_dfccl.config import FLAT
   for k in entries:
     if k not in FLAT:
@@ -175,7 +209,7 @@ STATS_EXTRAS = {
 
 
 def stats() -> dict:
-  """Runtime counters per backend: ``{'cpu': {...}, 'cuda': {...}}``.
+  """Returns the runtimes' counters per backend: ``{'cpu': {...}, 'cuda': {...}}``.
 
   Every backend has the keys of :data:`STATS_KEYS` (counts since the runtime
   was loaded; the CPU runtime's counters restart at :func:`reset`), plus its
@@ -201,6 +235,22 @@ def stats() -> dict:
 
   The configuration a runtime holds is its module's ``config()`` (see
   :func:`runtime_config`), not part of ``stats()``.
+
+  Returns:
+    A dict per loaded backend (``'cpu'``, and ``'cuda'`` where GPUs are used) of the
+    counters above.
+
+  Raises:
+    RuntimeError: no runtime extension could be loaded.
+
+  Example:
+    >>> mesh = jax.sharding.Mesh(jax.devices(), ("x",))
+    >>> f = jax.jit(jax.shard_map(lambda v: jax_dfccl.psum(v, "x"), mesh=mesh,
+    ...                           in_specs=P("x"), out_specs=P()))
+    >>> before = jax_dfccl.stats()["cpu"]["completed"]
+    >>> _ = f(jnp.arange(8.0)).block_until_ready()
+    >>> jax_dfccl.stats()["cpu"]["completed"] - before  # one task per rank
+    8
   """
   return {p: dict(rt.stats()) for p, rt in load().items()}
 
@@ -213,11 +263,26 @@ def runtime_config() -> dict:
 
 
 def pending(wait_ms: int = 1000) -> str:
-  """What the runtimes hold in flight right now, per backend: every collective
-  instance with its key and sequence number and which ranks started it (GPU:
-  also whether this device's stream reached it, and what the daemon and the
-  copy-engine mover are doing).  For a program that seems stuck: call it from
-  another thread.  The GPU report tries the runtime lock for ``wait_ms``."""
+  """Describes the collectives the runtimes hold in flight right now, per backend.
+
+  Every instance with its key and sequence number and which ranks started it (GPU: also
+  whether this device's stream reached it, and what the daemon and the copy-engine mover
+  are doing).  For a program that seems stuck: call it from another thread (or another
+  process's view of the same job).
+
+  Args:
+    wait_ms: how long the GPU report tries the runtime lock.
+
+  Returns:
+    A readable report (a string), ``"no collective in flight"`` when there is none.
+
+  Raises:
+    RuntimeError: no runtime extension could be loaded.
+
+  Example:
+    >>> print(jax_dfccl.pending())
+    no collective in flight
+  """
   parts = [f"[{p}]\n{r}" for p, rt in load().items() if (r := rt.pending(wait_ms))]
   return "\n".join(parts) if parts else "no collective in flight\n"
 
@@ -231,12 +296,38 @@ def raise_if_failed():
   on a step's results to learn it before using them.  The failure is raised
   once; the programs after it run.  (Inside a command buffer the failure traps
   the GPU's context instead; on CPU a failed collective fails its own program,
-  and this returns.)"""
+  and this returns.)
+
+  Returns:
+    None, when no failure is recorded.
+
+  Raises:
+    RuntimeError: the recorded failure (its message names the key, the sequence number and
+      the ranks).
+
+  Example:
+    >>> jax_dfccl.raise_if_failed()  # nothing failed
+  """
   for rt in load().values():
     rt.raise_if_failed()
 
 
 def reset():
-  """Drops failed/in-flight runtime state (after an injected fault)."""
+  """Drops the runtimes' failed and in-flight state, e.g. after a fault.
+
+  The CPU runtime's counters (:func:`stats`) restart too.  Call it when no program that
+  uses jax_dfccl collectives is running.
+
+  Returns:
+    None.
+
+  Raises:
+    RuntimeError: no runtime extension could be loaded.
+
+  Example:
+    >>> jax_dfccl.reset()
+    >>> jax_dfccl.stats()["cpu"]["pending"]
+    0
+  """
   for rt in load().values():
     rt.reset()

@@ -52,11 +52,27 @@ def _client():
 
 
 def initialize(timeout_s: float = 120.0) -> None:
-  """Lets jax_dfccl collectives span the processes of a ``jax.distributed`` job
-  on one host (CPU devices, or NVIDIA GPUs: CUDA IPC).  Call it once in every process, after
-  ``jax.distributed.initialize`` and before the first collective; a no-op in a
-  single process and when already done.  ``timeout_s`` bounds the wait for
-  the other processes."""
+  """Lets jax_dfccl collectives span the processes of a ``jax.distributed`` job on one host.
+
+  CPU devices (shared memory), or NVIDIA GPUs (CUDA IPC).  Call it once in every process,
+  after ``jax.distributed.initialize`` and before the first collective; a no-op in a single
+  process and when already done.
+
+  Args:
+    timeout_s: how long to wait for the other processes.
+
+  Returns:
+    None.
+
+  Raises:
+    NotImplementedError: devices other than CPUs and NVIDIA GPUs.
+    RuntimeError: the job's key-value store or the other processes did not answer within
+      ``timeout_s``.
+
+  Example:
+    >>> # in every process: jax.distributed.initialize(...), then
+    >>> jax_dfccl.initialize()  # (one process here: nothing to do)
+  """
   with _lock:
     if _state or jax.process_count() == 1:
       return

@@ -190,6 +190,17 @@ def _varying(x, axis):
   return compat.pvary(x, (axis,))
 
 
+def _like(ct, primal):
+  """A cotangent typed as its primal: summed over the mesh axes it varies over and the primal
+  does not (the transpose of the implicit pvary of an input invariant over them, e.g. a weight
+  replicated over the other axes of a 2-D mesh)."""
+  extra = tuple(sorted(compat.varying(jax.typeof(ct)) - compat.varying(jax.typeof(primal)), key=str))
+  if not extra:
+    return ct
+  comm = _comm()
+  return comm.done(comm.psum_start(ct, extra))
+
+
 def _dot(a, b):
   return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
@@ -298,7 +309,7 @@ def _agmm_bwd(axis, res, g):
   xg, w = res
   dx = _matmul_rs_shard(g, w.T, axis)                  # GEMM+RS, overlapped
   dw = _dot(xg.T, g).astype(w.dtype)
-  return dx, dw
+  return dx, _like(dw, w)
 
 
 _agmm.defvjp(_agmm_fwd, _agmm_bwd)
@@ -317,7 +328,7 @@ def _mmrs_bwd(axis, res, g):
   x, w = res
   dx, gg = _ag_matmul_shard(g, w.T, axis, gather_x=True)  # AG+GEMM, overlapped
   dw = _dot(x.T, gg).astype(w.dtype)
-  return dx, dw
+  return _like(dx, x), _like(dw, w)
 
 
 _mmrs.defvjp(_mmrs_fwd, _mmrs_bwd)
@@ -333,9 +344,14 @@ def _mmar_fwd(x, w, axis, num_chunks):
 
 
 def _mmar_bwd(axis, num_chunks, res, g):
-  del axis, num_chunks
-  x, w = res                                 # g is replicated: no communication
-  return _dot(g, w.T).astype(x.dtype), _dot(x.T, g).astype(w.dtype)
+  del num_chunks
+  x, w = res
+  if not compat.check_vma_enabled():
+    # As jax.lax.psum's transpose without check_vma: every rank's copy of the result reached the
+    # loss, so the cotangent is their sum.  (With check_vma, g is invariant: no communication.)
+    comm = _comm()
+    g = comm.done(comm.psum_start(g, axis))
+  return _like(_dot(g, w.T).astype(x.dtype), x), _like(_dot(x.T, g).astype(w.dtype), w)
 
 
 _mmar.defvjp(_mmar_fwd, _mmar_bwd)
@@ -445,6 +461,15 @@ def _global_bwd(kind, mesh, axis, res, g):
 _global.defvjp(_global_fwd, _global_bwd)
 
 
+def _lax_composition(kind, x, w, axis_name):
+  """What the per-shard ops replace, with jax.lax's collectives (and their numerics)."""
+  if kind == "ag":
+    return _dot(lax.all_gather(x, axis_name, axis=0, tiled=True), w).astype(x.dtype)
+  if kind == "rs":
+    return lax.psum_scatter(_dot(x, w), axis_name, scatter_dimension=0, tiled=True).astype(x.dtype)
+  return lax.psum(_dot(x, w).astype(x.dtype), axis_name)
+
+
 def _dispatch(api, kind, x, w, axis_name, per_shard):
   if isinstance(axis_name, (tuple, list)):
     if len(axis_name) != 1:
@@ -452,6 +477,9 @@ def _dispatch(api, kind, x, w, axis_name, per_shard):
     axis_name = axis_name[0]
   x, w = jnp.asarray(x), jnp.asarray(w)
   _check(api, x, w)
+  from jax_dfccl._src.frontend import vmapped_axes
+  if vmapped_axes(axis_name):  # an axis of jax.vmap: no device communicates, jax.lax's composition
+    return _lax_composition(kind, x, w, axis_name)
   if _in_shard_map(axis_name):
     n = _axis_size(axis_name)
     if kind == "rs" and x.shape[0] % n:
@@ -474,35 +502,100 @@ def _dispatch(api, kind, x, w, axis_name, per_shard):
 # Public API
 
 
-def all_gather_matmul(x, w, axis_name):
-  """``all_gather(x, axis_name, axis=0, tiled=True) @ w`` with the gather hidden
-  behind the GEMM (see the module docstring for both calling conventions).
+_COMMON_ARGS = """x: the left operand, rank 2 (bfloat16, float16 or float32; ``jax.vmap`` for
+      leading dimensions).
+    w: the right operand, rank 2, ``x``'s dtype.
+    axis_name: one mesh axis: a ``jax.shard_map`` axis (per-shard form) or an axis of the
+      inputs' mesh (global form, under plain ``jax.jit``)."""
+_COMMON_RAISES = """TypeError: ``x`` or ``w`` not an array, dtypes that differ or are not supported.
+    ValueError: operands not of rank 2, a contraction mismatch, or sizes not divisible by the
+      axis size where the form needs it.
+    NameError: ``axis_name`` neither a shard_map axis nor an axis of the inputs' mesh.
+    NotImplementedError: ``axis_name`` naming more than one axis."""
+_EXAMPLE = """    >>> mesh = jax.sharding.Mesh(jax.devices(), ("x",))
+    >>> x = jnp.arange(128.0).reshape(16, 8) % 7
+    >>> w = jnp.arange(128.0).reshape(8, 16) % 5
+    >>> f = jax.jit(jax.shard_map(lambda a, b: {call}, mesh=mesh,
+    ...                           in_specs=({xs}, {ws}), out_specs={os}))
+    >>> print(np.allclose(f(x, w), x @ w))
+    True
+"""
 
-  Per shard: x ``[m, K]`` (this rank's rows), w ``[K, n]`` -> ``[P*m, n]``.
-  Global: x ``[M, K]`` rows-sharded, w ``[K, N]`` columns-sharded -> ``x @ w``
-  columns-sharded."""
+
+def all_gather_matmul(x, w, axis_name):
   return _dispatch("all_gather_matmul", "ag", x, w, axis_name, _agmm)
 
 
 def matmul_reduce_scatter(x, w, axis_name):
-  """``psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True)`` with the
-  reduce-scatter hidden behind the GEMM, tail-free.
-
-  Per shard: x ``[M, k]``, w ``[k, N]`` -> ``[M/P, N]`` (M divisible by P).
-  Global: x ``[M, K]`` columns-sharded, w ``[K, N]`` rows-sharded -> ``x @ w``
-  rows-sharded."""
   return _dispatch("matmul_reduce_scatter", "rs", x, w, axis_name, _mmrs)
 
 
 def matmul_psum(x, w, axis_name, *, num_chunks: int = DEFAULT_PSUM_CHUNKS):
-  """``psum(x @ w, axis_name)``; the rows are cut into ``num_chunks`` chunks and
-  each chunk's all-reduce overlaps the next chunk's GEMM (the last chunk's
-  all-reduce is the tail).
-
-  Per shard: x ``[M, k]``, w ``[k, N]`` -> ``[M, N]`` (replicated over the axis).
-  Global: x ``[M, K]`` columns-sharded, w ``[K, N]`` rows-sharded -> ``x @ w``
-  replicated."""
   if not isinstance(num_chunks, int) or num_chunks < 1:
     raise ValueError(f"matmul_psum: num_chunks must be a positive int, got {num_chunks!r}")
   return _dispatch("matmul_psum", "ar", x, w, axis_name,
                    lambda x, w, a: _mmar(x, w, a, num_chunks))
+
+
+all_gather_matmul.__doc__ = f"""``all_gather(x, axis_name, axis=0, tiled=True) @ w``, the gather hidden behind the GEMM.
+
+  A ring over the axis: each step multiplies the block of rows received last while the
+  next one travels (see the module docstring for the schedule and both calling
+  conventions).  Differentiable (reverse mode): the gradient with respect to ``x`` is a
+  :func:`matmul_reduce_scatter`, with the same overlap.
+
+  Args:
+    {_COMMON_ARGS}
+
+  Returns:
+    Per shard: ``x`` ``[m, K]`` (this rank's rows) and ``w`` ``[K, n]`` give ``[P*m, n]``
+    (``P`` the axis size).  Global: ``x`` ``[M, K]`` sharded by rows and ``w`` ``[K, N]``
+    by columns give ``x @ w`` sharded by columns.  In ``x``'s dtype (accumulated in float32).
+
+  Raises:
+    {_COMMON_RAISES}
+
+  Example:
+{_EXAMPLE.format(call='jax_dfccl.all_gather_matmul(a, b, "x")', xs='P("x")', ws='P(None, "x")',
+                 os='P(None, "x")')}
+  """
+matmul_reduce_scatter.__doc__ = f"""``psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True)``, overlapped and tail-free.
+
+  Each step computes the row block of one rank, adds the partial sum received and sends it
+  on, so no communication follows the last GEMM.  Differentiable (reverse mode): the
+  gradient with respect to ``x`` is an :func:`all_gather_matmul`.
+
+  Args:
+    {_COMMON_ARGS}
+
+  Returns:
+    Per shard: ``x`` ``[M, k]`` and ``w`` ``[k, N]`` give this rank's ``[M/P, N]`` block of
+    the sum (``M`` divisible by the axis size ``P``).  Global: ``x`` ``[M, K]`` sharded by
+    columns and ``w`` ``[K, N]`` by rows give ``x @ w`` sharded by rows.
+
+  Raises:
+    {_COMMON_RAISES}
+
+  Example:
+{_EXAMPLE.format(call='jax_dfccl.matmul_reduce_scatter(a, b, "x")', xs='P(None, "x")', ws='P("x")',
+                 os='P("x")')}
+  """
+matmul_psum.__doc__ = f"""``psum(x @ w, axis_name)`` with the all-reduce of each chunk of rows behind the next GEMM.
+
+  The rows are cut into ``num_chunks`` chunks; the last chunk's all-reduce is the tail.
+
+  Args:
+    {_COMMON_ARGS}
+    num_chunks: the number of row chunks (a positive int).
+
+  Returns:
+    Per shard: ``x`` ``[M, k]`` and ``w`` ``[k, N]`` give ``[M, N]``, the same on every rank.
+    Global: ``x`` ``[M, K]`` sharded by columns and ``w`` ``[K, N]`` by rows give ``x @ w``
+    replicated.
+
+  Raises:
+    {_COMMON_RAISES}  A ``num_chunks`` that is not a positive int is a ValueError.
+
+  Example:
+{_EXAMPLE.format(call='jax_dfccl.matmul_psum(a, b, "x")', xs='P(None, "x")', ws='P("x")', os='P()')}
+  """

@@ -201,28 +201,151 @@ def _run_start(api, x, peer, arg, key):
 
 
 def send(x, dst, *, key: str):
-  """Sends ``x`` (an array or pytree; this shard's value) to device ``dst``,
-  where a :func:`recv` with the same ``key`` receives it.  Returns zeros like
-  ``x`` (what ``jax.lax.ppermute`` gives a rank that receives nothing).  Blocks
-  until the receiver has started its recv; use :func:`send_start` to overlap.
-  Its transpose receives the cotangent from ``dst`` (key ``key + "/T"``)."""
+  """Sends ``x`` to another device, where a :func:`recv` with the same ``key`` receives it.
+
+  The sender's half of a point-to-point transfer between programs that may differ per
+  process or device (MPMD: pipeline stages).  It waits until the receiver has started its
+  recv (:func:`send_start` does not).  Its transpose receives the cotangent back from
+  ``dst`` (key ``key + "/T"``), so ``jax.grad`` of a pipeline stage runs the backward transfer.
+
+  Args:
+    x: an array or a pytree of arrays (this shard's value; any fixed-width dtype).
+    dst: the destination device: a ``jax.Device`` or a global device id for every shard, or a
+      sequence with one per device of the mesh (flat order, as ``mesh.devices.flat``); never
+      the shard's own device.
+    key: the transfer's name (required: the two sides may run different programs); a
+      send and a recv with one key meet whatever order each side starts them in.
+
+  Returns:
+    Zeros like ``x`` (what ``jax.lax.ppermute`` gives a rank that receives nothing).
+
+  Raises:
+    TypeError: ``key`` missing or empty, a peer that is not a device or an id, or an
+      unsupported dtype.
+    ValueError: when the program is lowered: a peer list of the wrong length, a shard's own
+      device, or a device not in this job.
+
+  Example:
+    >>> d0, d1 = jax.devices()[:2]
+    >>> mesh = jax.sharding.Mesh([d0, d1], ("x",))
+    >>> def swap(v):  # each device sends its shard to the other one
+    ...   r = jax_dfccl.recv_start(jnp.zeros_like(v), [d1, d0], key="swap")
+    ...   jax_dfccl.send(v, [d1, d0], key="swap")
+    ...   return jax_dfccl.done(r)
+    >>> f = jax.jit(jax.shard_map(swap, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    >>> print(f(jnp.arange(4.0)))
+    [2. 3. 0. 1.]
+
+  """
   return _run("send", x, dst, "dst", key)
 
 
 def recv(x, src, *, key: str):
-  """Receives what device ``src`` sends with :func:`send` under ``key``.  ``x``
-  (an array or pytree, e.g. ``jnp.zeros(shape, dtype)``) gives the shapes and
-  dtypes of the result; its values are ignored.  Its transpose sends the
-  cotangent back to ``src``, so differentiating a stage with respect to ``x``
-  returns the gradient of what was received to its sender."""
+  """Receives what device ``src`` sends with :func:`send` under ``key``.
+
+  The receiver's half of a point-to-point transfer (see :func:`send`).  Its transpose sends
+  the cotangent back to ``src``, so differentiating a stage with respect to what it
+  received returns that gradient to its sender.
+
+  Args:
+    x: an array or a pytree of arrays giving the result's shapes and dtypes (e.g.
+      ``jnp.zeros(shape, dtype)``); its values are ignored.
+    src: the source device: a ``jax.Device`` or a global device id for every shard, or a
+      sequence with one per device of the mesh (flat order, as ``mesh.devices.flat``); never
+      the shard's own device.
+    key: the transfer's name (required: the two sides may run different programs); a
+      send and a recv with one key meet whatever order each side starts them in.
+
+  Returns:
+    What ``src`` sent, of ``x``'s shapes and dtypes.
+
+  Raises:
+    TypeError: ``key`` missing or empty, a peer that is not a device or an id, or an
+      unsupported dtype.
+    ValueError: when the program is lowered: a peer list of the wrong length, a shard's own
+      device, or a device not in this job.
+
+  Example:
+    >>> d0, d1 = jax.devices()[:2]
+    >>> mesh = jax.sharding.Mesh([d0, d1], ("x",))
+    >>> def swap(v):  # each device sends its shard to the other one
+    ...   s = jax_dfccl.send_start(v, [d1, d0], key="swap")
+    ...   r = jax_dfccl.recv(jnp.zeros_like(v), [d1, d0], key="swap")
+    ...   jax_dfccl.done(s)
+    ...   return r
+    >>> f = jax.jit(jax.shard_map(swap, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    >>> print(f(jnp.arange(4.0)))
+    [2. 3. 0. 1.]
+
+  """
   return _run("recv", x, src, "src", key)
 
 
 def send_start(x, dst, *, key: str) -> pl.Handle:
-  """Starts :func:`send`; ``jax_dfccl.done(handle)`` returns its result."""
+  """Starts :func:`send` and returns a handle; ``jax_dfccl.done(handle)`` returns its result.
+
+  Args:
+    x: as :func:`send`.
+    dst: as :func:`send`.
+    key: the transfer's name (required: the two sides may run different programs); a
+      send and a recv with one key meet whatever order each side starts them in.
+
+  Returns:
+    A :class:`jax_dfccl.Handle` for :func:`jax_dfccl.done` (which returns zeros like ``x``).
+
+  Raises:
+    TypeError: ``key`` missing or empty, a peer that is not a device or an id, or an
+      unsupported dtype.
+    ValueError: when the program is lowered: a peer list of the wrong length, a shard's own
+      device, or a device not in this job.
+    NotImplementedError: under autodiff (handles are not differentiable).
+
+  Example:
+    >>> d0, d1 = jax.devices()[:2]
+    >>> mesh = jax.sharding.Mesh([d0, d1], ("x",))
+    >>> def swap(v):  # each device sends its shard to the other one
+    ...   s = jax_dfccl.send_start(v, [d1, d0], key="swap")
+    ...   r = jax_dfccl.recv_start(jnp.zeros_like(v), [d1, d0], key="swap")
+    ...   jax_dfccl.done(s)
+    ...   return jax_dfccl.done(r)
+    >>> f = jax.jit(jax.shard_map(swap, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    >>> print(f(jnp.arange(4.0)))
+    [2. 3. 0. 1.]
+
+  """
   return _run_start("send", x, dst, "dst", key)
 
 
 def recv_start(x, src, *, key: str) -> pl.Handle:
-  """Starts :func:`recv`; ``jax_dfccl.done(handle)`` returns the received value."""
+  """Starts :func:`recv` and returns a handle; ``jax_dfccl.done(handle)`` returns the received value.
+
+  Args:
+    x: as :func:`recv`.
+    src: as :func:`recv`.
+    key: the transfer's name (required: the two sides may run different programs); a
+      send and a recv with one key meet whatever order each side starts them in.
+
+  Returns:
+    A :class:`jax_dfccl.Handle` for :func:`jax_dfccl.done` (which returns what ``src`` sent).
+
+  Raises:
+    TypeError: ``key`` missing or empty, a peer that is not a device or an id, or an
+      unsupported dtype.
+    ValueError: when the program is lowered: a peer list of the wrong length, a shard's own
+      device, or a device not in this job.
+    NotImplementedError: under autodiff (handles are not differentiable).
+
+  Example:
+    >>> d0, d1 = jax.devices()[:2]
+    >>> mesh = jax.sharding.Mesh([d0, d1], ("x",))
+    >>> def swap(v):  # each device sends its shard to the other one
+    ...   s = jax_dfccl.send_start(v, [d1, d0], key="swap")
+    ...   r = jax_dfccl.recv_start(jnp.zeros_like(v), [d1, d0], key="swap")
+    ...   jax_dfccl.done(s)
+    ...   return jax_dfccl.done(r)
+    >>> f = jax.jit(jax.shard_map(swap, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    >>> print(f(jnp.arange(4.0)))
+    [2. 3. 0. 1.]
+
+  """
   return _run_start("recv", x, src, "src", key)

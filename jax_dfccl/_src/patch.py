@@ -15,7 +15,6 @@ passed on (groups of unequal sizes raise ``NotImplementedError``).
 """
 from __future__ import annotations
 
-import contextlib
 import operator
 import threading
 
@@ -86,22 +85,67 @@ _ASYNC = {"psum_scatter_start": _rs.psum_scatter_start, "psum_start": _ps.psum_s
 _REPLACEMENTS.update({k: v for k, v in _ASYNC.items() if hasattr(jax.lax, k)})
 
 
-@contextlib.contextmanager
-def patch_lax():
-  """Within the block, ``jax.lax``'s collectives are jax_dfccl's (nests; see the module doc)."""
-  global _depth
-  with _lock:
-    if _depth == 0:
-      for name, f in _REPLACEMENTS.items():
-        _originals[name] = getattr(jax.lax, name)
-        setattr(jax.lax, name, f)
-    _depth += 1
-  try:
-    yield
-  finally:
+class patch_lax:
+  """Traces the collectives of ``jax.lax`` on jax_dfccl within a ``with`` block.
+
+  Inside the block, ``jax.lax.psum``, ``pmean``, ``pmax``, ``pmin``, ``all_gather``,
+  ``psum_scatter``, ``all_to_all``, ``ppermute``, ``pshuffle``, ``pbroadcast`` and
+  ``ragged_all_to_all`` (and the ``*_start`` forms the installed ``jax.lax`` has)
+  are jax_dfccl's, so code written against ``jax.lax`` (a model, a library) gets
+  order-free collectives without edits.  It applies to what is traced inside the
+  block; blocks nest, and the patch is process-wide (every thread) while one is open.
+
+  The object is a plain context manager: ``__enter__`` patches and the matching
+  ``__exit__`` restores (entered by hand, ``cm = patch_lax(); cm.__enter__()``, the
+  patch stays until ``cm.__exit__(None, None, None)``, whether or not ``cm`` is
+  still referenced).  One object is entered at most once at a time.
+
+  Returns:
+    A context manager; ``with patch_lax() as p`` binds ``p`` to it.
+
+  Raises:
+    RuntimeError: when an object already entered is entered again, or one not
+      entered is exited.
+
+  Example:
+    >>> mesh = jax.sharding.Mesh(jax.devices(), ("x",))
+    >>> def total(v):  # unmodified jax.lax code
+    ...   return jax.lax.psum(v, "x")
+    >>> f = jax.jit(jax.shard_map(total, mesh=mesh, in_specs=P("x"), out_specs=P()))
+    >>> with jax_dfccl.patch_lax():
+    ...   print("dfccl_start" in f.lower(jnp.arange(8.0)).as_text(), f(jnp.arange(8.0)))
+    True [28.]
+  """
+
+  def __init__(self):
+    self._entered = False
+
+  def __enter__(self):
+    global _depth
     with _lock:
+      if self._entered:
+        raise RuntimeError("jax_dfccl.patch_lax: this object is already entered; use a new "
+                           "patch_lax() for a nested block")
+      if _depth == 0:
+        for name, f in _REPLACEMENTS.items():
+          _originals[name] = getattr(jax.lax, name)
+          setattr(jax.lax, name, f)
+      _depth += 1
+      self._entered = True
+    return self
+
+  def __exit__(self, *exc_info):
+    global _depth
+    with _lock:
+      if not self._entered:
+        raise RuntimeError("jax_dfccl.patch_lax: __exit__ without a matching __enter__ on this object")
+      self._entered = False
       _depth -= 1
       if _depth == 0:
         for name, f in _originals.items():
           setattr(jax.lax, name, f)
         _originals.clear()
+    return False
+
+  def __repr__(self):
+    return f"patch_lax({'entered' if self._entered else 'not entered'})"

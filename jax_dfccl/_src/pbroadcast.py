@@ -10,6 +10,8 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import docstrings as ds
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -50,6 +52,34 @@ def _plan(x, axis_name, source, *, key=None):
 
 
 pbroadcast, pbroadcast_start = pl.api("pbroadcast", _plan)
-pbroadcast.__doc__ = """Every rank of ``axis_name`` receives the value of ``x`` on rank ``source``
-(an int); drop-in for ``jax.lax.pbroadcast`` (defined there as
-``psum(where(axis_index(axis_name) == source, x, 0), axis_name)``).  ``x`` may be a pytree."""
+pbroadcast = frontend.route("pbroadcast", pbroadcast)
+pbroadcast_start = frontend.route("pbroadcast", pbroadcast_start, start=True)
+
+_CALL = 'jax_dfccl.pbroadcast(v, "x", 3)'
+_ARGS = dict(x="jnp.arange(8.0)", out_specs='P("x")')
+_OUT = "[3. 3. 3. 3. 3. 3. 3. 3.]"
+pbroadcast.__doc__ = f"""Gives every rank of ``axis_name`` the ``x`` of rank ``source``; drop-in for ``jax.lax.pbroadcast``.
+
+  The same as ``psum(where(axis_index(axis_name) == source, x, 0), axis_name)`` (jax.lax's
+  definition, and its gradient: the source receives the sum of the cotangents), moving the
+  bytes once.
+
+  Args:
+    x: an array or a pytree of arrays (any fixed-width dtype).
+    {ds.AXIS_NAME}
+    source: the axis index whose value everyone receives (a Python int).
+    {ds.KEY}
+
+  Returns:
+    Rank ``source``'s ``x``, on every rank.
+
+  Raises:
+    {ds.RAISES_AXIS}  A traced ``source`` is a TypeError (use the definition above).
+    ValueError: ``source`` outside the axis.
+
+  {ds.RUNTIME_ERROR}
+
+  Example:
+{ds.example(_CALL, _OUT, **_ARGS)}
+  """
+pbroadcast_start.__doc__ = ds.start_doc("pbroadcast", ds.example(ds.start_call(_CALL), _OUT, **_ARGS))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import docstrings as ds
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -41,6 +43,33 @@ def _plan(x, axis_name, perm, *, key=None):
 
 
 ppermute, ppermute_start = pl.api("ppermute", _plan)
-ppermute.__doc__ = """Sends ``x`` from rank ``src`` to rank ``dst`` for each ``(src, dst)`` in
-``perm`` over ``axis_name``; ranks that receive nothing get zeros.  Drop-in for
-``jax.lax.ppermute``."""
+ppermute = frontend.route("ppermute", ppermute)
+ppermute_start = frontend.route("ppermute", ppermute_start, start=True)
+
+_CALL = 'jax_dfccl.ppermute(v, "x", [(i, (i + 1) % 8) for i in range(8)])'
+_ARGS = dict(x="jnp.arange(8)", out_specs='P("x")')
+_OUT = "[7 0 1 2 3 4 5 6]"
+ppermute.__doc__ = f"""Sends ``x`` along the pairs of ``perm``; drop-in for ``jax.lax.ppermute``.
+
+  Args:
+    x: an array or a pytree of arrays (any fixed-width dtype; the bytes are moved).
+    {ds.AXIS_NAME}
+    perm: a list or tuple of ``(source, destination)`` axis indices; each index at most once
+      as a source and once as a destination.
+    {ds.KEY}
+
+  Returns:
+    On each rank, what its source sent (``x``'s shapes and dtypes); zeros on a rank that is
+    no pair's destination.
+
+  Raises:
+    {ds.RAISES_AXIS}
+    TypeError: ``perm`` is not a list or a tuple (an iterator would be used up).
+    ValueError: a repeated source or destination, or an index outside the axis.
+
+  {ds.RUNTIME_ERROR}
+
+  Example:
+{ds.example(_CALL, _OUT, **_ARGS)}
+  """
+ppermute_start.__doc__ = ds.start_doc("ppermute", ds.example(ds.start_call(_CALL), _OUT, **_ARGS))

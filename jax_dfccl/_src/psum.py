@@ -7,7 +7,9 @@ import numpy as np
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import docstrings as ds
 from jax_dfccl._src import keys
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 
 
@@ -112,12 +114,55 @@ psum, psum_start = pl.api("psum", _plan("sum", "psum"))
 pmean, pmean_start = pl.api("pmean", _plan("sum", "pmean", mean=True))
 pmax, pmax_start = pl.api("pmax", _plan("max", "pmax"))
 pmin, pmin_start = pl.api("pmin", _plan("min", "pmin"))
+psum = frontend.route("psum", psum)
+psum_start = frontend.route("psum", psum_start, start=True)
+pmean = frontend.route("pmean", pmean)
+pmean_start = frontend.route("pmean", pmean_start, start=True)
+pmax = frontend.route("pmax", pmax)
+pmax_start = frontend.route("pmax", pmax_start, start=True)
+pmin = frontend.route("pmin", pmin)
+pmin_start = frontend.route("pmin", pmin_start, start=True)
 
-psum.__doc__ = """All-reduce (sum) over mesh axis/axes ``axis_name``; drop-in for ``jax.lax.psum``.
 
-``x`` may be a pytree.  ``key`` names the collective across ranks (needed only
-when ranks issue collectives from different code, e.g. rank-dependent branches);
-by default it is derived from the op, shape, dtype, axes and call site."""
-pmean.__doc__ = "All-reduce (mean: the sum divided by the group size); drop-in for ``jax.lax.pmean``."
-pmax.__doc__ = "All-reduce (max); drop-in for ``jax.lax.pmax``. See :func:`psum`."
-pmin.__doc__ = "All-reduce (min); drop-in for ``jax.lax.pmin``. See :func:`psum`."
+
+def _reduction_doc(name, what, lax_note, example):
+  return f"""{what} over ``axis_name``; drop-in for ``jax.lax.{name}``.
+
+  Args:
+    x: an array or a pytree of arrays (each leaf reduced separately, leaves of one dtype
+      in one collective); Python scalars are arrays too.
+    {ds.AXIS_NAME}
+    {ds.GROUPS}
+    {ds.KEY}
+
+  Returns:
+    Arrays of ``x``'s shapes and dtypes (dtypes as ``jax.lax``: {lax_note}), the same on
+    every rank of the group: invariant over ``axis_name`` under ``check_vma``.
+
+  Raises:
+    {ds.RAISES_AXIS}
+    NotImplementedError: ``axis_index_groups`` of unequal sizes, or with ``check_vma=True``
+      (psum, pmean), as ``jax.lax``.
+
+  {ds.RUNTIME_ERROR}
+
+  Example:
+{example}
+  """
+
+
+def _example(call, out):
+  return ds.example(call, out)
+
+
+psum.__doc__ = _reduction_doc("psum", "Sums ``x``", "booleans are counted in int32",
+                              _example('jax_dfccl.psum(v, "x")', "[28.]"))
+pmean.__doc__ = _reduction_doc("pmean", "Averages ``x`` (the sum over the group size)",
+                               "integers give floats", _example('jax_dfccl.pmean(v, "x")', "[3.5]"))
+pmax.__doc__ = _reduction_doc("pmax", "Takes the maximum of ``x``", "complex inputs are refused",
+                              _example('jax_dfccl.pmax(v, "x")', "[7.]"))
+pmin.__doc__ = _reduction_doc("pmin", "Takes the minimum of ``x``", "complex inputs are refused",
+                              _example('jax_dfccl.pmin(v, "x")', "[0.]"))
+for _name, _out in (("psum", "[28.]"), ("pmean", "[3.5]"), ("pmax", "[7.]"), ("pmin", "[0.]")):
+  globals()[_name + "_start"].__doc__ = ds.start_doc(_name, _example(
+      f'jax_dfccl.done(jax_dfccl.{_name}_start(v, "x"))', _out))

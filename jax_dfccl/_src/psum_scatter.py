@@ -7,6 +7,8 @@ import jax.numpy as jnp
 
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as c
+from jax_dfccl._src import docstrings as ds
+from jax_dfccl._src import frontend
 from jax_dfccl._src import plan as pl
 from jax_dfccl._src.psum import as_reducible
 
@@ -77,5 +79,39 @@ def _plan(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=Fa
 
 
 psum_scatter, psum_scatter_start = pl.api("psum_scatter", _plan)
-psum_scatter.__doc__ = """Sums over ``axis_name`` and scatters along ``scatter_dimension``;
-drop-in for ``jax.lax.psum_scatter``."""
+psum_scatter = frontend.route("psum_scatter", psum_scatter)
+psum_scatter_start = frontend.route("psum_scatter", psum_scatter_start, start=True)
+
+_CALL = 'jax_dfccl.psum_scatter(v[0], "x", tiled=True)'
+_ARGS = dict(x="jnp.arange(64).reshape(8, 8)", out_specs='P("x")')
+_OUT = "[224 232 240 248 256 264 272 280]"
+psum_scatter.__doc__ = f"""Sums ``x`` over ``axis_name`` and scatters the sum; drop-in for ``jax.lax.psum_scatter``.
+
+  Rank ``i`` of the group gets block ``i`` of the sum along ``scatter_dimension`` (the
+  reduce-scatter of the ring all-reduce, without its all-gather).
+
+  Args:
+    x: an array or a pytree of arrays (sums as :func:`jax_dfccl.psum`; bool refused, as
+      ``jax.lax``).
+    {ds.AXIS_NAME}
+    scatter_dimension: the dimension of ``x`` split into the ranks' blocks.
+    {ds.GROUPS}
+    tiled: False: ``x.shape[scatter_dimension]`` equals the group size ``n`` and the result
+      drops that dimension; True: it is divisible by ``n`` and the result keeps it, ``n``
+      times smaller.
+    {ds.KEY}
+
+  Returns:
+    This rank's block of the sum, of ``x``'s dtype.
+
+  Raises:
+    {ds.RAISES_AXIS}
+    ValueError: ``scatter_dimension`` out of range, or its size not the group size
+      (``tiled=False``) or not divisible by it (``tiled=True``).
+
+  {ds.RUNTIME_ERROR}
+
+  Example:
+{ds.example(_CALL, _OUT, **_ARGS)}
+  """
+psum_scatter_start.__doc__ = ds.start_doc("psum_scatter", ds.example(ds.start_call(_CALL), _OUT, **_ARGS))
