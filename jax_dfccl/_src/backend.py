@@ -64,10 +64,11 @@ def runtimes() -> dict:
 
 
 def configure(**entries):
-  """Sets entries of ``jax_dfccl.config`` by their flat names and pushes every
-  entry to the loaded runtimes (loading them first), so the change holds in
-  the runtimes before this returns.  ``config.<section>.<entry> = value`` comes
-  here too.
+  """Sets entries of ``jax_dfccl.config`` by their flat names and pushes them to the runtimes.
+
+  Every entry goes to the loaded runtimes (loading them first), so the change
+  holds in the runtimes before this returns; ``config.<section>.<entry> = value``
+  comes here too.
 
   Args:
     **entries: entries of :class:`jax_dfccl.config` by flat name (e.g. ``timeout_s=60.0``);
