@@ -346,6 +346,15 @@ def test_identity_layout_sanitized(tmp_path):
 
 
 @pytest.mark.parametrize("sanitizer", ["address", "undefined"])
+def test_device_wait_helper_sanitized(tmp_path, sanitizer):
+  """tests/cpp/wait_helper.cc: the device's one wait (xla_ffi/device/wait.cuh, compiled for the
+  host through tests/cpp/device_shim): the policies' back-off and clock cadences as the waits had
+  them before, no clock read when a wait is over at once, the poll index, the abort check's
+  cadence, the bound, and the fatal form (report, then trap)."""
+  _build_and_run_sanitized(tmp_path, sanitizer, ["tests/cpp/wait_helper.cc"], includes=["tests/cpp/device_shim"])
+
+
+@pytest.mark.parametrize("sanitizer", ["address", "undefined"])
 def test_device_match_protocol_stress_sanitized(tmp_path, sanitizer):
   """tests/cpp/match_stress.cc: the GPU runtime's instance matching (xla_ffi/device/match.cuh,
   compiled for the host through tests/cpp/device_shim) with threads as ranks: rank-specific

@@ -26,8 +26,10 @@ InlineSubmitFn InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce
 cudaError_t PreloadInlineSubmit();
 
 // Enqueues on `stream` a one-thread kernel that returns once (int32_t)(*addr - value) >= 0
-// (the copy-engine path's done wait on its host-memory word).
-cudaError_t LaunchStreamWait(cudaStream_t stream, const uint32_t* addr, uint32_t value);
+// (the copy-engine path's done wait on its host-memory word), or prints the
+// ticket and traps once timeout_ns have passed without it.
+cudaError_t LaunchStreamWait(cudaStream_t stream, const uint32_t* addr, uint32_t value, int64_t timeout_ns,
+                             uint64_t ticket);
 
 // Enqueues on `stream`: out = reduce(out, in) element-wise over `bytes` (a whole
 // number of elements), with at most `max_blocks` blocks.

@@ -171,6 +171,8 @@ __device__ void WorkerLoop(const DaemonParams& P) {
     }
     const int nc = min(ncand, kMaxCand);
     __syncthreads();
+    // Nothing runnable: the scheduler's idle poll, not a wait on another agent (it
+    // ends with the control warp's quit, after config idle/stall; docs/design/waits.md).
     if (nc == 0) { __nanosleep(64); continue; }
     for (int i = 0; i < nc; ++i) {
       const uint64_t t = cand[i];
@@ -378,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   __shared__ LaneState ss[kMaxLanes];
   __shared__ int go, ndone, more, ticketless;
   __shared__ uint32_t fail;
-  __shared__ uint64_t deadline;
+  __shared__ uint64_t t_inline;  // start of the inline budget (p.inline_ns; device/wait.cuh Elapsed)
   __shared__ uint64_t stamps[kLaneStamps];
   const int tid = threadIdx.x;
   const uint64_t t_enter = p.trace && tid == 0 ? GlobalTimer() : 0;
@@ -407,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     if (p.trace) t_matched = GlobalTimer();
     ndone = 0;
     fail = 0;
-    deadline = GlobalTimer() + static_cast<uint64_t>(p.inline_ns);
+    t_inline = GlobalTimer();
   }
   __syncthreads();
   if (p.trace && tid == 0) t_lane = GlobalTimer();
@@ -423,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
         }
         __syncthreads();
       }
-      if (tid == 0) more = !fail && ndone < sd.lanes && GlobalTimer() < deadline;
+      if (tid == 0) more = !fail && ndone < sd.lanes && !Elapsed(t_inline, static_cast<uint64_t>(p.inline_ns));
       __syncthreads();
       if (!more) break;
     }

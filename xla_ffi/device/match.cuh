@@ -32,6 +32,7 @@
 #pragma once
 
 #include "device/primitives.cuh"
+#include "device/wait.cuh"
 
 namespace dfccl::gpu {
 
@@ -50,14 +51,11 @@ DFCCL_DEV uint32_t LockCas(MatchTable* t, int b, bool sys) {
   return sys ? CasAcquireSys(&t->lock[b], 0u, 1u) : CasAcquireGpu(&t->lock[b], 0u, 1u);
 }
 
+// Takes bucket b's lock, trying for up to budget_ns (device/wait.cuh LockWait);
+// false: busy all along, the caller leaves the task for a later pass.
 DFCCL_DEV bool LockBucket(MatchTable* t, int b, bool sys, int64_t budget_ns) {
-  if (LockCas(t, b, sys) == 0u) return true;
-  const uint64_t t0 = GlobalTimer();
-  while (LockCas(t, b, sys) != 0u) {
-    if (GlobalTimer() - t0 > static_cast<uint64_t>(budget_ns)) return false;
-    __nanosleep(32);
-  }
-  return true;
+  return SpinWait<LockWait>([&] { return LockCas(t, b, sys) == 0u; }, static_cast<uint64_t>(budget_ns)) ==
+         WaitEnd::kReady;
 }
 
 DFCCL_DEV void UnlockBucket(MatchTable* t, int b, bool sys) {

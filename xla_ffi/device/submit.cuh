@@ -7,20 +7,16 @@
 
 #include "device/match.cuh"
 #include "device/primitives.cuh"
+#include "device/wait.cuh"
 
 namespace dfccl::gpu {
 
 inline constexpr int64_t kSubmitLockBudgetNs = 20000;  // a busy bucket: leave the arrival to the control warp
 
-// Polls the ring entry's done word until it reaches generation g (ld.acquire.sys,
-// sleeps that grow); false once timeout_ns have passed without it.
-DFCCL_DEV bool AwaitDoneWord(const DeviceShared* dev, uint32_t e, uint32_t g, int64_t timeout_ns) {
-  const uint64_t t0 = GlobalTimer();
-  for (int i = 0; static_cast<int32_t>(LdAcquireSys(&dev->done[e]) - g) < 0; ++i) {
-    if (i > 64) __nanosleep(i > 4096 ? 256 : 32);
-    if ((i & 1023) == 1023 && GlobalTimer() - t0 > static_cast<uint64_t>(timeout_ns)) return false;
-  }
-  return true;
+// The ring entry's done word has reached generation g (ld.acquire.sys): the
+// predicate of the done waits, under device/wait.cuh's DoneWordWait.
+DFCCL_DEV auto DoneWordReached(const DeviceShared* dev, uint32_t e, uint32_t g) {
+  return [=] { return static_cast<int32_t>(LdAcquireSys(&dev->done[e]) - g) >= 0; };
 }
 
 // With tracing on: the submit kernel's own event ev of ticket d.ticket, at time t_ns.
@@ -41,11 +37,10 @@ DFCCL_DEV void WaitDone(DeviceShared* dev, uint64_t ticket, int trap, int trace,
     proto.event = kEvStreamWait;
     dev->stream_trace[e][kEvStreamWait - kEvStreamWait] = proto;
   }
-  if (!AwaitDoneWord(dev, e, g, timeout_ns)) {
+  SpinWaitOrTrap<DoneWordWait>(DoneWordReached(dev, e, g), static_cast<uint64_t>(timeout_ns), NoAbort{}, [&](WaitEnd) {
     printf("dfccl: done wait of ticket %llu gave up after %lld ns (daemon gone?)\n",
            static_cast<unsigned long long>(ticket), static_cast<long long>(timeout_ns));
-    __trap();
-  }
+  });
   if (trace) {
     proto.t_ns = GlobalTimer();
     proto.event = kEvStreamWoke;
@@ -89,11 +84,12 @@ DFCCL_DEV void SubmitTicket(const SubmitParams& p, TaskDesc& d) {
   DeviceShared* dev = p.dev;
   const uint64_t t = atomicAdd(&dev->next_ticket, 1ull);
   const uint32_t e = t % kTaskRing, g = Gen(t);
-  if (t >= kTaskRing && !AwaitDoneWord(dev, e, g - 1, p.timeout_ns)) {
-    printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n", kTaskRing,
-           static_cast<long long>(p.timeout_ns));
-    __trap();
-  }
+  if (t >= kTaskRing)  // the entry's previous ticket
+    SpinWaitOrTrap<DoneWordWait>(DoneWordReached(dev, e, g - 1), static_cast<uint64_t>(p.timeout_ns), NoAbort{},
+                                 [&](WaitEnd) {
+                                   printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n",
+                                          kTaskRing, static_cast<long long>(p.timeout_ns));
+                                 });
   d.ticket = t;
 }
 

@@ -68,7 +68,9 @@ void Runtime::EnqueueOnStream(cudaStream_t stream, const Enqueue& e, bool ready,
   const uint32_t gen = Gen(e.ticket, kCeRing);
   if (ready) StreamOps::Write32(stream, ready_word, gen);
   if (wait) {
-    const cudaError_t err = LaunchStreamWait(stream, done_word, gen);
+    // Bounded as the daemon path's done wait is (FlagsFor: 2 * config.timeout_s + 10 s, past the
+    // host watchdog's config.timeout_s, which writes the word when it aborts the instance).
+    const cudaError_t err = LaunchStreamWait(stream, done_word, gen, FlagsFor(stream).timeout_ns, e.ticket);
     DFCCL_CHECK_CODE(err == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: done wait kernel on GPU " << d.ordinal << ": " << cudaGetErrorString(err));
   }
   times_.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();

@@ -1,7 +1,9 @@
-// Host stand-ins for the device primitives that xla_ffi/device/match.cuh uses, so
-// the device's matching protocol compiles with g++ and runs with threads as the
-// ranks' control warps (tests/cpp/match_stress.cc).  This folder comes first on
-// the include path there, so match.cuh's "device/primitives.cuh" is this file.
+// Host stand-ins for the device primitives that xla_ffi/device/match.cuh and
+// wait.cuh use, so the device's matching protocol compiles with g++ and runs with
+// threads as the ranks' control warps (tests/cpp/match_stress.cc), and the thread
+// waits' bounds, aborts and back-off can be checked (tests/cpp/wait_helper.cc).
+// This folder comes first on the include path there, so the headers'
+// "device/primitives.cuh" is this file.
 // Every word shared between ranks is accessed through std::atomic_ref with the
 // order of the PTX instruction it stands for (ld/st.volatile: relaxed; acquire
 // CAS; release store; acq_rel add; relaxed atom.*; fence: seq_cst); scopes (gpu,
@@ -13,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <thread>
 
 #include "device/task.h"
@@ -26,7 +29,15 @@ std::atomic_ref<T> Shared(const volatile T* p) {
   return std::atomic_ref<T>(*const_cast<T*>(p));
 }
 
+// What this thread's waits did (tests/cpp/wait_helper.cc checks device/wait.cuh's
+// cadences with them): clock reads, sleeps and the nanoseconds they asked for.
+struct ShimCounts {
+  uint64_t clock_reads = 0, sleeps = 0, slept_ns = 0;
+};
+inline thread_local ShimCounts shim_counts;
+
 inline uint64_t GlobalTimer() {
+  ++shim_counts.clock_reads;
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch()).count());
 }
@@ -69,6 +80,11 @@ inline unsigned int atomicCAS_system(unsigned int* p, unsigned int cmp, unsigned
   return cmp;
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __nanosleep(unsigned) { std::this_thread::yield(); }
+inline void __nanosleep(unsigned ns) {
+  ++dfccl::gpu::shim_counts.sleeps;
+  dfccl::gpu::shim_counts.slept_ns += ns;
+  std::this_thread::yield();
+}
+[[noreturn]] inline void __trap() { std::abort(); }
 inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 inline int __popc(unsigned int v) { return __builtin_popcount(v); }
