@@ -345,8 +345,8 @@ class Config(_Section):
 
 _SECTIONS = {"": Config, "tuning": Tuning, "overlap": Overlap, "testing": TestHooks}
 _SECTION_PATH = {cls: (f".{path}" if path else "") for path, cls in _SECTIONS.items()}
-_ENTRY_FIELDS = {cls: {f.name for f in dataclasses.fields(cls) if not isinstance(f.default_factory, type)}
-                 for cls in _SECTIONS.values()}
+_ENTRY_FIELDS = {cls: {f.name for f in dataclasses.fields(cls) if f.default_factory not in _SECTIONS.values()}
+                 for cls in _SECTIONS.values()}  # the entries (Config's section fields excluded)
 
 #: Every entry: flat name -> (section path, field name).
 FLAT: dict[str, tuple[str, str]] = {

@@ -132,12 +132,8 @@ def configured(**entries):
     >>> jax_dfccl.config.timeout_s
     300.0
   """
-  from jax_dfccl.config import FLAT
-  for k in entries:
-    if k not in FLAT:
-      raise AttributeError(f"jax_dfccl.configured: unknown entry {k!r}; see jax_dfccl.config")
   old = {k: v for k, v in config.as_dict().items() if k in entries}
-  configure(**entries)
+  configure(**entries)  # an unknown entry raises here, before anything changed
   try:
     yield config
   finally:

@@ -457,14 +457,13 @@ def _copy_engine_path(ctx, op, nranks, x_aval, out_aval) -> bool:
                                     nbytes(x_aval), nbytes(out_aval)))
 
 
-def _route(ctx, op, axes, groups, x_aval, out_aval) -> str:
+def _route(ctx, op, nranks, x_aval, out_aval) -> str:
   """How a start and its done are lowered, decided from the same inputs by both (the done gets
   its start's ``op``, ``axes`` and ``groups`` as its ``route`` parameter), so lowering keeps no
   state between them: ``"trivial"`` (a group of one rank: plain HLO, see `_trivial`), ``"host"``
   (CUDA, the copy-engine path: the ``*_host`` targets, host matching, no command buffers) or
   ``"runtime"`` (every other collective; on CUDA the daemon path, capturable into command buffers)."""
   from jax_dfccl.config import config
-  nranks = group_table(_spmd_mesh(ctx, op), axes, groups).shape[1]
   if nranks == 1 and not config.testing.runtime_for_groups_of_one:
     return "trivial"
   return "host" if _copy_engine_path(ctx, op, nranks, x_aval, out_aval) else "runtime"
@@ -495,8 +494,8 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   if isinstance(mesh, jax.sharding.Mesh):
     from jax_dfccl._src import distributed
     distributed.check_reach(mesh.devices.flat, op)
-  route = _route(ctx, op, axes, groups, ctx.avals_in[0], ctx.avals_out[0])
   groups = group_table(mesh, axes, groups)
+  route = _route(ctx, op, groups.shape[1], ctx.avals_in[0], ctx.avals_out[0])
   from jax_dfccl._src import distributed
   distributed.prepare_gpu_rows(ctx, mesh, device_ids(mesh), groups)
   if route == "trivial":  # nothing to match or move: no runtime
@@ -538,7 +537,11 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site, route=None, in_place
   result of its own (the handlers copy after the wait); only the blocking
   form's internal handle, whose one user is its done, is updated in place.
   """
-  path = _route(ctx, *route, ctx.avals_in[1], ctx.avals_in[0]) if route is not None else "runtime"
+  path = "runtime"
+  if route is not None:  # its start's op, axes and groups
+    op, axes, groups = route
+    nranks = group_table(_spmd_mesh(ctx, op), axes, groups).shape[1]
+    path = _route(ctx, op, nranks, ctx.avals_in[1], ctx.avals_in[0])
   if path == "trivial":  # its start had a group of one
     return [out]
   target = "dfccl_done_host" if path == "host" else "dfccl_done"

@@ -282,51 +282,25 @@ def recv(x, src, *, key: str):
 
 
 def send_start(x, dst, *, key: str) -> pl.Handle:
-  """Starts :func:`send` and returns a handle; ``jax_dfccl.done(handle)`` returns its result.
-
-  Args:
-    x: as :func:`send`.
-    dst: as :func:`send`.
-    key: the transfer's name (required: the two sides may run different programs); a
-      send and a recv with one key meet whatever order each side starts them in.
-
-  Returns:
-    A :class:`jax_dfccl.Handle` for :func:`jax_dfccl.done` (which returns zeros like ``x``).
-
-  Raises:
-    TypeError: ``key`` missing or empty, a peer that is not a device or an id, or an
-      unsupported dtype.
-    ValueError: when the program is lowered: a peer list of the wrong length, a shard's own
-      device, or a device not in this job.
-    NotImplementedError: under autodiff (handles are not differentiable).
-
-  Example:
-    >>> d0, d1 = jax.devices()[:2]
-    >>> mesh = jax.sharding.Mesh([d0, d1], ("x",))
-    >>> def swap(v):  # each device sends its shard to the other one
-    ...   s = jax_dfccl.send_start(v, [d1, d0], key="swap")
-    ...   r = jax_dfccl.recv_start(jnp.zeros_like(v), [d1, d0], key="swap")
-    ...   jax_dfccl.done(s)
-    ...   return jax_dfccl.done(r)
-    >>> f = jax.jit(jax.shard_map(swap, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-    >>> print(f(jnp.arange(4.0)))
-    [2. 3. 0. 1.]
-
-  """
   return _run_start("send", x, dst, "dst", key)
 
 
 def recv_start(x, src, *, key: str) -> pl.Handle:
-  """Starts :func:`recv` and returns a handle; ``jax_dfccl.done(handle)`` returns the received value.
+  return _run_start("recv", x, src, "src", key)
+
+
+def _start_doc(api: str, arg: str, what: str, result: str) -> str:
+  """The docstring of ``send_start`` / ``recv_start`` (one text: they differ in names only)."""
+  return f"""Starts :func:`{api}` and returns a handle; ``jax_dfccl.done(handle)`` returns {what}.
 
   Args:
-    x: as :func:`recv`.
-    src: as :func:`recv`.
+    x: as :func:`{api}`.
+    {arg}: as :func:`{api}`.
     key: the transfer's name (required: the two sides may run different programs); a
       send and a recv with one key meet whatever order each side starts them in.
 
   Returns:
-    A :class:`jax_dfccl.Handle` for :func:`jax_dfccl.done` (which returns what ``src`` sent).
+    A :class:`jax_dfccl.Handle` for :func:`jax_dfccl.done` (which returns {result}).
 
   Raises:
     TypeError: ``key`` missing or empty, a peer that is not a device or an id, or an
@@ -348,4 +322,7 @@ def recv_start(x, src, *, key: str) -> pl.Handle:
     [2. 3. 0. 1.]
 
   """
-  return _run_start("recv", x, src, "src", key)
+
+
+send_start.__doc__ = _start_doc("send", "dst", "its result", "zeros like ``x``")
+recv_start.__doc__ = _start_doc("recv", "src", "the received value", "what ``src`` sent")

@@ -13,15 +13,10 @@
 
 #include "device/task.h"
 
+#include "check.h"
+
 using namespace dfccl::gpu;
 
-#define CHECK(c)                                                       \
-  do {                                                                 \
-    if (!(c)) {                                                        \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-      std::exit(1);                                                    \
-    }                                                                  \
-  } while (0)
 
 int main() {
   std::mt19937_64 rng(7);

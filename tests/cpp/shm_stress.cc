@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "check.h"
 #include "cpu/shm.h"
 #include "dfccl/execution.h"
 
@@ -24,16 +25,8 @@ using namespace dfccl::shm;
 
 constexpr int kRanks = 6, kProcs = 3, kKeys = 12, kRounds = 300, kElems = 64;
 
-#define EXPECT(c)                                                        \
-  do {                                                                   \
-    if (!(c)) {                                                          \
-      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #c);          \
-      return false;                                                      \
-    }                                                                    \
-  } while (0)
-
 // Two ranks of two processes over a fresh table: (rank, seq, launch id) arrivals.
-bool ExecutionIdentity() {
+void ExecutionIdentity() {
   std::vector<char> mem(Table::Bytes(16) + 64);
   void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63});
   Table::Format(base, 2, 16);
@@ -59,46 +52,45 @@ bool ExecutionIdentity() {
   // Process 0's execution 10 failed before the start that process 1's execution 10 made;
   // process 0 starts it again in execution 11.
   auto a = post(1, 0, 10);
-  EXPECT(!a.failed && !a.ready && !a.skip);
+  CHECK(!a.failed && !a.ready && !a.skip);
   auto b = post(0, 0, 11);
-  EXPECT(b.skip && !b.failed);  // not its instance: on to the next sequence number
+  CHECK(b.skip && !b.failed);  // not its instance: on to the next sequence number
   int32_t kind = 0;
   std::string err;
-  EXPECT(t.TakeFailure(a.entry, a.gen, &kind, &err));  // process 1's execution 10 fails
-  EXPECT(kind == aborted && err.find("a peer's program failed") != std::string::npos &&
+  CHECK(t.TakeFailure(a.entry, a.gen, &kind, &err));  // process 1's execution 10 fails
+  CHECK(kind == aborted && err.find("a peer's program failed") != std::string::npos &&
          err.find("launch id 11") != std::string::npos && err.find("[1 (device 101, process 1)]") != std::string::npos);
   b = post(0, 1, 11);
-  EXPECT(!b.failed && !b.ready);
+  CHECK(!b.failed && !b.ready);
   a = post(1, 1, 11);  // process 1's next execution meets it
-  EXPECT(a.ready && a.entry == b.entry);
+  CHECK(a.ready && a.entry == b.entry);
   t.ReleaseReader(a.entry, a.gen);
   t.ReleaseReader(b.entry, b.gen);
   // The other way round: process 1 is ahead (execution 12 posted), process 0 arrives from execution 11.
   auto c = post(1, 2, 12);
   auto d = post(0, 2, 11);
-  EXPECT(d.failed && d.undo && d.err_kind == aborted && d.error.find("launch id 12") != std::string::npos);
+  CHECK(d.failed && d.undo && d.err_kind == aborted && d.error.find("launch id 12") != std::string::npos);
   d = post(0, 2, 12);  // its sequence number was not consumed: its next execution meets process 1's
-  EXPECT(d.ready && d.entry == c.entry);
+  CHECK(d.ready && d.entry == c.entry);
   t.ReleaseReader(c.entry, c.gen);
   t.ReleaseReader(d.entry, d.gen);
   // Different programs (launch ids far apart) pair by key and sequence number.
   auto e = post(0, 0, 5, 2);
   auto f = post(1, 0, 5 + 3 * dfccl::kRunWindow, 2);
-  EXPECT(f.ready && e.entry == f.entry);
+  CHECK(f.ready && e.entry == f.entry);
   t.ReleaseReader(e.entry, e.gen);
   t.ReleaseReader(f.entry, f.gen);
   // Launch ids are 32-bit: executions on either side of the wrap are neighbours.
   auto g = post(0, 0, 0xffffffffll, 3);
   auto h = post(1, 0, 0x100000000ll, 3);
-  EXPECT(h.skip);
-  EXPECT(t.TakeFailure(g.entry, g.gen, &kind, &err));
-  EXPECT(t.live() == 0);
+  CHECK(h.skip);
+  CHECK(t.TakeFailure(g.entry, g.gen, &kind, &err));
+  CHECK(t.live() == 0);
   std::printf("execution identity OK\n");
-  return true;
 }
 
 int main() {
-  if (!ExecutionIdentity()) return 1;
+  ExecutionIdentity();
   std::vector<char> table_mem(Table::Bytes(256) + 64);
   void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(table_mem.data()) + 63) & ~uintptr_t{63});
   Table::Format(base, kProcs, 256);

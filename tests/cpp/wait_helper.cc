@@ -21,15 +21,10 @@
 
 #include "device/wait.cuh"
 
+#include "check.h"
+
 using namespace dfccl::gpu;
 
-#define CHECK(c)                                                                    \
-  do {                                                                              \
-    if (!(c)) {                                                                     \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
 
 namespace {
 

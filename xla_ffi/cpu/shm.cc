@@ -194,18 +194,22 @@ Table::PostResult Table::Arrive(const Post& p) {
     const RunOrder order = CompareRuns(p.run, en.slots[q].run);
     if (order != RunOrder::kLater && order != RunOrder::kEarlier) continue;
     const bool later = order == RunOrder::kLater;
+    auto ranks_of_q = [&] {  // the posted ranks of q's execution, as the message names them
+      std::ostringstream rs;
+      bool first = true;
+      for (int i = 0; i < en.n; ++i)
+        if (en.slots[i].posted && en.slots[i].run == en.slots[q].run) {
+          rs << (first ? "" : ", ") << i << " (device " << en.devices[i] << ", process " << en.slots[i].proc << ")";
+          first = false;
+        }
+      return rs.str();
+    };
     std::ostringstream os;
     os << "dfccl: collective '" << p.key << "' (seq " << p.seq << ") aborted: a peer's program failed. ";
     if (later) {  // the posted ranks' execution was left behind by this rank's process
       os << "Rank " << p.rank << " (device " << p.devices[p.rank] << ", process " << p.proc
-         << ") started it in a later execution of the same program (launch id " << p.run << ") than rank(s) [";
-      bool first = true;
-      for (int i = 0; i < en.n; ++i)
-        if (en.slots[i].posted && en.slots[i].run == en.slots[q].run) {
-          os << (first ? "" : ", ") << i << " (device " << en.devices[i] << ", process " << en.slots[i].proc << ")";
-          first = false;
-        }
-      os << "] (launch id " << en.slots[q].run << "): its program failed in that execution before it started "
+         << ") started it in a later execution of the same program (launch id " << p.run << ") than rank(s) ["
+         << ranks_of_q() << "] (launch id " << en.slots[q].run << "): its program failed in that execution before it started "
          << "this collective, so the execution fails on every process";
       CopyStr(en.error, kErrLen, os.str());
       en.err_kind = static_cast<int32_t>(ErrorCode::kAborted);
@@ -217,19 +221,11 @@ Table::PostResult Table::Arrive(const Post& p) {
       return r;
     }
     // This rank's execution was left behind by the posted rank's process: fail without arriving.
-    os << "Rank(s) [";
-    bool first = true;
-    for (int i = 0; i < en.n; ++i)
-      if (en.slots[i].posted && en.slots[i].run == en.slots[q].run) {
-        os << (first ? "" : ", ") << i << " (device " << en.devices[i] << ", process " << en.slots[i].proc << ")";
-        first = false;
-      }
-    os << "] started it in a later execution of the same program (launch id " << en.slots[q].run << ") than rank "
+    os << "Rank(s) [" << ranks_of_q() << "] started it in a later execution of the same program (launch id " << en.slots[q].run << ") than rank "
        << p.rank << " (device " << p.devices[p.rank] << ", process " << p.proc << ") (launch id " << p.run
        << "): the program failed in this execution on that process before it started this collective, so the "
           "execution fails on every process";
     --en.arrived;
-    if (en.arrived == 0 && en.posted.load(std::memory_order_relaxed) == 0) FreeLocked(e);
     r.failed = r.undo = true;
     r.err_kind = static_cast<int32_t>(ErrorCode::kAborted);
     r.error = os.str();
