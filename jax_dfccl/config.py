@@ -73,8 +73,9 @@ class Tuning(_Section):
   #: GPU: thread blocks (SMs) of the daemon kernel, its control block included
   #: (2..64).
   max_blocks: int = 16
-  #: GPU: collectives whose per-rank buffer (the larger of input and output)
-  #: has at least this many bytes are moved by the GPUs' copy engines, driven
+  #: GPU: blocking collectives whose per-rank buffer (the larger of input and
+  #: output) has at least this many bytes (the ``*_start`` forms: never) are
+  #: moved by the GPUs' copy engines, driven
   #: by a host thread once every rank's input is ready (no daemon, no SMs held
   #: but a short combine kernel for reductions); smaller ones run on the daemon
   #: kernel.  Reductions (psum/pmax/pmin/psum_scatter) take it on 2-GPU groups

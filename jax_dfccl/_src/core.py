@@ -457,15 +457,21 @@ def _copy_engine_path(ctx, op, nranks, x_aval, out_aval) -> bool:
                                     nbytes(x_aval), nbytes(out_aval)))
 
 
-def _route(ctx, op, nranks, x_aval, out_aval) -> str:
+def _route(ctx, op, nranks, x_aval, out_aval, start_form) -> str:
   """How a start and its done are lowered, decided from the same inputs by both (the done gets
   its start's ``op``, ``axes`` and ``groups`` as its ``route`` parameter), so lowering keeps no
   state between them: ``"trivial"`` (a group of one rank: plain HLO, see `_trivial`), ``"host"``
-  (CUDA, the copy-engine path: the ``*_host`` targets, host matching, no command buffers) or
-  ``"runtime"`` (every other collective; on CUDA the daemon path, capturable into command buffers)."""
+  (CUDA, the copy-engine path of the blocking form: the ``*_host`` target, host matching, no
+  command buffers) or ``"runtime"`` (every other collective; on CUDA the daemon path, capturable
+  into command buffers).  A start form (``start_form``: a ``dfccl_start`` with its done) always
+  takes the daemon path, whose start forms work on their call site's own slots
+  (docs/design/gpu.md, "Start forms are staged"): the copy-engine path moves XLA's buffers in
+  place, which a program stopped between its start and its done has given back."""
   from jax_dfccl.config import config
   if nranks == 1 and not config.testing.runtime_for_groups_of_one:
     return "trivial"
+  if start_form:
+    return "runtime"
   return "host" if _copy_engine_path(ctx, op, nranks, x_aval, out_aval) else "runtime"
 
 
@@ -495,7 +501,7 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
     from jax_dfccl._src import distributed
     distributed.check_reach(mesh.devices.flat, op)
   groups = group_table(mesh, axes, groups)
-  route = _route(ctx, op, groups.shape[1], ctx.avals_in[0], ctx.avals_out[0])
+  route = _route(ctx, op, groups.shape[1], ctx.avals_in[0], ctx.avals_out[0], target == "dfccl_start")
   from jax_dfccl._src import distributed
   distributed.prepare_gpu_rows(ctx, mesh, device_ids(mesh), groups)
   if route == "trivial":  # nothing to match or move: no runtime
@@ -528,8 +534,9 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
 def _done_lowering(ctx, out, x_alias, ticket, *, key, site, route=None, in_place=False):
   """The done of a start: waits for the instance, then returns its result.
 
-  The GPU runtime writes the start's output buffer until done (the CPU runtime
-  writes done's result or its own memory), so no copy of that buffer may be taken before done: XLA copies a buffer an instruction updates
+  Both runtimes write their own memory until done (the GPU's start forms a slot of
+  their call site, which the done kernel copies into done's result; the CPU's staging),
+  and the start's output buffer must not be read before done either: XLA copies a buffer an instruction updates
   in place when the value has another user (a handle passed through
   `optimization_barrier`, returned, kept), and such a copy would read the
   transfer before it landed while the original buffer, dead to XLA, could be
@@ -541,7 +548,7 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site, route=None, in_place
   if route is not None:  # its start's op, axes and groups
     op, axes, groups = route
     nranks = group_table(_spmd_mesh(ctx, op), axes, groups).shape[1]
-    path = _route(ctx, op, nranks, ctx.avals_in[1], ctx.avals_in[0])
+    path = _route(ctx, op, nranks, ctx.avals_in[1], ctx.avals_in[0], True)  # (a done's start is a dfccl_start)
   if path == "trivial":  # its start had a group of one
     return [out]
   target = "dfccl_done_host" if path == "host" else "dfccl_done"

@@ -323,6 +323,32 @@ elif case == "bench":
     out["trace_us_per_op"] = (time.perf_counter() - t0) / (20 * nops) * 1e6
     out["legs"] = chain_legs(backend.runtimes()["cuda"], [f"tr/{i}" for i in range(nops)])
     d.configure(trace=False)
+elif case == "bench_async":
+  # Per-op time of the start/done forms against the blocking form, both in a donated fori_loop of
+  # 100 dependent psums (the start's done right after it, and with a 256x256 matmul between them),
+  # --sizes (bytes per rank).  Checks the values too.
+  from benchmarks.common import donated_time
+  out["sizes"] = {}
+  sizes = (sys.argv[sys.argv.index("--sizes") + 1] if "--sizes" in sys.argv else "4096,1048576,4194304")
+  a = jnp.asarray(np.random.default_rng(5).standard_normal((256, 256)) / 16, jnp.float32)
+  for nbytes in map(int, sizes.split(",")):
+    el = nbytes // 4
+    xs = np.random.default_rng(7).standard_normal((n, el)).astype(np.float32)
+    xa = jax.make_array_from_callback(xs.shape, NamedSharding(mesh, P("x")), lambda idx, xs=xs: xs[idx])
+    forms = {
+        "blocking": lambda i, y, k=f"b{nbytes}": d.psum(y, "x", key=k) * 0.5,
+        "start_done": lambda i, y, k=f"s{nbytes}": d.done(d.psum_start(y, "x", key=k)) * 0.5,
+        "start_matmul_done": lambda i, y, k=f"o{nbytes}": (lambda h, m: d.done(h) * 0.5 + 0.0 * m[0, 0])(
+            d.psum_start(y, "x", key=k), jnp.tanh(a @ a)),
+    }
+    row = {}
+    for name, body in forms.items():
+      f1 = smap(lambda v, body=body: jax.lax.fori_loop(0, 1, body, v))
+      check(f"{name}/{nbytes}", local(f1(xa))[0], xs.sum(0) * 0.5, tol=1e-4)
+      f = smap(lambda v, body=body: jax.lax.fori_loop(0, 100, body, v), donate=True)
+      row[name + "_donated_us"] = round(donated_time(f, xa, reps=7, depth=4) / 100 * 1e6, 2)
+    out["sizes"][nbytes] = row
+    print("ROW", nbytes, json.dumps(row), flush=True)
 elif case == "chaos":
   # Time per program of K independent 4 KiB psums (start/done), started and awaited in
   # process-specific orders (rank 0 forward, rank 1 reversed) against one order on both;

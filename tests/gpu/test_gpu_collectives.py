@@ -226,8 +226,10 @@ def test_chaos_order(ran):
 
 
 @needs_peers
-def test_chaos_order_copy_engine():
-  """The chaos-order program with 8 MiB collectives (copy engines), exact."""
+def test_chaos_order_copy_engine_sizes():
+  """The chaos-order program with 8 MiB collectives, exact.  Its start forms take the daemon path
+  at every size (their call sites' slots: docs/design/gpu.md, "Start forms are staged"), not the
+  copy engines, which move XLA's buffers in place."""
   from jax_dfccl import testing as T
   ncoll, elems = T.NUM, 1 << 21
   chaos = T.alternating_chaos("x", N, elems, seed=0)
@@ -242,7 +244,7 @@ def test_chaos_order_copy_engine():
     got = np.asarray(out)
     moved = d.stats()["cuda"]["copy_engine_ops"] - before
   assert np.array_equal(got, np.stack([want] * N))
-  assert moved == 10 * ncoll
+  assert moved == 0
 
 
 _MIXED_FRESH = """

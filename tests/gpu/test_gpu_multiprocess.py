@@ -2,8 +2,8 @@
 (tools/mps_testbed.sh), one GPU per process in the mesh; each rank checks every
 collective against numpy (tests/gpu/mp_worker.py), programs that differ per
 process, re-entry in a loop, a collective one process never starts, a mismatch
-across processes, a peer killed mid-collective, the programs after a timeout,
-send/recv between programs that differ per process."""
+across processes, a peer killed mid-collective, the programs after a timeout, a program
+abandoned between a start and its done, send/recv between programs that differ per process."""
 from __future__ import annotations
 
 import json
@@ -84,6 +84,20 @@ def test_the_programs_after_a_fault_are_exact(tmp_path, monkeypatch):
   for r in results:  # every fault was named on the ranks it hit, and each was followed by exact programs
     assert {k for k in r["checks"] if "_fresh_" in k} == {f"{f}_fresh_{i}" for f in ("timeout", "late_rank", "mismatch", "callback")
                                                           for i in range(2)}, r
+
+
+@pytest.mark.parametrize("sizes", ["4096", "1048576"])  # the small (LL) path and the direct path
+def test_an_abandoned_program_leaves_nothing_touched(tmp_path, sizes):
+  # Rank 0's program fails between a start and its done (a host callback), then rank 0 fills fresh
+  # buffers with a sentinel and rank 1 starts the instance: no sentinel buffer may change (XLA gave
+  # the failed program's memory to them) and rank 1's result is exact (it read rank 0's operand).
+  p, results = _run("abandon", tmp_path, timeout=200,
+                    args=("--ops", "all_gather,psum", "--sizes", sizes, "--runs", "3", "--timeout-s", "6"))
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
+  probe = results[0]["probe"]
+  assert len(probe) == 6 and all(rec["injected"] and rec["touched"] == 0 for rec in probe), probe
+  assert results[0]["keeps_touched_at_end"] == 0
+  assert [rec["exact"] for rec in results[1]["probe"]] == [True] * 6, results[1]["probe"]
 
 
 def test_send_recv_between_process_programs(tmp_path):

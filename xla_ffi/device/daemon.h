@@ -17,6 +17,8 @@ cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 // pdl: launched with programmatic stream serialization (config.tuning.submit_pdl).
 cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl);
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl);
+// A start form's copy of its operand into its call site's slot (device/task.h, "staged").
+cudaError_t LaunchStage(const StageParams& p, cudaStream_t stream);
 // The blocking form's inline submit kernel (daemon_kernel.cu; LaunchSubmit picks
 // it when p.inline_ns > 0 and p.inline_kernel is set): one block of kThreads
 // that runs the matched task itself for a while.  One kernel per (op kind,

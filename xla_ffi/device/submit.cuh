@@ -79,6 +79,30 @@ DFCCL_DEV void SubmitTake(const SubmitParams& p, TaskDesc& d) {
   d.invalid = d.pool == 0 && !aligned ? PackStatus(kStatusUnaligned, d.rank, d.rank) : 0u;  // the LL path needs 16-byte lines
 }
 
+// One thread, after GridDependencyWait (the stage kernel's words are written): a
+// start form's task takes its call's slot (protocol "staged" in device/task.h),
+// and fails when the stage kernel found the slot held.  Returns the call number.
+DFCCL_DEV uint64_t SubmitStage(const SubmitParams& p, TaskDesc& d) {
+  const StageView& s = p.stage;
+  const uint64_t c = LdVol(&s.state->calls);
+  const int k = static_cast<int>(c % kStageSlots);
+  d.in = s.slot[k];
+  d.out = s.slot[k] + s.out_off;
+  d.vec = p.task.vec;  // the slots are 256-byte aligned
+  if (d.direct) d.direct = p.task.direct | s.tags[k];
+  d.invalid = LdVol(&s.state->skipped) == c + 1 ? PackStatus(kStatusStageBusy, d.rank, d.rank) : 0u;
+  return c;
+}
+
+// One thread, once task d has its ticket: the slot's owner (a task that failed
+// for want of it owns nothing) and the site's call count.
+DFCCL_DEV void SubmitStageOwner(const SubmitParams& p, const TaskDesc& d, uint64_t call) {
+  SiteStage* st = p.stage.state;
+  const int k = static_cast<int>(call % kStageSlots);
+  if (!d.invalid) StVol(&st->owner_ticket[k], d.ticket + 1);
+  StVol(&st->calls, call + 1);
+}
+
 // One thread: a ticket for task d, once its ring entry's previous ticket is complete.
 DFCCL_DEV void SubmitTicket(const SubmitParams& p, TaskDesc& d) {
   DeviceShared* dev = p.dev;

@@ -16,7 +16,9 @@ __global__ void SubmitKernel(SubmitParams p) {
   TaskDesc d;
   SubmitTake(p, d);
   GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
+  const uint64_t call = p.stage.state ? SubmitStage(p, d) : 0;
   SubmitMatch(p, d);
+  if (p.stage.state) SubmitStageOwner(p, d, call);
   const uint64_t t_matched = p.trace ? GlobalTimer() : 0;
   SubmitPublish(p, d);
   if (p.trace) {
@@ -32,12 +34,74 @@ __global__ void DoneKernel(DoneParams p) {
   WaitDone(p.dev, static_cast<uint64_t>(*p.ticket), p.trap, p.trace, p.timeout_ns);
 }
 
+// dst[0:n) = src[0:n) by the whole grid; src read past L1 (another agent wrote it).
+__device__ void GridCopy(char* dst, const char* src, int64_t n) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const bool vec = (reinterpret_cast<uintptr_t>(dst) % 16 == 0) && (reinterpret_cast<uintptr_t>(src) % 16 == 0);
+  const int64_t n16 = vec ? n / 16 : 0;
+  for (int64_t i = tid; i < n16; i += stride)
+    reinterpret_cast<uint4*>(dst)[i] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+  for (int64_t i = n16 * 16 + tid; i < n; i += stride) dst[i] = __ldcg(src + i);
+}
+
+// A start form's copy of its operand into its call's slot (protocol "staged" in
+// device/task.h), when the slot is free; else it copies nothing and says so.
+__global__ void StageKernel(StageParams p) {
+  SiteStage* st = p.stage.state;
+  const uint64_t c = LdVol(&st->calls);
+  const int k = static_cast<int>(c % kStageSlots);
+  __shared__ int slot_free;
+  if (threadIdx.x == 0) {
+    const uint64_t owner = LdVol(&st->owner_ticket[k]);  // its previous call's task is complete
+    const bool ok = owner == 0 || DoneWordReached(p.dev, static_cast<uint32_t>((owner - 1) % kTaskRing), Gen(owner - 1))();
+    if (!ok) StVol(&st->skipped, c + 1);
+    slot_free = ok;
+  }
+  __syncthreads();
+  if (!slot_free) return;
+  GridCopy(p.stage.slot[k], p.in, p.in_bytes);
+  if (p.init) GridCopy(p.stage.slot[k] + p.stage.out_off, p.init, p.out_bytes);
+}
+
+// A start form's done: waits for the task, then copies its slot's output into the
+// done's result (nothing when the task failed: the host reports it).
+__global__ void StagedDoneKernel(DoneParams p) {
+  GridDependencyWait();  // the ticket and the slot's owner (written by the start's submit kernel)
+  const uint64_t t = static_cast<uint64_t>(LdVol(p.ticket));
+  __shared__ int slot;
+  if (threadIdx.x == 0) {
+    WaitDone(p.dev, t, p.trap, p.trace && blockIdx.x == 0, p.timeout_ns);
+    slot = -1;
+    for (int s = 0; s < kStageSlots; ++s)
+      if (LdVol(&p.stage.state->owner_ticket[s]) == t + 1) slot = s;
+    const bool ok = LdVol(&p.dev->status[t % kTaskRing]) == kStatusOk;
+    if (ok && slot < 0) {  // a later start took the slot: its output is gone
+      printf("dfccl: the done of ticket %llu found its staging slot taken by a later start of the same call site "
+             "(more than %d starts of one call site in flight before their dones)\n",
+             static_cast<unsigned long long>(t), kStageSlots);
+      __trap();
+    }
+    if (!ok) slot = -1;  // failed (kStatusStageBusy: it had no slot): the host reports it
+  }
+  __syncthreads();
+  if (slot >= 0) GridCopy(p.result, p.stage.slot[slot] + p.stage.out_off, p.out_bytes);
+}
+
+// Blocks of a copy of `bytes` (64 KiB a block, at most 64).
+int CopyBlocks(int64_t bytes) {
+  const int64_t b = (bytes + (64 << 10) - 1) / (64 << 10);
+  return static_cast<int>(b < 1 ? 1 : b > 64 ? 64 : b);
+}
+
 }  // namespace
 
 cudaError_t PreloadSubmitKernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, SubmitKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, DoneKernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StageKernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StagedDoneKernel);
   if (e == cudaSuccess) e = PreloadInlineSubmit();
   return e;
 }
@@ -46,9 +110,9 @@ cudaError_t PreloadSubmitKernels() {
 // kernel's launch overlaps the end of the stream's previous kernel; it waits for
 // that kernel's completion itself, GridDependencyWait, before it depends on it).
 template <class P>
-cudaError_t LaunchOneBlock(void (*kernel)(P), const P& p, int threads, cudaStream_t stream, bool pdl) {
+cudaError_t LaunchOneBlock(void (*kernel)(P), const P& p, int threads, cudaStream_t stream, bool pdl, int blocks = 1) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1);
+  cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(threads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -68,7 +132,13 @@ cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl) {
 }
 
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl) {
+  if (p.stage.state) return LaunchOneBlock(&StagedDoneKernel, p, 256, stream, pdl, CopyBlocks(p.out_bytes));
   return LaunchOneBlock(&DoneKernel, p, 1, stream, pdl);
+}
+
+cudaError_t LaunchStage(const StageParams& p, cudaStream_t stream) {  // no PDL: it reads the operand at once
+  return LaunchOneBlock(&StageKernel, p, 256, stream, false,
+                        CopyBlocks(p.in_bytes > p.out_bytes ? p.in_bytes : p.out_bytes));
 }
 
 }  // namespace dfccl::gpu

@@ -107,6 +107,30 @@
 //               receiver maps it through the sender's range table
 //               (CommDev::xmap, runtime/ipc.h) and waits while the range is not
 //               mapped yet.
+//  staged       a start form's task never touches XLA's buffers, so a program that
+//               stops between a start and its done (XLA frees its buffers and never
+//               runs the done) leaves nothing of it in use.  Per call site and device
+//               the host allocates kStageSlots slots of [input | output] and a
+//               SiteStage header (runtime memory; exportable across processes, so
+//               the direct path reads and writes the slot in place).  Call c uses
+//               slot c % kStageSlots.  On XLA's stream: the *stage kernel* copies the
+//               operand (and ragged_all_to_all's initial output) into the slot once
+//               the task of the slot's previous call is complete (its done word;
+//               whether its done ran or its program was abandoned, it no longer
+//               uses the slot); a block that finds it in use copies nothing and
+//               sets `skipped`.  The submit kernel (after the stage kernel, in
+//               stream order) gives the task the slot's buffers, fails it with
+//               kStatusStageBusy when `skipped` names its call, else makes it the
+//               slot's owner, and counts `calls`.  The done kernel waits for the
+//               task and copies the slot's output into the done's result; a done
+//               whose slot has another owner (more than kStageSlots starts of one
+//               call site in flight before their dones) traps rather than return
+//               another call's result.  The three run in stream order, so these
+//               words need no fences beyond the kernel boundaries; the daemon and
+//               the peers see the slot's input as they see XLA's operand otherwise
+//               (the submit kernel runs after the kernel that wrote it).  The
+//               blocking form keeps XLA's buffers: its kernel returns only once its
+//               task is complete, so no program stops while the task uses them.
 #pragma once
 
 #include <cstdint>
@@ -144,6 +168,7 @@ enum TaskStatus : uint32_t {
   kStatusTwice = 4,         // a rank started the same (key, sequence) twice
   kStatusUnaligned = 5,     // LL pool buffers not 16-byte aligned
   kStatusNoEntry = 6,       // the match table had no free entry in the instance's bucket until the abort
+  kStatusStageBusy = 7,     // start form: the call site's staging slot still held by an unfinished instance
 };
 DFCCL_TASK_HD uint32_t PackStatus(uint32_t code, int a, int b) {
   return code | (static_cast<uint32_t>(a & 0xff) << 8) | (static_cast<uint32_t>(b & 0xff) << 16);
@@ -422,6 +447,21 @@ struct DeviceShared {
   TraceRec stream_trace[kTaskRing][kNumStreamEvents];  // per ring entry, slot s: event kEvStreamWait + s (XLA's stream)
 };
 
+// A start form's staging (protocol "staged"): per call site and device, in its
+// device memory, this header and kStageSlots slots of [input | output].
+inline constexpr int kStageSlots = 2;
+struct alignas(16) SiteStage {
+  uint64_t calls;                      // starts of the site so far (the stage kernel reads, the submit kernel counts)
+  uint64_t skipped;                    // 1 + a call whose stage kernel found its slot held (its task fails)
+  uint64_t owner_ticket[kStageSlots];  // 1 + the ticket of the call that uses the slot (0: never used)
+};
+struct StageView {                   // where a staged site's buffers are (kernel parameters)
+  SiteStage* state;
+  char* slot[kStageSlots];           // input at slot[s], output at slot[s] + out_off
+  int64_t out_off;
+  int32_t tags[kStageSlots];         // direct path across processes: DirectTags of the slot's input and output
+};
+
 // Kernel parameters of a submit kernel (and of the blocking form's, which also waits).
 struct SubmitParams;
 using InlineSubmitFn = void (*)(SubmitParams);  // an inline submit kernel (device/daemon.h)
@@ -442,7 +482,17 @@ struct SubmitParams {
   int64_t spin_ns;       // the lanes' spin budget then (DaemonParams::spin_ns)
   int32_t sticky_max;
   int32_t tags;          // direct path across processes: DirectTags of in and out (or'ed into TaskDesc::direct)
+  StageView stage;       // a start form's staging: the task's buffers are the slot's (stage.state null: XLA's in, out)
   InlineSubmitFn inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
+};
+
+// Kernel parameters of the stage kernel (a start form's copy into its slot, on XLA's stream).
+struct StageParams {
+  StageView stage;
+  DeviceShared* dev;
+  const char* in;        // XLA's operand
+  const char* init;      // ragged_all_to_all: the output's initial values (else null)
+  int64_t in_bytes, out_bytes;
 };
 
 // Kernel parameters of a done wait (daemon ring).
@@ -451,6 +501,9 @@ struct DoneParams {
   const int64_t* ticket;
   int32_t trap, trace;
   int64_t timeout_ns;
+  StageView stage;       // a start form's staging (stage.state null: not staged)
+  char* result;          // then the done's result, which the done kernel fills from the slot's output
+  int64_t out_bytes;
 };
 
 // Kernel parameters of one daemon launch.

@@ -10,7 +10,10 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 
 #include "ffi/attrs.h"
@@ -99,17 +102,60 @@ void CopyInit(cudaStream_t stream, const std::optional<ffi::AnyBuffer>& init, ff
   }
 }
 
-// Daemon path, both start forms: the submit kernel (blocking: it also waits).
+// A start form's staged site (device/task.h, "staged"), found by its done: by
+// device, the start's site id and its operand's shape (what the done's x_alias has).
+struct StagedKey {
+  int64_t site, elems;
+  int32_t ordinal, dtype;
+  bool operator<(const StagedKey& o) const {
+    return std::tie(site, elems, ordinal, dtype) < std::tie(o.site, o.elems, o.ordinal, o.dtype);
+  }
+};
+std::mutex& staged_mu = *new std::mutex;
+auto& staged_sites = *new std::map<StagedKey, const Site*>;
+
+StagedKey StagedKeyOf(int32_t ordinal, int64_t site, const ffi::AnyBuffer& x) {
+  return StagedKey{site, static_cast<int64_t>(x.element_count()), ordinal, static_cast<int32_t>(x.element_type())};
+}
+
+// Daemon path, both start forms: the submit kernel (blocking: it also waits); a
+// start form's operand goes into its site's slot first (its task never touches
+// XLA's buffers, so a program that stops before the done leaves nothing in use).
 ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, const std::optional<ffi::AnyBuffer>& init,
                  ffi::AnyBuffer& out_buf, int64_t* ticket, const StartAttrs& attrs, bool blocking) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.start_ns, times.starts);
   return FfiGuard([&] {
     Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
-    if (!p.site) p.site = Runtime::Get().Prepare(ordinal, p.spec, p.signature);
+    if (!p.site && blocking) p.site = Runtime::Get().Prepare(ordinal, p.spec, p.signature);
+    if (!p.site) {  // one staged site per (device, start, operand shape), whichever thread calls: its done finds it
+      std::lock_guard lk(staged_mu);
+      const Site*& site = staged_sites[StagedKeyOf(ordinal, attrs.site, x)];
+      if (!site)
+        site = Runtime::Get().Prepare(ordinal, p.spec, p.signature, true, static_cast<int64_t>(x.size_bytes()),
+                                      static_cast<int64_t>(out_buf.size_bytes()));
+      p.site = site;
+    }
+    if (p.site->staged) {  // ragged_all_to_all's initial output goes into the slot too (the stage kernel)
+      DFCCL_CHECK(!init.has_value() || init->size_bytes() == out_buf.size_bytes(), "dfccl: init does not match the result");
+      Runtime::Get().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking,
+                            init.has_value() ? init->untyped_data() : nullptr);
+      return;
+    }
     CopyInit(stream, init, out_buf);
     Runtime::Get().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking);
   });
+}
+
+// The staged site of a done's start (null: the start form's site was not staged).
+const Site* StagedSiteOf(int32_t ordinal, int64_t site, const ffi::AnyBuffer& x_alias) {
+  thread_local std::map<StagedKey, const Site*> cache;
+  const StagedKey k = StagedKeyOf(ordinal, site, x_alias);
+  auto it = cache.find(k);
+  if (it != cache.end()) return it->second;
+  std::lock_guard lk(staged_mu);
+  auto g = staged_sites.find(k);
+  return g == staged_sites.end() ? nullptr : (cache[k] = g->second);
 }
 
 // Copy-engine path, both start forms.
@@ -145,13 +191,17 @@ void CopyResult(cudaStream_t stream, const ffi::AnyBuffer& out_in, ffi::Result<f
                      "dfccl: copy of done result");
 }
 
-ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer /*x_alias*/,
-                    ffi::AnyBuffer ticket, ffi::Result<ffi::AnyBuffer> out, DoneAttrs /*attrs*/) {
+ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer x_alias,
+                    ffi::AnyBuffer ticket, ffi::Result<ffi::AnyBuffer> out, DoneAttrs attrs) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.done_ns, times.dones);
   return FfiGuard([&] {
-    Runtime::Get().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()));
-    CopyResult(stream, out_in, out);
+    const Site* staged = StagedSiteOf(ordinal, attrs.site, x_alias);
+    DFCCL_CHECK(staged == nullptr || staged->out_bytes == static_cast<int64_t>(out->size_bytes()),
+                "dfccl: the done of '" << attrs.key << "' does not match its start's result");
+    Runtime::Get().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()), staged,
+                          out->untyped_data());
+    if (staged == nullptr) CopyResult(stream, out_in, out);
   });
 }
 

@@ -40,6 +40,9 @@ struct VmmTable {
   decltype(&cuMemUnmap) unmap = Lookup<decltype(&cuMemUnmap)>("cuMemUnmap");
   decltype(&cuMemAddressFree) free = Lookup<decltype(&cuMemAddressFree)>("cuMemAddressFree");
   decltype(&cuMemRelease) release = Lookup<decltype(&cuMemRelease)>("cuMemRelease");
+  decltype(&cuMemCreate) create = Lookup<decltype(&cuMemCreate)>("cuMemCreate");
+  decltype(&cuMemGetAllocationGranularity) granularity =
+      Lookup<decltype(&cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity");
 };
 
 const VmmTable& V() {
@@ -112,6 +115,50 @@ Vmm::Mapping Vmm::Import(int fd, uint64_t size, const std::vector<int>& ordinals
   if (granted == 0) {
     Unmap(m);
     DFCCL_CHECK_CODE(false, ::dfccl::ErrorCode::kInternal, "dfccl: no local GPU can access an allocation of another process (cuMemSetAccess)");
+  }
+  return m;
+}
+
+Vmm::Mapping Vmm::Create(uint64_t size, int ordinal, const std::vector<int>& access) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = ordinal;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t gran = 0;
+  Check(V().granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+  Mapping m;
+  m.size = (size + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle h = 0;
+  Check(V().create(&h, m.size, &prop, 0), "cuMemCreate");
+  m.handle = h;
+  CUdeviceptr va = 0;
+  CUresult r = V().reserve(&va, m.size, 0, 0, 0);
+  if (r == CUDA_SUCCESS) {
+    m.va = va;
+    r = V().map(va, m.size, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+      V().free(va, m.size);
+      m.va = 0;
+    }
+  }
+  if (r == CUDA_SUCCESS) {
+    std::vector<CUmemAccessDesc> a(1);
+    a[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a[0].location.id = ordinal;
+    a[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (int o : access)
+      if (o != ordinal) a.push_back(a[0]), a.back().location.id = o;
+    r = V().access(va, m.size, a.data(), a.size());
+    if (r != CUDA_SUCCESS) {
+      V().unmap(va, m.size);
+      V().free(va, m.size);
+      m.va = 0;
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    V().release(h);
+    Check(r, "cuMemAddressReserve/cuMemMap/cuMemSetAccess");
   }
   return m;
 }

@@ -35,6 +35,10 @@ struct Vmm {
   // Maps an exported allocation of `size` bytes, readable and writable by each of `ordinals`
   // (those that cannot reach it are skipped; none at all throws).  Does not close fd.
   static Mapping Import(int fd, uint64_t size, const std::vector<int>& ordinals);
+  // A new allocation of at least `size` bytes on GPU `ordinal`, readable and
+  // writable by it and by `access` (GPUs of this process), exportable as a file
+  // descriptor (Ipc::Tag shares it like XLA's memory); released by Unmap.
+  static Mapping Create(uint64_t size, int ordinal, const std::vector<int>& access);
   static void Unmap(const Mapping& m) noexcept;
 };
 

@@ -325,6 +325,12 @@ void Runtime::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status) {
       ec = ErrorCode::kResourceExhausted;
       msg << name << ": no free entry in the match table";
       break;
+    case kStatusStageBusy:  // device/task.h, "staged"
+      msg << name << ": rank " << a << " started it while an earlier instance started at the same place of its "
+          << "program was still in flight (that program stopped before the instance's done, or more than "
+          << kStageSlots << " instances of one start are in flight); that instance ends when every rank has started "
+          << "it or after timeout_s";
+      break;
     default:
       msg << name << " failed on rank " << a << " first";
   }

@@ -128,7 +128,43 @@ class RelaxedCapture {
 };
 }  // namespace
 
-const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std::string& sig) {
+namespace {
+// A start form's slots and their header (device/task.h, "staged"): runtime
+// memory on the site's GPU, exportable when the direct path reaches it from
+// other processes (then tagged once, like a range of XLA's memory).
+void MakeStage(Site& s, Comm& c, Device& d, Ipc& ipc, int64_t in_bytes, int64_t out_bytes) {
+  auto lines = [](int64_t b) { return (std::max<int64_t>(b, 16) + 255) / 256 * 256; };
+  const int64_t head = lines(sizeof(SiteStage)), out_off = lines(in_bytes), slot_bytes = out_off + lines(out_bytes);
+  const int64_t bytes = head + kStageSlots * slot_bytes;
+  DeviceGuard guard(d.ordinal);
+  const bool shared = c.cross_process && s.desc.direct;
+  char* base = nullptr;
+  if (shared) {
+    std::vector<int> local;
+    for (int o : c.ordinals)
+      if (o >= 0) local.push_back(o);
+    base = reinterpret_cast<char*>(Vmm::Create(static_cast<uint64_t>(bytes), d.ordinal, local).va);
+  } else {
+    DFCCL_CHECK_CUDA(cudaMalloc(&base, bytes), "dfccl: staging of start form '" << s.key << "'");
+  }
+  DFCCL_CHECK_CUDA(cudaMemsetAsync(base, 0, head, d.aux), "dfccl: staging of start form '" << s.key << "'");
+  DFCCL_CHECK_CUDA(cudaStreamSynchronize(d.aux), "dfccl: staging of start form '" << s.key << "'");
+  s.stage.state = reinterpret_cast<SiteStage*>(base);
+  s.stage.out_off = out_off;
+  const int tag = shared ? ipc.Tag(base, d.ordinal) : 0;
+  for (int k = 0; k < kStageSlots; ++k) {
+    s.stage.slot[k] = base + head + k * slot_bytes;
+    s.stage.tags[k] = DirectTags(tag, tag);
+  }
+  s.staged = true;
+  s.in_bytes = in_bytes;
+  s.out_bytes = out_bytes;
+  c.bytes += bytes;
+}
+}  // namespace
+
+const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std::string& sig, bool staged,
+                             int64_t in_bytes, int64_t out_bytes) {
   // A group spanning processes whose memory exchange is still under way (Python
   // imports the peers' handles on a thread, jax_dfccl/_src/distributed.py): wait
   // for it, without the lock (the import takes it), at most timeout_s.
@@ -172,7 +208,7 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   // One lane only: a block that runs several lanes in turn is slower than the
   // daemon's blocks in parallel (measured: 64 KiB, 8 lanes, 4x slower on an H200).
   site->ll = t.pool == 0 && t.lanes == 1;
-  site->tagged = c.cross_process && t.direct;
+  site->tagged = c.cross_process && t.direct && !staged;  // a staged site's slots are tagged once (MakeStage)
   site->identity = t.match == kMatchIdentity;
   // Who sends to this rank: the peer it receives from for ppermute and broadcast
   // (recv_from, also the root), every other rank for the rest (the lanes' RecvsFrom).
@@ -184,6 +220,7 @@ const Site* Runtime::Prepare(int ordinal, const CollectiveSpec& spec, const std:
   t.sig_hash = HashString(sig);
   if (static_cast<uint32_t>(t.sig_hash) == 0) t.sig_hash |= 1;  // low bits 0: a failed sender's header (protocol "identity")
   site->desc = t;
+  if (staged) MakeStage(*site, c, d, ipc_, in_bytes, out_bytes);
   if (key_names_.find(spec.key_hash) == key_names_.end()) key_names_.emplace(spec.key_hash, spec.key);
   d.sites.push_back(std::move(site));
   EnsureRunning(d);
@@ -235,7 +272,7 @@ void Runtime::ThrowDeviceError(Device& d) {
 
 // The hot path: one kernel launch; the lock only when the daemon must be (re)launched.
 void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out,
-                     bool blocking) {
+                     bool blocking, const void* init) {
   Device& d = *site.d;
   ThrowIfFailed(d);
   const KernelFlags f = FlagsFor(stream);
@@ -267,6 +304,17 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
     p.spin_ns = spin_ns_.load(std::memory_order_relaxed);
     p.sticky_max = sticky_max_.load(std::memory_order_relaxed);
   }
+  if (site.staged) {  // the operand into the call's slot first (device/task.h, "staged")
+    StageParams sp{};
+    sp.stage = site.stage;
+    sp.dev = d.dev;
+    sp.in = static_cast<const char*>(in);
+    sp.init = static_cast<const char*>(init);
+    sp.in_bytes = site.in_bytes;
+    sp.out_bytes = site.out_bytes;
+    Timed(d, "stage", [&] { return LaunchStage(sp, stream); });
+    p.stage = site.stage;
+  }
   Timed(d, "submit", [&] { return LaunchSubmit(p, stream, pdl_.load(std::memory_order_relaxed)); });
   // The proxy relaunches a daemon that quit once it sees the record; a call
   // outside a command buffer does it at once (and grows the grid for a large one).
@@ -283,7 +331,7 @@ void Runtime::Submit(cudaStream_t stream, const Site& site, const void* in, void
   }
 }
 
-void Runtime::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket) {
+void Runtime::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site* staged, void* result) {
   Device& d = GetDeviceFast(ordinal);
   ThrowIfFailed(d);
   const KernelFlags f = FlagsFor(stream);
@@ -293,6 +341,11 @@ void Runtime::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket) {
   p.trap = f.trap;
   p.trace = f.trace;
   p.timeout_ns = f.timeout_ns;
+  if (staged != nullptr && staged->staged) {  // the done kernel fills the result from the call's slot
+    p.stage = staged->stage;
+    p.result = static_cast<char*>(result);
+    p.out_bytes = staged->out_bytes;
+  }
   Timed(d, "done", [&] { return LaunchDone(p, stream, pdl_.load(std::memory_order_relaxed)); });
 }
 

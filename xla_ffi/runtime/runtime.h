@@ -99,6 +99,11 @@ struct Site {
   bool identity = false;  // matched by identity in the staging (device/task.h, "identity")
   uint32_t senders = 0;   // then the ranks whose message it receives (for the watchdog's message)
   TaskDesc desc{};        // the static task (protocol "site" in device/task.h)
+  // A start form: its task uses the site's slots, never XLA's buffers (protocol
+  // "staged" in device/task.h), so a program stopped before its done leaves nothing in use.
+  bool staged = false;
+  StageView stage{};
+  int64_t in_bytes = 0, out_bytes = 0;
 };
 
 struct TaskInfo {
@@ -190,9 +195,15 @@ class Runtime {
   // stream-capture mode, so it also works inside a command buffer's recording —,
   // then Submit (start; blocking: start and done in one kernel) and Finish (done)
   // launch one kernel each and touch no lock.
-  const Site* Prepare(int ordinal, const CollectiveSpec& spec, const std::string& signature);
-  void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking);
-  void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket);
+  // A start form's site is staged (`staged`: in_bytes, out_bytes are its buffers'
+  // sizes); its Submit takes `init` (ragged_all_to_all's initial output, else null)
+  // and its Finish the done's `result`, filled from the slot.
+  const Site* Prepare(int ordinal, const CollectiveSpec& spec, const std::string& signature, bool staged = false,
+                      int64_t in_bytes = 0, int64_t out_bytes = 0);
+  void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking,
+              const void* init = nullptr);
+  void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site* staged = nullptr,
+              void* result = nullptr);
   // Copy-engine path (the *_host targets): matched on the host.
   void StartHost(int ordinal, cudaStream_t stream, const CollectiveSpec& spec, const std::string& signature,
                  const void* in, void* out, bool blocking);
