@@ -1,6 +1,6 @@
 // The CUDA FFI handlers.  Daemon path (dfccl_start, dfccl_done,
 // dfccl_collective): after a call site's first call, each enqueues one kernel
-// whose parameters say everything (runtime/runtime.h), so they declare
+// whose parameters say everything (runtime/daemon_path.h), so they declare
 // kCmdBufferCompatible and XLA captures them into command buffers.  Copy-engine
 // path (dfccl_start_host, dfccl_done_host, dfccl_collective_host; chosen by
 // core.py at lowering for the sizes the runtime's UsesCopyEngine names): host
@@ -106,9 +106,9 @@ ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, 
   HandlerTimer timer(times.start_ns, times.starts);
   return FfiGuard([&] {
     Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
-    if (!p.site) p.site = Runtime::Get().Prepare(ordinal, p.spec, p.signature);
+    if (!p.site) p.site = Runtime::Get().daemon().Prepare(ordinal, p.spec, p.signature);
     CopyInit(stream, init, out_buf);
-    Runtime::Get().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking);
+    Runtime::Get().daemon().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking);
   });
 }
 
@@ -121,7 +121,8 @@ ffi::Error BeginHost(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer&
   return FfiGuard([&] {
     const Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
     CopyInit(stream, init, out_buf);
-    Runtime::Get().StartHost(ordinal, stream, p.spec, p.signature, x.untyped_data(), out_buf.untyped_data(), blocking);
+    Runtime::Get().copy_engine().StartHost(ordinal, stream, p.spec, p.signature, x.untyped_data(),
+                                           out_buf.untyped_data(), blocking);
   });
 }
 
@@ -150,7 +151,7 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in,
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.done_ns, times.dones);
   return FfiGuard([&] {
-    Runtime::Get().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()));
+    Runtime::Get().daemon().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()));
     CopyResult(stream, out_in, out);
   });
 }
@@ -174,7 +175,7 @@ ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.done_ns, times.dones);
   return FfiGuard([&] {
-    Runtime::Get().DoneHost(ordinal, stream, attrs.site);
+    Runtime::Get().copy_engine().DoneHost(ordinal, stream, attrs.site);
     CopyResult(stream, out_in, out);
   });
 }
