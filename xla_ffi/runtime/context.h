@@ -130,7 +130,7 @@ struct Context {
   Device& GetDevice(int ordinal);
   Device& GetDeviceFast(int ordinal);  // a device already set up (no lock)
   int OrdinalOf(int64_t global) const;  // -1: another process's device
-  int64_t GlobalOf(int ordinal) const;
+  int64_t GlobalOf(int ordinal) const;  // also without mu (the handlers): the ids are set before any collective
   Communicator& GetComm(const std::vector<int64_t>& group);
   KernelFlags FlagsFor(cudaStream_t stream);  // no lock
   void ThrowIfFailed(Device& d);              // no lock unless d has an error

@@ -97,6 +97,7 @@ void Proxy::PollDevice(Device& d, Clock::time_point now) {
   }
 }
 
+// Completions of one ticket ring (daemon or copy engine), then the watchdog.
 template <size_t N>
 void Proxy::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest, uint64_t next,
                      const volatile uint32_t* done, Clock::time_point now) {
