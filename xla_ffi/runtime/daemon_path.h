@@ -12,7 +12,7 @@
 // DeviceShared::seq_ctr index map and the daemon's ticket ring as the host sees
 // it.  Lock: all of it under Context::mu; Submit and Finish run without it (they
 // read only a Site, immutable once Prepare returned it, and Device's atomics),
-// taking it only to (re)launch the daemon.
+// taking it only to (re)launch the daemon or to throw a recorded failure.
 #pragma once
 
 #include <array>
