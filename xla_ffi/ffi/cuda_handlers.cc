@@ -1,6 +1,6 @@
 // The CUDA FFI handlers.  Daemon path (dfccl_start, dfccl_done,
 // dfccl_collective): after a call site's first call, each enqueues one kernel
-// whose parameters say everything (runtime/runtime.h), so they declare
+// whose parameters say everything (runtime/daemon_path.h), so they declare
 // kCmdBufferCompatible and XLA captures them into command buffers.  Copy-engine
 // path (dfccl_start_host, dfccl_done_host, dfccl_collective_host; chosen by
 // core.py at lowering for the sizes the runtime's UsesCopyEngine names): host
@@ -127,23 +127,23 @@ ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, 
   HandlerTimer timer(times.start_ns, times.starts);
   return FfiGuard([&] {
     Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
-    if (!p.site && blocking) p.site = Runtime::Get().Prepare(ordinal, p.spec, p.signature);
+    if (!p.site && blocking) p.site = Runtime::Get().daemon().Prepare(ordinal, p.spec, p.signature);
     if (!p.site) {  // one staged site per (device, start, operand shape), whichever thread calls: its done finds it
       std::lock_guard lk(staged_mu);
       const Site*& site = staged_sites[StagedKeyOf(ordinal, attrs.site, x)];
       if (!site)
-        site = Runtime::Get().Prepare(ordinal, p.spec, p.signature, true, static_cast<int64_t>(x.size_bytes()),
+        site = Runtime::Get().daemon().Prepare(ordinal, p.spec, p.signature, true, static_cast<int64_t>(x.size_bytes()),
                                       static_cast<int64_t>(out_buf.size_bytes()));
       p.site = site;
     }
     if (p.site->staged) {  // ragged_all_to_all's initial output goes into the slot too (the stage kernel)
       DFCCL_CHECK(!init.has_value() || init->size_bytes() == out_buf.size_bytes(), "dfccl: init does not match the result");
-      Runtime::Get().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking,
+      Runtime::Get().daemon().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking,
                             init.has_value() ? init->untyped_data() : nullptr);
       return;
     }
     CopyInit(stream, init, out_buf);
-    Runtime::Get().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking);
+    Runtime::Get().daemon().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking);
   });
 }
 
@@ -167,7 +167,8 @@ ffi::Error BeginHost(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer&
   return FfiGuard([&] {
     const Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
     CopyInit(stream, init, out_buf);
-    Runtime::Get().StartHost(ordinal, stream, p.spec, p.signature, x.untyped_data(), out_buf.untyped_data(), blocking);
+    Runtime::Get().copy_engine().StartHost(ordinal, stream, p.spec, p.signature, x.untyped_data(),
+                                           out_buf.untyped_data(), blocking);
   });
 }
 
@@ -199,7 +200,7 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in,
     const Site* staged = StagedSiteOf(ordinal, attrs.site, x_alias);
     DFCCL_CHECK(staged == nullptr || staged->out_bytes == static_cast<int64_t>(out->size_bytes()),
                 "dfccl: the done of '" << attrs.key << "' does not match its start's result");
-    Runtime::Get().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()), staged,
+    Runtime::Get().daemon().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()), staged,
                           out->untyped_data());
     if (staged == nullptr) CopyResult(stream, out_in, out);
   });
@@ -224,7 +225,7 @@ ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.done_ns, times.dones);
   return FfiGuard([&] {
-    Runtime::Get().DoneHost(ordinal, stream, attrs.site);
+    Runtime::Get().copy_engine().DoneHost(ordinal, stream, attrs.site);
     CopyResult(stream, out_in, out);
   });
 }

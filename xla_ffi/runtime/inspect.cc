@@ -2,7 +2,8 @@
 // started it, whose stream reached it, what the daemon and the copy engines
 // are doing), for `jax_dfccl.pending()` while a program seems stuck.  The
 // runtime lock is tried for `wait_ms` only; device words are read on the
-// device's private stream, which never waits on XLA's streams.
+// device's private stream, which never waits on XLA's streams.  It reads the
+// devices, both paths' rings and the communicators' match tables under the lock.
 #include <cstddef>
 #include <cstring>
 #include <sstream>
@@ -22,23 +23,25 @@ std::string Mask(uint32_t started, int n) {
 }  // namespace
 
 std::string Runtime::Pending(int wait_ms) {
-  std::unique_lock lk(mu_, std::chrono::milliseconds(wait_ms));
+  std::unique_lock lk(ctx_.mu, std::chrono::milliseconds(wait_ms));
   if (!lk.owns_lock())
     return "runtime lock held for " + std::to_string(wait_ms) + " ms: a thread is blocked inside the runtime (" +
-           busy_in_.load() + "; copy engine: " + ce_.Describe() + ")\n" +
-           (ipc_.started() ? "IPC: " + ipc_.Describe() + "\n" : "");
+           ctx_.busy_in.load() + "; copy engine: " + ctx_.ce.Describe() + ")\n" +
+           (ctx_.ipc.started() ? "IPC: " + ctx_.ipc.Describe() + "\n" : "");
   std::ostringstream os;
   const auto now = Clock::now();
-  for (auto& [ord, dp] : devices_) {
+  for (auto& [ord, dp] : ctx_.devices) {
     Device& d = *dp;
-    os << "GPU " << ord << ": daemon " << (Running(d) ? "running" : "stopped") << " (launch " << d.launch_id
+    DaemonPath::PerDevice& q = daemon_.Of(d);
+    CopyEnginePath::PerDevice& cq = ce_path_.Of(d);
+    os << "GPU " << ord << ": daemon " << (proxy_.Running(d) ? "running" : "stopped") << " (launch " << d.launch_id
        << ", " << d.workers << " workers, " << d.launches << " launches, ranges mapped before it " << d.map_gen
-       << " of " << ipc_.gen() << "), tickets " << d.oldest << ".." << d.seen
-       << ", copy-engine tickets " << d.ce_oldest << ".." << d.ce_next;
+       << " of " << ctx_.ipc.gen() << "), tickets " << q.oldest << ".." << q.seen
+       << ", copy-engine tickets " << cq.ce_oldest << ".." << cq.ce_next;
     if (!d.error.ok()) os << ", error: " << d.error.message;
     os << "\n";
     if (d.launched) {  // the daemon's own words: is its kernel alive, did it ingest, is a handoff pending
-      os << "  daemon kernel " << (Alive(d) ? "alive" : "returned") << "; host words: exiting " << d.host->exiting
+      os << "  daemon kernel " << (proxy_.Alive(d) ? "alive" : "returned") << "; host words: exiting " << d.host->exiting
          << ", resize " << d.host->resize;
       try {
         unsigned char head[offsetof(DeviceShared, pub)];  // the counters before the rings (DeviceShared's layout)
@@ -60,7 +63,7 @@ std::string Runtime::Pending(int wait_ms) {
       }
       os << "\n";
     }
-    PollRecords(d, now);
+    daemon_.PollRecords(d, now);
     auto line = [&](const TaskInfo& ti, uint64_t t, const char* path, const std::string& key, uint32_t started, int n,
                     bool failed, int ready_state, bool done) {
       os << "  " << path << " ticket " << t << " '" << key << "' seq " << ti.seq << " " << ti.msg_bytes << " B, "
@@ -70,21 +73,21 @@ std::string Runtime::Pending(int wait_ms) {
          << (done ? ", done" : "") << "\n";
     };
     // A daemon task has a record only once the submit kernel ran: XLA's stream reached it.
-    for (uint64_t t = d.oldest; t < d.seen; ++t) {
-      const TaskInfo& ti = d.info[t % kTaskRing];
+    for (uint64_t t = q.oldest; t < q.seen; ++t) {
+      const TaskInfo& ti = q.info[t % kTaskRing];
       if (ti.done) continue;
       MatchEntry m{};
       const bool identity = ti.site && ti.site->identity;  // started: the ranks whose message arrived, and this one
-      const bool found = ti.comm && !identity && ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
-      if (identity) m.arrived = IdentityArrived(d, ti, t) | (1u << ti.site->rank);
+      const bool found = ti.comm && !identity && daemon_.ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
+      if (identity) m.arrived = daemon_.IdentityArrived(d, ti, t) | (1u << ti.site->rank);
       line(ti, t, identity ? "daemon (by identity)" : "daemon", ti.site ? ti.site->key : std::to_string(ti.key_hash),
            found || identity ? m.arrived : 0, found || identity ? ti.comm->n : 0, found && m.failed != 0, 1,
            d.host->done[t % kTaskRing] == Gen(t));
       if (found && m.failed == 0 && m.slot < 0)  // arrived, waiting for a slot (device/match.cuh)
         os << "    no instance slot yet (every slot of pool " << m.pool << " in use)\n";
     }
-    for (uint64_t t = d.ce_oldest; t < d.ce_next; ++t) {
-      const TaskInfo& ti = d.ce_info[t % kCeRing];
+    for (uint64_t t = cq.ce_oldest; t < cq.ce_next; ++t) {
+      const TaskInfo& ti = cq.ce_info[t % kCeRing];
       if (ti.done) continue;
       const uint32_t g = Gen(t, kCeRing);
       const Instance* in = ti.inst;
@@ -93,8 +96,8 @@ std::string Runtime::Pending(int wait_ms) {
            static_cast<int32_t>(d.host->ce_done[t % kCeRing] - g) >= 0);
     }
   }
-  os << "copy engine: " << ce_.Describe() << "\n";
-  if (ipc_.started()) os << "IPC: " << ipc_.Describe() << "\n";
+  os << "copy engine: " << ctx_.ce.Describe() << "\n";
+  if (ctx_.ipc.started()) os << "IPC: " << ctx_.ipc.Describe() << "\n";
   return os.str();
 }
 

@@ -1,0 +1,103 @@
+// The daemon path (every collective below the copy-engine sizes): the handlers
+// do host work only at a call site's first call (Prepare: the site's static task
+// and its sequence counter in device memory); every call after that is one
+// kernel launch (device/submit_kernel.cu), and matching of (communicator,
+// key_hash, seq) happens on the device (device/match.cuh), so the handlers are
+// command-buffer compatible.  The host learns of submissions from the submit
+// kernels' records (HostShared::sub, PollRecords); the proxy (proxy.h) polls the
+// ticket ring, relaunches a daemon that quit and runs the watchdog, which calls
+// back here to read an instance's match entry and to fail it.
+//
+// Owns: per device (PerDevice) the call sites, the (communicator, key) ->
+// DeviceShared::seq_ctr index map and the daemon's ticket ring as the host sees
+// it.  Lock: all of it under Context::mu; Submit and Finish run without it (they
+// read only a Site, immutable once Prepare returned it, and Device's atomics),
+// taking it only to (re)launch the daemon or to throw a recorded failure.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dfccl/collective.h"
+#include "device/task.h"
+#include "runtime/context.h"
+
+namespace dfccl::gpu {
+
+class Communicator;
+class Proxy;
+
+// One call site (a start op of a program) on one device: its static task, passed
+// in every submit kernel's parameters (SubmitParams::task).
+struct Site {
+  int index = -1;
+  Device* d = nullptr;
+  Communicator* c = nullptr;
+  std::string key, signature;
+  uint64_t key_hash = 0;
+  int rank = 0;
+  int64_t msg_bytes = 0;
+  bool large = false;
+  bool ll = false;  // one lane of pool 0 (LL): the blocking form may run inline (config.tuning.submit_inline_us)
+  InlineSubmitFn inline_kernel = nullptr;  // then its inline submit kernel (device/daemon.h)
+  bool tagged = false;  // direct path across processes: its buffers are tagged with their ranges (runtime/ipc.h)
+  bool identity = false;  // matched by identity in the staging (device/task.h, "identity")
+  uint32_t senders = 0;   // then the ranks whose message it receives (for the watchdog's message)
+  TaskDesc desc{};        // the static task (protocol "site" in device/task.h)
+  // A start form: its task uses the site's slots, never XLA's buffers (protocol
+  // "staged" in device/task.h), so a program stopped before its done leaves nothing in use.
+  bool staged = false;
+  StageView stage{};
+  int64_t in_bytes = 0, out_bytes = 0;
+};
+
+class DaemonPath {
+ public:
+  // The daemon path's state of one device.
+  struct PerDevice {
+    std::array<TaskInfo, kTaskRing> info;
+    uint64_t seen = 0, oldest = 0;  // daemon tickets whose record the proxy read; the oldest pending
+    std::vector<std::unique_ptr<Site>> sites;                 // by Site::index (the device's records name it)
+    std::map<std::pair<Communicator*, uint64_t>, int> key_ctr;  // DeviceShared::seq_ctr index per (communicator, key)
+  };
+
+  DaemonPath(Context& ctx, Proxy& proxy) : ctx_(ctx), proxy_(proxy) {}
+  // Handlers.  Throw dfccl::Error (the FFI boundary, ffi/error.h, converts it).
+  // Prepare once per (call site, device) — under the lock, in relaxed
+  // stream-capture mode, so it also works inside a command buffer's recording —,
+  // then Submit (start; blocking: start and done in one kernel) and Finish (done)
+  // launch one kernel each and touch no lock.
+  // A start form's site is staged (`staged`: in_bytes, out_bytes are its buffers'
+  // sizes); its Submit takes `init` (ragged_all_to_all's initial output, else null)
+  // and its Finish the done's `result`, filled from the slot.
+  const Site* Prepare(int ordinal, const CollectiveSpec& spec, const std::string& signature, bool staged = false,
+                      int64_t in_bytes = 0, int64_t out_bytes = 0);
+  void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking,
+              const void* init = nullptr);
+  void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site* staged = nullptr,
+              void* result = nullptr);
+
+  // Under Context::mu.
+  PerDevice& Of(const Device& d) { return devices_[d.ordinal]; }
+  void PollRecords(Device& d, Clock::time_point now);
+  void OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status);
+  void AbortDaemonInstance(Communicator& c, uint64_t key_hash, uint64_t seq, ErrorCode code, const std::string& msg);
+  bool ReadEntry(Communicator& c, uint64_t key_hash, uint64_t seq, MatchEntry* out);
+  uint32_t IdentityArrived(Device& d, const TaskInfo& ti, uint64_t ticket);
+
+ private:
+  TaskDesc SiteDesc(const CollectiveSpec& spec, const Communicator& c, int64_t msg_bytes, int key_ctr);
+  template <class F>
+  void Timed(Device& d, const char* what, F&& launch);
+
+  Context& ctx_;
+  Proxy& proxy_;
+  std::map<int, PerDevice> devices_;  // by ordinal
+};
+
+}  // namespace dfccl::gpu
