@@ -130,6 +130,7 @@ struct State {
   std::deque<std::string> errors;  // newest last, at most kMaxErrors
   std::map<int, Status> device_error;  // per local GPU: raised by its next fused call and raise_if_failed()
   std::atomic<bool> has_device_error{false};
+  std::atomic<bool> trace_on{false};  // trace && trace_capacity > 0 (read without the lock)
   std::atomic<uint64_t> started{0}, completed{0}, failed{0};
 };
 State& g_state = *new State;
@@ -147,6 +148,7 @@ bool Reached(uint32_t value, uint32_t seq) { return int32_t(value - seq) >= 0; }
 uint32_t Load(const uint32_t* p) { return *reinterpret_cast<const volatile uint32_t*>(p); }
 
 void Trace(int device, const std::string& key, uint64_t seq, const char* event, int64_t t_ns) {
+  if (!g_state.trace_on.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(g_state.mu);
   if (!g_state.trace || g_state.trace_capacity <= 0) return;
   g_state.trace_ring.push_back({device, key, seq, event, t_ns});
@@ -721,6 +723,7 @@ void Configure(const std::optional<double>& timeout_s, const std::optional<bool>
   if (trace) g_state.trace = *trace;
   if (trace_capacity) g_state.trace_capacity = *trace_capacity;
   g_state.configured = g_state.configured || (timeout_s && trace && trace_capacity);
+  g_state.trace_on.store(g_state.trace && g_state.trace_capacity > 0, std::memory_order_relaxed);
   while (g_state.trace_ring.size() > size_t(g_state.trace_capacity)) g_state.trace_ring.pop_front();
 }
 
