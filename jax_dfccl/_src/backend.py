@@ -276,6 +276,11 @@ def stats() -> dict:
                       (timeouts, mismatches, aborts; at most 256, newest last)
   ==================  ==========================================================
 
+  On GPUs the fused overlap ops' instances (``all_gather_matmul``,
+  ``matmul_reduce_scatter``) are counted in the ``cuda`` backend's ``started``,
+  ``completed``, ``failed``, ``pending`` and ``instances_live``
+  (:func:`merge_overlap_stats`).
+
   The configuration a runtime holds is its module's ``config()`` (see
   :func:`runtime_config`), not part of ``stats()``.
 
@@ -314,7 +319,7 @@ def pending(wait_ms: int = 1000) -> str:
 
   Every instance with its key and sequence number and which ranks started it (GPU: also
   whether this device's stream reached it, and what the daemon and the copy-engine mover
-  are doing).  For a program that seems stuck: call it from another thread (or another
+  are doing; the fused overlap ops' instances, with the ranks each one waits for).  For a program that seems stuck: call it from another thread (or another
   process's view of the same job).
 
   Args:
