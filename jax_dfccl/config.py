@@ -177,13 +177,6 @@ class Overlap(_Section):
   #: ``_dfccl_overlap`` extension when it is built (read at trace time; the
   #: context manager ``jax_dfccl._src.overlap_gpu.fused`` overrides it).
   fused: bool = True
-  #: Bound of every cross-rank wait inside the fused overlap kernels.  A wait
-  #: past it records an error naming the op key and the ranks and stops the
-  #: kernels (trap): the program running the op fails (never a garbage result;
-  #: that GPU's CUDA context is lost), the error is printed to stderr at once,
-  #: returned by ``gpu.errors()`` and raised by any later call of the
-  #: op (xla_ffi/overlap/protocol.h).  Read when a program is traced.
-  wait_timeout_s: float = 10.0
   #: Fused AG+GEMM: move the rows to the peers with the copy engine
   #: (cudaMemcpyAsync over NVLink on a side stream, gated by the peer's ready
   #: flag; no SMs taken from the GEMM) once every rank's buffers exist; False:
@@ -290,7 +283,8 @@ class Config(_Section):
   """``jax_dfccl.config``: what a user sets; the other sections as attributes."""
   #: A collective whose peers have not all started it after this many seconds
   #: fails with an error naming the key, the sequence number and the missing
-  #: ranks (instead of hanging).
+  #: ranks (instead of hanging); the fused overlap ops too (their kernels' every
+  #: cross-rank wait is bounded by it).
   timeout_s: float = 300.0
   #: Record start/preempt/resume/finish events for :func:`jax_dfccl.export_trace`.
   trace: bool = False

@@ -18,8 +18,8 @@ from jax_dfccl._src import backend
 def records() -> list[tuple]:
   """All events: (platform, device, key, seq, event, t_ns), time-sorted."""
   out = []
-  for plat, rt in backend.load().items():
-    out.extend((plat, *r) for r in rt.trace_records())
+  for plat, recs in backend.trace_records().items():  # the cuda list includes the fused overlap ops'
+    out.extend((plat, *r) for r in recs)
   out.sort(key=lambda r: r[5])
   return out
 

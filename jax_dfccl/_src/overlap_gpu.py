@@ -17,9 +17,16 @@ Used when: the default backend is GPU (sm90), the module imports,
 inside a block), dtype bfloat16/float16,
 2..8 ranks, and K, N multiples of 8 (RS: rows divisible by the ranks). Anything
 else keeps the XLA-dot + collective schedule. Nothing here imports the
-extension on CPU.  Every cross-rank wait in the kernels is bounded by
-``jax_dfccl.config.overlap.wait_timeout_s`` (a custom-call attribute, read at
-trace time); ``overlap_copy_engine`` (AG rows moved by the copy engine instead
+extension on CPU.
+
+Each op instance is a collective like the others: named (device group, key,
+sequence) -- the key names the kind, shapes and dtype (``_key``), each call on
+a rank takes the next sequence number of its (group, key) --, counted in
+``jax_dfccl.stats()["cuda"]``, listed by ``jax_dfccl.pending()``, recorded in
+the trace, and bounded by ``jax_dfccl.config.timeout_s`` (read at run time): a
+peer that never arrives fails it with ``DEADLINE_EXCEEDED`` naming the key,
+the sequence number and the missing ranks, raised by ``jax_dfccl.raise_if_failed()``
+and the device's next fused call (docs/design/overlap.md).  ``overlap_copy_engine`` (AG rows moved by the copy engine instead
 of the SM push kernel), ``overlap_cta_fence`` (RS: one system fence per CTA
 and tile) ``overlap_rs_copy_engine_min_bytes`` (RS partial blocks at least
 that large moved by the copy engine), ``overlap_cluster_m`` (the GEMM's
@@ -49,7 +56,7 @@ from jax._src.interpreters import batching, mlir
 from jax_dfccl._src import compat
 from jax_dfccl._src import core as dcore
 
-__all__ = ["fused", "available", "applies", "all_gather_matmul", "matmul_reduce_scatter", "errors",
+__all__ = ["fused", "available", "loaded", "applies", "all_gather_matmul", "matmul_reduce_scatter",
            "check", "profile", "profile_results", "diag_mode", "MODE_MAILBOX_ONLY", "MODE_CLUSTER_M2",
            "MODE_NO_SPLIT", "MODE_CLUSTER_AUTO", "MODE_NO_PDL",
            "MODE_TILE_SHIFT", "MODE_RASTER_SHIFT", "RASTERS", "MODE_TMA_STORE", "MODE_TMA_STORE_AUTO",
@@ -118,10 +125,20 @@ def module():
         except ImportError:
           mod = None
         if mod is not None:
+          mod.configure(_config().as_dict())  # timeout_s, trace, trace_capacity (then backend.configure's)
           for name, capsule in mod.registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
       _mod.append(mod)
     return _mod[0]
+
+
+def loaded():
+  """The ``_dfccl_overlap`` module if it was loaded already, else None (loads nothing).
+
+  ``jax_dfccl._src.backend`` merges its stats, pending report, trace records and
+  failures into the ``cuda`` backend's and pushes ``jax_dfccl.config`` to it.
+  """
+  return _mod[0] if _mod else None
 
 
 def available() -> bool:
@@ -140,21 +157,12 @@ def applies(kind, x, w, nranks) -> bool:
   return available()
 
 
-def errors() -> list[str]:
-  """Timeouts recorded by the fused kernels' bounded waits (empty if none), one
-  line per op channel naming the op key, the waiting and the missing rank.  A
-  timed-out wait stops the kernels (trap), so the program that ran the op
-  failed with a CUDA error; this is where its cause is read (also printed to
-  stderr when it happened)."""
-  mod = _mod[0] if _mod else None
-  return list(mod.errors()) if mod is not None else []
-
-
 def check():
-  """Raises RuntimeError if a fused kernel timed out waiting for a peer."""
-  errs = errors()
-  if errs:
-    raise RuntimeError("; ".join(errs))
+  """Raises the recorded failure of a fused op (RuntimeError), as :func:`jax_dfccl.raise_if_failed`
+  does for every collective; nothing when none failed or the module is not loaded."""
+  mod = loaded()
+  if mod is not None:
+    mod.raise_if_failed()
 
 
 # ---------------------------------------------------------------------------
@@ -241,13 +249,20 @@ def _lowering(ctx, x, w, *, kind, axis, nranks, gather):
     raise ValueError(f"jax_dfccl overlap: axis {axis!r} has {groups.shape[1]} devices, traced for {nranks}")
   devs = dcore.device_ids(mesh)[groups].reshape(-1).astype(np.int64)
   xa, wa = ctx.avals_in
-  key = f"{kind}:{xa.shape[0]}x{xa.shape[1]}@{wa.shape[0]}x{wa.shape[1]}"
   rule = jax.ffi.ffi_lowering("dfccl_overlap_" + kind, has_side_effect=True)
   cfg = _config()
-  timeout_ns = int(max(cfg.overlap.wait_timeout_s, 1e-3) * 1e9)
   block_bytes = (xa.shape[0] // nranks) * wa.shape[1] * np.dtype(xa.dtype).itemsize  # RS: one rank's rows
-  return rule(ctx, x, w, key=key, devices=devs, group_size=np.int32(nranks),
-              timeout_ns=np.int64(timeout_ns), mode=np.int32(_mode(cfg, kind, nranks, block_bytes)))
+  return rule(ctx, x, w, key=_key(kind, xa, wa), devices=devs, group_size=np.int32(nranks),
+              mode=np.int32(_mode(cfg, kind, nranks, block_bytes)))
+
+
+def _key(kind, xa, wa) -> str:
+  """The collective key of a fused op: its kind, per-shard shapes and dtype
+  (``ag:512x256@256x1024:bfloat16``).  With the device group it names the op's
+  channel (its buffers, sized by the first call); each call takes the channel's
+  next sequence number, as every collective of a (group, key) does."""
+  return (f"{kind}:{xa.shape[0]}x{xa.shape[1]}@{wa.shape[0]}x{wa.shape[1]}:"
+          f"{np.dtype(xa.dtype).name}")
 
 
 def _int_entry(section, name, allowed, what):

@@ -3,8 +3,9 @@ the CPU backend's: tests/test_contract.py.
 
 * the runtime holds exactly the configuration Python set (jax_dfccl/config.py is the one schema);
 * stats() has exactly the documented keys (backend.STATS_KEYS + STATS_EXTRAS["cuda"]);
-* a fused overlap op whose peer never arrives fails the program that ran it, and the error names
-  the op key and the ranks (in a subprocess: the kernels trap, which loses the GPUs' contexts).
+* a fused overlap op whose peer never arrives fails the program that ran it, and its error has the
+  collectives' words (key, sequence, group, missing ranks) and path (raise_if_failed(),
+  stats()["errors"]; in a subprocess: the kernels trap, which loses the GPUs' contexts).
 """
 from __future__ import annotations
 
@@ -97,34 +98,51 @@ def test_cuda_stats_count_collectives():
 
 
 _OVERLAP_TIMEOUT = textwrap.dedent("""
-  import os, sys
+  import json, os, sys
   import numpy as np, jax, jax.numpy as jnp
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
   import jax_dfccl as dc
-  from jax_dfccl._src import overlap as ov, overlap_gpu as og
+  from jax_dfccl._src import overlap as ov
   from jax_dfccl.testing import gpus
-  mesh = Mesh(np.array(gpus()[:2]), ("tp",))
-  dc.configure(overlap_wait_timeout_s=1.0)
+  devs = gpus()[:2]
+  mesh = Mesh(np.array(devs), ("tp",))
+  dc.configure(timeout_s=1.0)  # the one user timeout bounds the fused ops too
   x = jnp.ones((512, 256), jnp.bfloat16); w = jnp.ones((256, 512), jnp.bfloat16)
-  def body(x, w):  # rank 1 never runs the fused op: rank 0's waits time out
+  def body(x, w):  # rank 1 never runs the fused op: rank 0's instance times out
     fused = lambda x, w: ov.all_gather_matmul(x, w, "tp")
     other = lambda x, w: jnp.zeros((x.shape[0] * 2, w.shape[1]), x.dtype)
     return jax.lax.cond(jax.lax.axis_index("tp") == 0, fused, other, x, w)
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
                             out_specs=P(None, "tp"), check_vma=False))
   xs = jax.device_put(x, NamedSharding(mesh, P("tp", None))); ws = jax.device_put(w, NamedSharding(mesh, P(None, "tp")))
+  print("DEVICES", json.dumps([d.id for d in devs]), flush=True)
   try:
     out = np.asarray(jax.block_until_ready(f(xs, ws)))
     print("RESULT", float(out.astype(np.float32).sum()), flush=True)
   except Exception as e:
-    print("FAILED", type(e).__name__, str(e)[:300], flush=True)
-  print("ERRORS", og.errors(), flush=True)
+    print("FAILED", type(e).__name__, flush=True)
+  try:
+    dc.raise_if_failed()
+    print("RAISED none", flush=True)
+  except RuntimeError as e:
+    print("RAISED", json.dumps(str(e)), flush=True)
+  print("ERRORS", json.dumps(dc.stats()["cuda"]["errors"]), flush=True)
   os._exit(0)
 """)
 
 
+def _line(out, tag):
+  import json
+  lines = [ln for ln in out.splitlines() if ln.startswith(tag + " ")]
+  assert lines, out
+  rest = lines[0][len(tag) + 1:]
+  return json.loads(rest) if rest[:1] in "[{\"" else rest
+
+
 @needs_peer
-def test_overlap_timeout_fails_the_call_and_names_key_and_ranks():
+def test_overlap_timeout_fails_with_the_collectives_code_and_words():
+  """The error contract for the fused ops: DEADLINE_EXCEEDED's words (key, sequence, group, the rank
+  that never started it), through raise_if_failed() and stats()["errors"] like any collective."""
   from jax_dfccl._src import overlap_gpu as og
   if not og.available():
     pytest.skip("the fused overlap kernels are not built")
@@ -133,8 +151,11 @@ def test_overlap_timeout_fails_the_call_and_names_key_and_ranks():
   out = p.stdout + p.stderr
   assert "RESULT" not in p.stdout, out  # never a result
   assert "FAILED" in p.stdout, out
-  errs = [line for line in out.splitlines() if line.startswith("ERRORS")]
-  assert errs and "dfccl overlap '" in errs[0] and "timed out" in errs[0], out
-  assert "rank 0 (GPU" in errs[0] and "of rank 1 (GPU" in errs[0], out
-  # The watcher printed it to stderr as it happened.
-  assert "dfccl overlap '" in p.stderr and "of rank 1 (GPU" in p.stderr, p.stderr
+  d0, d1 = _line(p.stdout, "DEVICES")
+  # Per shard: x (256, 256), w (256, 256); the first instance of the key on the group.
+  want = (f"dfccl: collective 'ag:256x256@256x256:bfloat16' (sequence 1, group of GPUs [{d0},{d1}]) "
+          f"timed out after 1 s: rank(s) [1 (GPU {d1})] never started it")
+  raised = _line(p.stdout, "RAISED")
+  assert raised.startswith(want), (raised, want)
+  assert any(e.startswith(want) for e in _line(p.stdout, "ERRORS")), out
+  assert want in p.stderr, p.stderr  # printed as it happened

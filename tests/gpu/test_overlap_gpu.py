@@ -3,7 +3,9 @@
 Numerics against float32 references built from the same (rounded) inputs with
 jnp.dot and jax.lax collectives; shapes include M, N, K that are not multiples
 of the 128x256x64 tile; both ops, bfloat16 and float16, per shard (shard_map),
-global (sharded jit) and gradients.
+global (sharded jit) and gradients; the fused ops as collectives: counted in stats(), recorded
+in the trace, a stuck one listed by pending() and failed with DEADLINE_EXCEEDED's words within
+config.timeout_s (in a subprocess: its kernels trap).
 """
 from __future__ import annotations
 
@@ -337,7 +339,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax_dfccl._src import overlap as ov, overlap_gpu as og
 from jax_dfccl.config import config
 config.overlap.rs_copy_engine_min_bytes = 0  # the copy engine from the first instance on
-config.overlap.wait_timeout_s = 5.0
+config.timeout_s = 5.0
 mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
 rng = np.random.default_rng(0)
 x = rng.standard_normal((1024, 768)).astype(np.float32)
@@ -366,3 +368,177 @@ def test_rs_copy_engine_first_call_in_fresh_process():
   r = subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True, text=True, timeout=120,
                      env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
   assert r.returncode == 0 and "OK" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused ops as collectives: stats, trace, pending, failure (docs/design/overlap.md, "Keys,
+# counts and failures").
+
+
+def _fused_ag(M, N, K):
+  """A fused AG+GEMM program on MESH and its inputs; its per-shard key (overlap_gpu._key's words)."""
+  x, w = _inputs(M, N, K, jnp.bfloat16, seed=3)
+  f, args = _per_shard("ag", x, w)
+  return f, args, f"ag:{M // 2}x{K}@{K}x{N // 2}:bfloat16", (x, w)
+
+
+def test_fused_ops_counted_in_stats():
+  import jax_dfccl as dc
+  f, args, _, (x, w) = _fused_ag(256, 512, 128)
+  jax.block_until_ready(f(*args))  # compiled, channel set up
+  mod = og.loaded()
+  assert mod is not None
+  before, mod_before = dc.stats()["cuda"], dict(mod.stats())
+  calls = 3
+  for _ in range(calls):
+    out = f(*args)
+  jax.block_until_ready(out)
+  after, mod_after = dc.stats()["cuda"], dict(mod.stats())
+  ref = _ref("ag", x, w)
+  _close(out, ref, jnp.bfloat16, "ag counted")
+  # One instance per rank and call (2 ranks), all completed: the stream's done word precedes the
+  # program's end, and stats() reads it.  Exact in the module's own counts; the cuda backend's
+  # merged counts grow by at least as much (its runtime may count earlier collectives meanwhile).
+  assert mod_after["started"] - mod_before["started"] == 2 * calls
+  assert mod_after["completed"] - mod_before["completed"] == 2 * calls
+  assert mod_after["failed"] == mod_before["failed"] and mod_after["pending"] == 0
+  assert after["started"] - before["started"] >= 2 * calls
+  assert after["completed"] - before["completed"] >= 2 * calls
+  assert after["pending"] == after["started"] - after["completed"] - after["failed"]
+  assert after["overlap_channels"] == mod_after["channels"] >= 1
+  assert set(after) == backend_keys()
+  og.check()
+
+
+def backend_keys():
+  from jax_dfccl._src import backend
+  return set(backend.STATS_KEYS) | set(backend.STATS_EXTRAS["cuda"])
+
+
+def test_fused_ops_in_the_trace():
+  import jax_dfccl as dc
+  from jax_dfccl import trace
+  f, args, key, _ = _fused_ag(2 * 136, 2 * 152, 136)  # a key of this test only
+  with dc.configured(trace=True):
+    jax.block_until_ready(f(*args))
+    jax.block_until_ready(f(*args))
+  recs = [r for r in trace.records() if r[0] == "cuda" and r[2] == key]
+  devs = sorted(d.id for d in MESH.devices.flat)
+  by = {}
+  for _, dev, _, seq, ev, t in recs:
+    by.setdefault((dev, seq), []).append((ev, t))
+  # Two instances per device, sequence numbers 1 and 2 of the key, each start <= run <= finish.
+  assert sorted(by) == [(d, s) for d in devs for s in (1, 2)], sorted(by)
+  for ident, evs in by.items():
+    names = [e for e, _ in sorted(evs, key=lambda e: e[1])]
+    assert names == ["start", "run", "finish"], (ident, evs)
+  # One stream per device: the second instance finishes after the first.
+  for d in devs:
+    assert dict(by[(d, 1)])["finish"] <= dict(by[(d, 2)])["finish"]
+  og.check()
+
+
+_STUCK = r"""
+import json, os, sys, threading, time
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jax_dfccl as dc
+from jax_dfccl._src import overlap as ov
+from jax_dfccl.testing import gpus
+TIMEOUT = 2.0
+devs = gpus()[:2]
+mesh = Mesh(np.array(devs), ("tp",))
+dc.configure(timeout_s=TIMEOUT)
+print("DEVICES", json.dumps([d.id for d in devs]), flush=True)
+specs = dict(in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"))
+put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
+# A fused op both ranks run: counted, and the kernels loaded before the timed part.
+g = jax.jit(jax.shard_map(lambda x, w: ov.all_gather_matmul(x, w, "tp"), mesh=mesh, **specs))
+xg, wg = put(jnp.ones((256, 128), jnp.bfloat16), P("tp", None)), put(jnp.ones((128, 256), jnp.bfloat16), P(None, "tp"))
+s0 = dc.stats()["cuda"]
+jax.block_until_ready(g(xg, wg))
+s1 = dc.stats()["cuda"]
+print("WARM", json.dumps({k: s1[k] - s0[k] for k in ("started", "completed", "failed")}), flush=True)
+# Rank 1 never runs the stuck op: rank 0's instance waits for it.
+def body(x, w):
+  fused = lambda x, w: ov.all_gather_matmul(x, w, "tp")
+  other = lambda x, w: jnp.zeros((x.shape[0] * 2, w.shape[1]), x.dtype)
+  return jax.lax.cond(jax.lax.axis_index("tp") == 0, fused, other, x, w)
+f = jax.jit(jax.shard_map(body, mesh=mesh, check_vma=False, **specs))
+xs, ws = put(jnp.ones((512, 256), jnp.bfloat16), P("tp", None)), put(jnp.ones((256, 512), jnp.bfloat16), P(None, "tp"))
+c = f.lower(xs, ws).compile()
+res = {}
+def run():
+  t0 = time.monotonic()
+  try:
+    jax.block_until_ready(c(xs, ws))
+    res["outcome"] = "RESULT"
+  except Exception as e:
+    res["outcome"] = "FAILED " + type(e).__name__
+  res["elapsed"] = time.monotonic() - t0
+t = threading.Thread(target=run)
+t.start()
+time.sleep(TIMEOUT / 2)
+print("PENDING", json.dumps(dc.pending()), flush=True)
+s2 = dc.stats()["cuda"]
+print("MID", json.dumps({k: s2[k] - s1[k] for k in ("started", "completed", "failed", "pending")}), flush=True)
+t.join(120)
+print("OUTCOME", json.dumps(res), flush=True)
+try:
+  dc.raise_if_failed()
+  print("RAISED", json.dumps(""), flush=True)
+except RuntimeError as e:
+  print("RAISED", json.dumps(str(e)), flush=True)
+s3 = dc.stats()["cuda"]
+print("END", json.dumps({k: s3[k] - s1[k] for k in ("started", "completed", "failed", "pending")}), flush=True)
+print("ERRORS", json.dumps(s3["errors"]), flush=True)
+try:  # the device's next fused call raises it too (or XLA's CUDA error first: the context is lost)
+  jax.block_until_ready(c(xs, ws))
+  print("NEXT", json.dumps("ran"), flush=True)
+except Exception as e:
+  print("NEXT", json.dumps(str(e)[:2000]), flush=True)
+os._exit(0)
+"""
+
+
+def _tagged(out, tag):
+  import json
+  lines = [ln for ln in out.splitlines() if ln.startswith(tag + " ")]
+  assert lines, (tag, out[-4000:])
+  return json.loads(lines[0][len(tag) + 1:])
+
+
+def test_stuck_fused_op_is_pending_then_fails_within_timeout_s():
+  """Rank 1 never starts the op: pending() names it as the rank rank 0 waits for; the program fails
+  within timeout_s + 1 s; raise_if_failed() raises DEADLINE_EXCEEDED's words (key, sequence, group,
+  missing rank) and stats() counts one failed instance and keeps the message."""
+  import os
+  import subprocess
+  import sys
+  timeout_s = 2.0
+  r = subprocess.run([sys.executable, "-c", _STUCK], capture_output=True, text=True, timeout=300,
+                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                          "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"})
+  out = r.stdout + r.stderr
+  d0, d1 = _tagged(r.stdout, "DEVICES")
+  assert _tagged(r.stdout, "WARM") == {"started": 2, "completed": 2, "failed": 0}, out
+  # Per shard x (256, 256), w (256, 256): the key's first instance on the group (d0, d1).
+  name = f"dfccl: collective 'ag:256x256@256x256:bfloat16' (sequence 1, group of GPUs [{d0},{d1}])"
+  pending = _tagged(r.stdout, "PENDING")
+  lines = [ln for ln in pending.splitlines() if name in ln]
+  assert len(lines) == 1, pending
+  assert lines[0].startswith(f"GPU {d0}: fused all_gather_matmul {name} rank 0,"), lines[0]
+  assert "started S., this stream reached it" in lines[0], lines[0]
+  assert lines[0].endswith(f"waiting for rank(s) [1 (GPU {d1})]: never started it"), lines[0]
+  assert _tagged(r.stdout, "MID") == {"started": 1, "completed": 0, "failed": 0, "pending": 1}, out
+  outcome = _tagged(r.stdout, "OUTCOME")
+  assert outcome["outcome"].startswith("FAILED"), out  # never a result
+  assert outcome["elapsed"] <= timeout_s + 1.0, outcome
+  want = f"{name} timed out after 2 s: rank(s) [1 (GPU {d1})] never started it"
+  raised = _tagged(r.stdout, "RAISED")
+  assert raised.startswith(want), (raised, want)
+  assert _tagged(r.stdout, "END") == {"started": 1, "completed": 0, "failed": 1, "pending": 0}, out
+  assert any(e.startswith(want) for e in _tagged(r.stdout, "ERRORS")), out
+  assert want in r.stderr, r.stderr[-3000:]  # printed as it happened
+  nxt = _tagged(r.stdout, "NEXT")
+  assert nxt != "ran", out

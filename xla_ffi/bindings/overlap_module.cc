@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <optional>
 #include <string>
 
 #include "bindings/errors.h"
@@ -22,12 +23,55 @@ NB_MODULE(_dfccl_overlap, m) {
     return d;
   });
 
-  // Timeouts recorded by the kernels' bounded waits (one message per channel).
-  m.def("errors", [] {
+  // The collectives' contract (docs/architecture.md), for what the fused ops
+  // add to the CUDA backend: jax_dfccl/_src/backend.py merges it.
+  m.def("configure", [](nb::dict cfg) {
+    auto get = [&](const char* k) { return cfg.contains(k) ? nb::object(cfg[k]) : nb::object(); };
+    std::optional<double> timeout_s;
+    std::optional<bool> trace;
+    std::optional<int64_t> capacity;
+    if (auto v = get("timeout_s"); v.is_valid()) timeout_s = nb::cast<double>(v);
+    if (auto v = get("trace"); v.is_valid()) trace = nb::cast<bool>(v);
+    if (auto v = get("trace_capacity"); v.is_valid()) capacity = nb::cast<int64_t>(v);
+    dfccl::overlap::Configure(timeout_s, trace, capacity);
+  }, nb::arg("cfg"), "Apply jax_dfccl.config entries (timeout_s, trace, trace_capacity; others ignored)");
+  m.def("config", [] {
+    const auto c = dfccl::overlap::Config();
+    nb::dict d;
+    d["timeout_s"] = c.timeout_s;
+    d["trace"] = c.trace;
+    d["trace_capacity"] = c.trace_capacity;
+    return d;
+  });
+  m.def("stats", [] {
+    dfccl::overlap::Stats s;
+    {
+      nb::gil_scoped_release nogil;
+      s = dfccl::overlap::GetStats();
+    }
+    nb::dict d;
+    d["started"] = s.started; d["completed"] = s.completed; d["failed"] = s.failed;
+    d["pending"] = static_cast<int64_t>(s.started) - static_cast<int64_t>(s.completed + s.failed);
+    d["instances_live"] = s.instances_live; d["trace_records"] = s.trace_records; d["channels"] = s.channels;
+    nb::list errs;
+    for (auto& e : s.errors) errs.append(nb::str(e.c_str()));
+    d["errors"] = errs;
+    return d;
+  });
+  m.def("trace_records", [] {
+    std::vector<dfccl::overlap::TraceRecord> recs;
+    {
+      nb::gil_scoped_release nogil;
+      recs = dfccl::overlap::TraceRecords();
+    }
     nb::list out;
-    for (auto& e : dfccl::overlap::Errors()) out.append(nb::str(e.c_str()));
+    for (auto& r : recs) out.append(nb::make_tuple(r.device, nb::str(r.key.c_str()), r.seq, nb::str(r.event), r.t_ns));
     return out;
   });
+  m.def("pending", [](int wait_ms) { return dfccl::overlap::Pending(wait_ms); }, nb::arg("wait_ms") = 1000,
+        nb::call_guard<nb::gil_scoped_release>());
+  m.def("raise_if_failed", &dfccl::overlap::RaiseIfFailed, nb::call_guard<nb::gil_scoped_release>());
+  m.def("reset", &dfccl::overlap::Reset, nb::call_guard<nb::gil_scoped_release>());
 
   // The plan of a launch (overlap/plan.h): tests and benchmarks.
   m.def(

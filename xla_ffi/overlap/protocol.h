@@ -1,8 +1,9 @@
 // Shared host/device definitions of the fused overlap ops (GEMM+RS, AG+GEMM).
 //
-// Memory-ordering protocol (one Mailbox per channel = op key x device group;
+// Memory-ordering protocol (one Mailbox per channel = device group x key;
 // every rank of the group runs its own instance of the op, numbered by `seq`,
-// which the host counts per (channel, rank) at enqueue; SPMD keeps them equal):
+// the collective's sequence number, which the host counts per (channel, rank)
+// at enqueue; SPMD keeps them equal):
 //
 //  * Mailbox (host-mapped, one per channel, readable/writable by every GPU):
 //      recv[p], flags[p]  rank p's persistent receive buffer and flag array
@@ -66,14 +67,15 @@
 //    The trap fails the XLA execution holding the op on each such GPU (a CUDA
 //    launch failure when its results are awaited; the CUDA context of that
 //    GPU is lost, so the process must restart to use it): no rank consumes a
-//    partial result.  The key and ranks come from the host: a watcher thread
-//    (handlers.cc) prints the recorded error, naming the op key, the waiting
-//    and the missing rank and their GPUs, to stderr as soon as it appears;
-//    errors() (overlap_gpu.errors()/check()) returns it, and any later call of
-//    the op's channel raises it (DEADLINE_EXCEEDED).  This trades the
-//    process's GPU state for never returning garbage; the bound
-//    (config.overlap.wait_timeout_s, 10 s) trips only when a peer never
-//    arrives, where the alternative is a hang.
+//    partial result.  The key, sequence and ranks come from the host
+//    (handlers.cc PollChannel): it applies the same bound to each instance
+//    from the moment its rank's stream reached it (ready word), names the
+//    ranks whose ready word never reached the sequence, and writes `error`
+//    itself, so that every waiter of the channel traps; the message goes to
+//    stats()["errors"], stderr, raise_if_failed() and the device's next fused
+//    call (DEADLINE_EXCEEDED).  This trades the process's GPU state for never
+//    returning garbage; the bound (config.timeout_s, the one user timeout)
+//    trips only when a peer never arrives, where the alternative is a hang.
 //    A waiter reads `error` (host memory) only every kErrorPollEvery polls,
 //    the first time after that many, so a short wait makes no PCIe read.
 #pragma once
