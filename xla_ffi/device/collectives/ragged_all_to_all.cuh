@@ -1,4 +1,4 @@
-// RAGGED_ALL_TO_ALL (direct path only: Runtime::Join never gives it a staging
+// RAGGED_ALL_TO_ALL (direct path only: DaemonPath::SiteDesc never gives it a staging
 // pool; layout of the input: RaggedHeader in dfccl/ops.h).  The lanes split the
 // sender's input bytes; a lane copies the part of every slice that lies in its
 // range into the destination rank's output (which XLA initialised with the

@@ -21,7 +21,7 @@ enum class ErrorCode : int32_t {
   kOk = 0,
   kInvalidArgument,     // a malformed call: attributes, shapes, dtypes, a device not in the group
   kFailedPrecondition,  // misuse: ranks disagree on a key's signature, a done without its start
-  kDeadlineExceeded,    // a wait ran past its timeout (config.timeout_s / overlap_wait_timeout_s)
+  kDeadlineExceeded,    // a wait ran past its timeout (config.timeout_s, the fused overlap ops included)
   kResourceExhausted,   // too many collectives in flight
   kAborted,             // failed because another collective of the device or group failed first
   kInternal,            // a CUDA error, a broken invariant
