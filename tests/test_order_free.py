@@ -161,6 +161,25 @@ def test_handle_never_done_is_an_error(mesh8):
     f(x)
 
 
+def test_the_done_check_keeps_no_process_state(mesh8):
+  """The start-without-done check reads the traced program's own call sites: after a program whose
+  handle reached done, a second program with the same key and no done is still refused, and the
+  first one still runs exactly."""
+  from jax_dfccl._src import core
+  x = put(jnp.arange(8.0), mesh8, P("x"))
+  good = jax.jit(jax.shard_map(lambda v: dc.done(dc.psum_start(v, "x", key="k")), mesh=mesh8,
+                               in_specs=P("x"), out_specs=P("x")))
+  np.testing.assert_array_equal(np.asarray(good(x)), np.full(8, 28.0))
+
+  def bad(v):
+    dc.psum_start(v, "x", key="k")
+    return v
+  with pytest.raises(ValueError, match="never passed to jax_dfccl.done"):
+    jax.jit(jax.shard_map(bad, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))(x)
+  np.testing.assert_array_equal(np.asarray(good(x)), np.full(8, 28.0))
+  assert not hasattr(core, "_DONE_SITES")
+
+
 def test_alternating_chaos_workload(mesh8):
   """The benchmark's psum/all_gather chaos workload equals its jax.lax reference."""
   x = put(jnp.asarray(np.random.default_rng(2).integers(-9, 9, (8 * 64,)), jnp.float32), mesh8, P("x"))

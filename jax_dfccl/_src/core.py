@@ -428,14 +428,17 @@ _PID_AVAL = core.ShapedArray((), np.int32)
 _TICKET = core.ShapedArray((), np.int64)
 
 
-# Sites of *_start binds whose handle was passed to done.  A start whose handle
-# never was would leave the runtime writing into (and peers reading from)
-# buffers XLA has already freed, so it is refused when the program is lowered.
-_DONE_SITES: set[int] = set()
+class CallSite(int):
+  """A start's call-site id (its ``site`` parameter) that also says whether its handle reached a
+  ``done``: ``done`` sets it while the program is traced, the start's lowering reads it, so the
+  state lives with the traced program, not in the process.  A start whose handle never reaches a
+  done is refused when the program is lowered: its instance would run on every rank with its
+  result dropped, and on CPU its staging would stay until ``reset()``."""
+  done = False
 
 
 def _async_start_lowering(ctx, x, *init, site, **params):
-  if site not in _DONE_SITES:
+  if not getattr(site, "done", True):
     raise ValueError(f"jax_dfccl: the handle of {params['op']} start {params['key']!r} is never "
                      "passed to jax_dfccl.done in this program; every *_start needs exactly one "
                      "done in the same jitted program")

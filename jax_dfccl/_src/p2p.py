@@ -134,7 +134,7 @@ def _lowering(ctx, x, **params):
 
 
 def _start_lowering(ctx, x, *, site, **params):
-  if site not in c._DONE_SITES:
+  if not getattr(site, "done", True):
     raise ValueError(f"jax_dfccl: the handle of {params['api']}_start {params['key']!r} is never passed "
                      "to jax_dfccl.done in this program; every *_start needs exactly one done")
   return _start(ctx, x, site=site, **params)
@@ -192,7 +192,7 @@ def _run_start(api, x, peer, arg, key):
   leaves, treedef = _plan(api, x, peer, arg, key)
   arrays, sites = [], []
   for lf in leaves:
-    site = next(c._SITES)
+    site = c.CallSite(next(c._SITES))
     arrays.extend(p2p_start_p.bind(lf.x, site=site, **lf.params))
     order.issued(arrays[-1], wait=False)  # its ticket
     sites.append(site)

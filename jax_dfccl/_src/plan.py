@@ -187,7 +187,7 @@ class Handle:
 def run_start(name: str, leaves: Sequence[Leaf], treedef) -> Handle:
   arrays, sites = [], []
   for lf in leaves:
-    site = next(c._SITES)
+    site = c.CallSite(next(c._SITES))
     arrays.extend(c.start_p.bind(lf.x, *lf.init, site=site, **lf.params))
     order.issued(arrays[-1], wait=False)  # its ticket
     sites.append(site)
@@ -204,7 +204,8 @@ def done(handle: Handle):
   if st.consumed:
     raise ValueError(f"jax_dfccl.done: handle of {st.names} ({', '.join(st.keys)}) is already done")
   st.consumed = True
-  c._DONE_SITES.update(st.sites)
+  for site in st.sites:
+    site.done = True
   outs = []
   for i, (post, key, site, route) in enumerate(zip(st.posts, st.keys, st.sites, st.routes)):
     outs.append(post(order.bind_wait(c.done_p, *handle._arrays[3 * i: 3 * i + 3], key=key, site=site,
