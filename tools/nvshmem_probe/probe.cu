@@ -425,6 +425,7 @@ __global__ void fill_kernel(float* p, size_t n, int pe) {
 
 struct Opts {
   std::string json, mode = "all", dir;
+  bool dry_run = false;
   int iters = 10000, warmup = 100, coll_iters = 20, coll_warmup = 5;
   double wait_timeout_s = 2.0, start_timeout_s = 30.0, boot_timeout_s = 90.0, step_timeout_s = 60.0;
   std::vector<size_t> sizes{4096, 65536, 1 << 20, 16 << 20, 64 << 20};
@@ -461,7 +462,8 @@ static const char* kUsage =
     "             [--variants put8,put4k,signal] [--sizes 4K,64K,1M,16M,64M]\n"
     "             [--ops allreduce,fcollect,alltoall] [--coll-iters N] [--coll-warmup N]\n"
     "             [--wait-timeout-s S] [--start-timeout-s S] [--boot-timeout-s S] [--step-timeout-s S]\n"
-    "             [--rank R --nproc N --dir DIR]   (defaults: DFCCL_TESTBED_RANK/NPROC/TMP)\n";
+    "             [--rank R --nproc N --dir DIR]   (defaults: DFCCL_TESTBED_RANK/NPROC/TMP)\n"
+    "             [--dry-run]   (no GPU, no NVSHMEM: PE 0 writes the report of made-up figures)\n";
 
 static Opts parse(int argc, char** argv) {
   Opts o;
@@ -491,6 +493,7 @@ static Opts parse(int argc, char** argv) {
     else if (a == "--rank") g_rank = atoi(val().c_str());
     else if (a == "--nproc") g_nproc = atoi(val().c_str());
     else if (a == "--dir") o.dir = val();
+    else if (a == "--dry-run") o.dry_run = true;
     else if (a == "-h" || a == "--help") { fputs(kUsage, stdout); exit(0); }
     else die("unknown argument '%s'\n%s", a.c_str(), kUsage);
   }
@@ -781,11 +784,139 @@ static std::string pe_json(int me, const std::vector<PingResult>& pp, const std:
 
 // ------------------------------------------------------------------------------------------------
 
+struct RunInfo {
+  int npes = 0, n_same_gpu = 0, sm_count = 0, driver = 0, runtime = 0;
+  std::string lib_name, spec_version, status_name, device, skipped;
+  double init_s = NAN;
+  std::vector<uint64_t> timer_steps;
+  bool dry_run = false;
+};
+
+// PE 0's report: the JSON document (--json) and the SUMMARY lines.
+static void report(const Opts& o, const RunInfo& info, const std::vector<PingResult>& pp,
+                   const std::vector<CollResult>& cr, const std::string& mine, const std::vector<std::string>& peers,
+                   bool all_ok) {
+  Json j;
+  j.open('{');
+  j.str("benchmark", "nvshmem_probe");
+  j.str("mode", o.mode);
+  j.integer("npes", info.npes);
+  j.integer("pes_on_this_gpu", info.n_same_gpu);
+  j.str("nvshmem_built_against", NVSHMEM_VENDOR_BASE_VERSION_STRING);
+  if (info.dry_run) j.boolean("dry_run", true);
+  j.str("nvshmem_library_name", info.lib_name);
+  j.str("nvshmem_spec_version", info.spec_version);
+  j.str("init_status", info.status_name);
+  j.num("init_s", info.init_s);
+  j.str("bootstrap", "NVSHMEMX_INIT_WITH_UNIQUEID, the id through a file in DFCCL_TESTBED_TMP");
+  j.str("device", info.device);
+  j.integer("sm_count", info.sm_count);
+  j.integer("cuda_driver", info.driver);
+  j.integer("cuda_runtime", info.runtime);
+  j.raw("env", env_json());
+  j.integer("iters", o.iters);
+  j.integer("warmup", o.warmup);
+  j.integer("coll_iters", o.coll_iters);
+  j.integer("coll_warmup", o.coll_warmup);
+  j.num("wait_timeout_s", o.wait_timeout_s);
+  if (!info.timer_steps.empty()) {
+    std::vector<uint64_t> t = info.timer_steps;
+    std::sort(t.begin(), t.end());
+    j.obj("globaltimer_step_ns");
+    j.integer("min", (long long)t.front());
+    j.integer("median", (long long)t[t.size() / 2]);
+    j.close('}');
+  }
+  j.str("pingpong_what",
+        "PE 0: per round trip, %globaltimer from the put-with-signal (or signal_op) to PE 1 until PE 1's answer "
+        "is seen in PE 0's signal word; one-warp persistent kernels, PE 0 and PE 1, symmetric heap on one GPU");
+  j.str("collectives_what",
+        "per call: nvshmemx_barrier_all_on_stream, event, nvshmemx_float_<op>_on_stream(NVSHMEM_TEAM_WORLD), "
+        "event; median of coll_iters after coll_warmup; bytes_per_pe_in is each PE's input (alltoall: nproc blocks "
+        "of bytes/nproc); busbw as nccl-tests (allreduce x 2(n-1)/n; fcollect of n x bytes and alltoall x (n-1)/n)");
+  j.str("skipped", info.skipped);
+  j.boolean("all_checks_ok", all_ok);
+  j.raw("pe0", mine);
+  j.arr("peers");
+  for (auto& p : peers) j.vraw(p);
+  j.close(']');
+  j.close('}');
+  if (!o.json.empty()) {
+    FILE* f = fopen(o.json.c_str(), "w");
+    if (!f) die("cannot write %s: %s", o.json.c_str(), strerror(errno));
+    fputs(j.s.c_str(), f);
+    fputc('\n', f);
+    fclose(f);
+    logf("wrote %s", o.json.c_str());
+  }
+  // Summary lines.
+  for (auto& r : pp)
+    if (r.st.n)
+      printf("SUMMARY pingpong %-6s %4zu B: median %.3f us (p10 %.3f, p90 %.3f) over %zu round trips, %d PEs, %s\n",
+             r.variant.c_str(), r.bytes, r.st.median, r.st.p10, r.st.p90, r.st.n, info.npes, info.status_name.c_str());
+  for (auto& r : cr) {
+    double alg, bus;
+    coll_bw(r, info.npes, &alg, &bus);
+    printf("SUMMARY coll %-9s %9zu B/PE: %9.2f us, algbw %7.2f GB/s, busbw %7.2f GB/s, %d PEs, check %s\n",
+           r.op.c_str(), r.bytes, r.st.median, alg, bus, info.npes, r.ok ? "ok" : "FAILED");
+  }
+  fflush(stdout);
+}
+
 int main(int argc, char** argv) {
   Opts o = parse(argc, argv);
   std::thread(watchdog).detach();
   logf("rank %d of %d, shared folder %s, mode %s; built against NVSHMEM %s", g_rank, g_nproc, g_dir.c_str(),
        o.mode.c_str(), NVSHMEM_VENDOR_BASE_VERSION_STRING);
+
+  if (o.dry_run) {  // the report's code paths without a GPU (made-up figures, marked dry_run)
+    RunInfo info;
+    info.dry_run = true;
+    info.npes = g_nproc;
+    info.status_name = "dry run";
+    info.device = "none";
+    std::vector<PingResult> pp;
+    std::vector<CollResult> cr;
+    if (o.mode != "coll")
+      for (auto& v : o.variants) {
+        PingResult r;
+        r.variant = v;
+        r.bytes = v == "put8" ? 8 : v == "put4k" ? 4096 : 0;
+        r.st = stats({1.5, 1.6, 1.7});
+        r.mean_over_loop_us = 1.6;
+        pp.push_back(r);
+      }
+    if (o.mode != "pingpong")
+      for (size_t b : o.sizes)
+        for (auto& op : o.ops) {
+          CollResult r;
+          r.op = op;
+          r.bytes = b;
+          r.st = stats({10.0, 11.0, 12.0});
+          // The check itself, against a host model of the op (NVSHMEM's semantics: fcollect
+          // dest[p*n + i] = src_p[i]; alltoall dest block p on PE me = src_p block me).
+          const size_t n = std::min<size_t>(b / sizeof(float), 1 << 16);
+          const size_t n_out = op == "fcollect" ? n * g_nproc : n, blk = n / g_nproc;
+          r.ok = true;
+          for (int me = 0; me < g_nproc && r.ok; ++me) {
+            std::vector<float> got(n_out);
+            for (size_t i = 0; i < n_out; ++i) {
+              if (op == "allreduce") { float t = 0; for (int q = 0; q < g_nproc; ++q) t += value_of(q, i); got[i] = t; }
+              else if (op == "fcollect") got[i] = value_of((int)(i / n), i % n);
+              else got[i] = value_of((int)(i / blk), me * blk + i % blk);
+            }
+            r.check = check_result(op, got, n, me, g_nproc);
+            got[n_out / 2] += 1;  // and a wrong element is caught
+            if (!r.check.empty() || check_result(op, got, n, me, g_nproc).empty()) r.ok = false;
+          }
+          if (!r.ok) die("dry run: the check of %s disagrees with its host model: %s", op.c_str(), r.check.c_str());
+          cr.push_back(r);
+        }
+    std::vector<std::string> peers;
+    for (int p = 1; p < g_nproc; ++p) peers.push_back(pe_json(p, {}, cr, g_nproc));
+    if (g_rank == 0) report(o, info, pp, cr, pe_json(0, pp, cr, g_nproc), peers, true);
+    return 0;
+  }
 
   phase(o.step_timeout_s, "cudaSetDevice(0) and the CUDA context (MPS client start)");
   CUDA_CHECK(cudaSetDevice(0));
@@ -873,6 +1004,20 @@ int main(int argc, char** argv) {
     }
   }
 
+  RunInfo info;
+  info.npes = npes;
+  info.n_same_gpu = n_same_gpu;
+  info.sm_count = prop.multiProcessorCount;
+  info.driver = drv;
+  info.runtime = rt;
+  info.lib_name = vname;
+  info.spec_version = std::to_string(vmaj) + "." + std::to_string(vmin);
+  info.status_name = status_name;
+  info.device = prop.name;
+  info.skipped = skipped;
+  info.init_s = init_s;
+  info.timer_steps = timer_steps;
+
   // Gather every PE's results at PE 0.
   std::string mine = pe_json(me, pp, cr, npes);
   phase(o.step_timeout_s + 5, "writing / gathering the results");
@@ -886,69 +1031,7 @@ int main(int argc, char** argv) {
       peers.push_back(read_file_wait("result." + std::to_string(p), o.step_timeout_s, what.c_str()));
       all_ok = all_ok && peers.back().find("\"check_ok\": false") == std::string::npos;
     }
-    Json j;
-    j.open('{');
-    j.str("benchmark", "nvshmem_probe");
-    j.str("mode", o.mode);
-    j.integer("npes", npes);
-    j.integer("pes_on_this_gpu", n_same_gpu);
-    j.str("nvshmem_built_against", NVSHMEM_VENDOR_BASE_VERSION_STRING);
-    j.str("nvshmem_library_name", vname);
-    j.str("nvshmem_spec_version", std::to_string(vmaj) + "." + std::to_string(vmin));
-    j.str("init_status", status_name);
-    j.num("init_s", init_s);
-    j.str("bootstrap", "NVSHMEMX_INIT_WITH_UNIQUEID, the id through a file in DFCCL_TESTBED_TMP");
-    j.str("device", prop.name);
-    j.integer("sm_count", prop.multiProcessorCount);
-    j.integer("cuda_driver", drv);
-    j.integer("cuda_runtime", rt);
-    j.raw("env", env_json());
-    j.integer("iters", o.iters);
-    j.integer("warmup", o.warmup);
-    j.integer("coll_iters", o.coll_iters);
-    j.integer("coll_warmup", o.coll_warmup);
-    j.num("wait_timeout_s", o.wait_timeout_s);
-    if (!timer_steps.empty()) {
-      std::vector<uint64_t> t = timer_steps;
-      std::sort(t.begin(), t.end());
-      j.obj("globaltimer_step_ns");
-      j.integer("min", (long long)t.front());
-      j.integer("median", (long long)t[t.size() / 2]);
-      j.close('}');
-    }
-    j.str("pingpong_what",
-          "PE 0: per round trip, %globaltimer from the put-with-signal (or signal_op) to PE 1 until PE 1's answer "
-          "is seen in PE 0's signal word; one-warp persistent kernels, PE 0 and PE 1, symmetric heap on one GPU");
-    j.str("collectives_what",
-          "per call: nvshmemx_barrier_all_on_stream, event, nvshmemx_float_<op>_on_stream(NVSHMEM_TEAM_WORLD), "
-          "event; median of coll_iters after coll_warmup; bytes_per_pe_in is each PE's input (alltoall: nproc blocks "
-          "of bytes/nproc); busbw as nccl-tests (allreduce x 2(n-1)/n; fcollect of n x bytes and alltoall x (n-1)/n)");
-    j.str("skipped", skipped);
-    j.boolean("all_checks_ok", all_ok);
-    j.raw("pe0", mine);
-    j.arr("peers");
-    for (auto& p : peers) j.vraw(p);
-    j.close(']');
-    j.close('}');
-    if (!o.json.empty()) {
-      FILE* f = fopen(o.json.c_str(), "w");
-      if (!f) die("cannot write %s: %s", o.json.c_str(), strerror(errno));
-      fputs(j.s.c_str(), f);
-      fputc('\n', f);
-      fclose(f);
-      logf("wrote %s", o.json.c_str());
-    }
-    // Summary lines.
-    for (auto& r : pp)
-      if (r.st.n)
-        printf("SUMMARY pingpong %-6s %4zu B: median %.3f us (p10 %.3f, p90 %.3f) over %zu round trips, %d PEs, %s\n",
-               r.variant.c_str(), r.bytes, r.st.median, r.st.p10, r.st.p90, r.st.n, npes, status_name);
-    for (auto& r : cr) {
-      double alg, bus;
-      coll_bw(r, npes, &alg, &bus);
-      printf("SUMMARY coll %-9s %9zu B/PE: %9.2f us, algbw %7.2f GB/s, busbw %7.2f GB/s, %d PEs, check %s\n",
-             r.op.c_str(), r.bytes, r.st.median, alg, bus, npes, r.ok ? "ok" : "FAILED");
-    }
+    report(o, info, pp, cr, mine, peers, all_ok);
     fflush(stdout);
   }
   phase(o.step_timeout_s, "the file barrier before nvshmem_finalize");
