@@ -30,7 +30,8 @@ LIB=$NVSHMEM_HOME/lib
 HOSTLIB=$(ls "$LIB"/libnvshmem_host.so* 2>/dev/null | sort | head -n 1 || true)
 [[ -n $HOSTLIB ]] || { echo "build.sh: no libnvshmem_host.so* in $LIB" >&2; exit 2; }
 [[ -f $LIB/libnvshmem_device.a ]] || { echo "build.sh: no libnvshmem_device.a in $LIB" >&2; exit 2; }
-VERSION=$(sed -n 's/^#define NVSHMEM_VENDOR_BASE_VERSION_STRING "\(.*\)"/\1/p' "$NVSHMEM_HOME/include/non_abi/nvshmem_version.h" 2>/dev/null || true)
+vfield() { sed -n "s/^#define NVSHMEM_VENDOR_$1_VERSION \([0-9]*\).*/\1/p" "$NVSHMEM_HOME/include/non_abi/nvshmem_version.h" 2>/dev/null | head -n 1; }
+VERSION="$(vfield MAJOR).$(vfield MINOR).$(vfield PATCH)"
 echo "build.sh: NVSHMEM ${VERSION:-?} at $NVSHMEM_HOME; $($NVCC --version | tail -n 1); arch $ARCH"
 
 mkdir -p "$HERE/build"

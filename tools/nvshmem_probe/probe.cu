@@ -52,6 +52,12 @@
 
 extern char** environ;
 
+// The NVSHMEM version of the headers compiled against (3.4 has no *_VERSION_STRING macros).
+#define PROBE_STR2(x) #x
+#define PROBE_STR(x) PROBE_STR2(x)
+static const char* kBuiltVersion = PROBE_STR(NVSHMEM_VENDOR_MAJOR_VERSION) "." PROBE_STR(
+    NVSHMEM_VENDOR_MINOR_VERSION) "." PROBE_STR(NVSHMEM_VENDOR_PATCH_VERSION);
+
 // ------------------------------------------------------------------------------------------------
 // Host utilities: log lines, the watchdog, files in the shared folder.
 
@@ -596,7 +602,7 @@ static std::vector<PingResult> run_pingpong(const Opts& o, uint64_t nonce_base, 
       pingpong_kernel<<<1, 32, smem, s>>>(blk, me, variant, kVarBytes[variant], nonce, total, (uint64_t)(o.wait_timeout_s * 1e9),
                                           (uint64_t)(o.start_timeout_s * 1e9), d_out, d_status);
       CUDA_CHECK(cudaGetLastError());
-      phase(o.start_timeout_s + o.wait_timeout_s * 2 + 60, "ping-pong '%s' kernel (%d round trips) with PE %d",
+      phase(o.start_timeout_s + o.wait_timeout_s * 2 + o.step_timeout_s, "ping-pong '%s' kernel (%d round trips) with PE %d",
             vname.c_str(), total, 1 - me);
       CUDA_CHECK(cudaStreamSynchronize(s));
       uint64_t st[8];
@@ -704,6 +710,8 @@ static std::vector<CollResult> run_collectives(const Opts& o, int me, int npes, 
       CUDA_CHECK(cudaMemsetAsync(dst, 0xff, out_bytes, s));  // NaN: a result never written fails the check
       std::vector<double> us;
       for (int it = 0; it < o.coll_warmup + o.coll_iters; ++it) {
+        phase(o.step_timeout_s, "enqueueing %s of %zu bytes, call %d of %d (host side of the barrier and the op)",
+              op.c_str(), bytes, it + 1, o.coll_warmup + o.coll_iters);
         nvshmemx_barrier_all_on_stream(s);
         CUDA_CHECK(cudaEventRecord(e0, s));
         launch_op(op, dst, src, nelem, npes, s);
@@ -802,7 +810,7 @@ static void report(const Opts& o, const RunInfo& info, const std::vector<PingRes
   j.str("mode", o.mode);
   j.integer("npes", info.npes);
   j.integer("pes_on_this_gpu", info.n_same_gpu);
-  j.str("nvshmem_built_against", NVSHMEM_VENDOR_BASE_VERSION_STRING);
+  j.str("nvshmem_built_against", kBuiltVersion);
   if (info.dry_run) j.boolean("dry_run", true);
   j.str("nvshmem_library_name", info.lib_name);
   j.str("nvshmem_spec_version", info.spec_version);
@@ -867,7 +875,7 @@ int main(int argc, char** argv) {
   Opts o = parse(argc, argv);
   std::thread(watchdog).detach();
   logf("rank %d of %d, shared folder %s, mode %s; built against NVSHMEM %s", g_rank, g_nproc, g_dir.c_str(),
-       o.mode.c_str(), NVSHMEM_VENDOR_BASE_VERSION_STRING);
+       o.mode.c_str(), kBuiltVersion);
 
   if (o.dry_run) {  // the report's code paths without a GPU (made-up figures, marked dry_run)
     RunInfo info;

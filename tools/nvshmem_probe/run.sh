@@ -75,7 +75,10 @@ run_step() {
   grep -h "SUMMARY" "$OUT/$name/rank0.log" 2>/dev/null | sed "s/^/  /"
   if [[ $rc != 0 ]]; then
     say "$name failed (status $rc); the ranks' errors:"
-    grep -h -i "error\|timed out\|abort\|WARN\|MPG\|not supported" "$OUT/$name"/rank*.log 2>/dev/null | sort | uniq -c | sort -rn | head -n 20
+    grep -h -i "error\|timed out\|abort\|warn\|MPG\|not supported\|non-zero\|fail" "$OUT/$name"/rank*.log 2>/dev/null |
+      sed 's/^probe\[PE [0-9]*\][ 0-9.]* s: //' | sort | uniq -c | sort -rn | head -n 20
+    local f
+    for f in "$OUT/$name"/rank*.log; do echo "  -- last lines of $f"; tail -n 6 "$f" | cut -c1-400 | sed 's/^/     /'; done
 
   fi
   return $rc
@@ -93,16 +96,18 @@ retry_debug() {
 
 # ---- 2. two PEs: ping-pong and collectives
 export NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1
-run_step nvs2 2 75 --json "$OUT/nvshmem_pp_2.json" || retry_debug nvs2 2 60 --json "$OUT/nvshmem_pp_2_debug.json"
+BOUNDS=(--boot-timeout-s 40 --start-timeout-s 15 --step-timeout-s 20)
+run_step nvs2 2 75 "${BOUNDS[@]}" --json "$OUT/nvshmem_pp_2.json" ||
+  retry_debug nvs2 2 60 "${BOUNDS[@]}" --json "$OUT/nvshmem_pp_2_debug.json"
 
 # ---- 3. four PEs: collectives
-run_step nvs4 4 75 --mode coll --json "$OUT/nvshmem_coll_4.json" ||
-  retry_debug nvs4 4 60 --mode coll --json "$OUT/nvshmem_coll_4_debug.json"
+run_step nvs4 4 75 "${BOUNDS[@]}" --mode coll --json "$OUT/nvshmem_coll_4.json" ||
+  retry_debug nvs4 4 60 "${BOUNDS[@]}" --mode coll --json "$OUT/nvshmem_coll_4_debug.json"
 
 # ---- 4. four PEs, 25 % of the SMs each (NVSHMEM's own full-MPG condition), if time is left
 unset NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-if (( $(left) > 80 )); then
-  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 run_step nvs4_atp25 4 50 --mode coll --json "$OUT/nvshmem_coll_4_atp25.json"
+if [[ ${STATUS[nvs4]} == 0 ]] && (( $(left) > 80 )); then
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 run_step nvs4_atp25 4 50 "${BOUNDS[@]}" --mode coll --json "$OUT/nvshmem_coll_4_atp25.json"
 else
   STATUS[nvs4_atp25]=skipped
 fi
