@@ -554,8 +554,7 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site, route=None, in_place
     path = _route(ctx, op, nranks, ctx.avals_in[1], ctx.avals_in[0], True)  # (a done's start is a dfccl_start)
   if path == "trivial":  # its start had a group of one
     return [out]
-  target = "dfccl_done_host" if path == "host" else "dfccl_done"
-  rule = jax.ffi.ffi_lowering(target, operand_output_aliases={0: 0} if in_place else None,
+  rule = jax.ffi.ffi_lowering("dfccl_done", operand_output_aliases={0: 0} if in_place else None,
                               has_side_effect=True)
   return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
 

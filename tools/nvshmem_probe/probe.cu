@@ -318,6 +318,26 @@ __device__ int wait_signal(uint64_t* sig, uint64_t want, uint64_t* abort_word, u
 
 // One block of 32 threads on PE 0 and PE 1.  status: [0] code, [1] round (0: handshake),
 // [2] value seen, [3] t_begin, [4] t_end (ns).  out: iters u32 ns per round trip.
+// One message to the peer: the payload with its signal (the whole warp for put4k), or the signal alone.
+__device__ void send_to_peer(PingBlock* blk, int variant, size_t bytes, uint64_t kk, int peer, int lane) {
+  if (variant == kVarPut4k) {
+    nvshmemx_putmem_signal_nbi_warp(blk->recv, blk->send, bytes, &blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
+  } else if (lane == 0) {
+    if (variant == kVarPut8) nvshmem_putmem_signal_nbi(blk->recv, blk->send, bytes, &blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
+    else nvshmemx_signal_op(&blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
+  }
+}
+
+// Lane 0: waits (bounded) for message kk and checks its payload's first and last words.
+__device__ int receive(PingBlock* blk, size_t bytes, uint64_t kk, uint64_t timeout_ns, uint64_t* seen) {
+  int code = wait_signal(&blk->sig, kk, &blk->abort_word, timeout_ns, seen);
+  if (code == kOk && bytes) {
+    volatile uint64_t* r = blk->recv;
+    if (r[0] != kk || r[bytes / 8 - 1] != kk) { code = kBadPayload; *seen = r[0]; }
+  }
+  return code;
+}
+
 __global__ void pingpong_kernel(PingBlock* blk, int me, int variant, size_t bytes, uint64_t nonce, int iters,
                                 uint64_t timeout_ns, uint64_t start_timeout_ns, uint32_t* out,
                                 uint64_t* status) {
@@ -347,26 +367,15 @@ __global__ void pingpong_kernel(PingBlock* blk, int me, int variant, size_t byte
         }
       }
       __syncwarp();
-      if (variant == kVarPut4k) {
-        nvshmemx_putmem_signal_nbi_warp(blk->recv, blk->send, bytes, &blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
-      } else if (lane == 0) {
-        if (variant == kVarPut8) nvshmem_putmem_signal_nbi(blk->recv, blk->send, bytes, &blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
-        else nvshmemx_signal_op(&blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
-      }
+      send_to_peer(blk, variant, bytes, kk, peer, lane);
       if (lane == 0) {
-        code = wait_signal(&blk->sig, kk, &blk->abort_word, timeout_ns, &seen);
-        if (code == kOk && bytes) {
-          volatile uint64_t* r = blk->recv;
-          if (r[0] != kk || r[bytes / 8 - 1] != kk) { code = kBadPayload; seen = r[0]; }
-        }
+        code = receive(blk, bytes, kk, timeout_ns, &seen);
         smem[k - 1] = sat32(gtimer() - t0);
       }
     } else {
       if (lane == 0) {
-        code = wait_signal(&blk->sig, kk, &blk->abort_word, timeout_ns, &seen);
+        code = receive(blk, bytes, kk, timeout_ns, &seen);
         if (code == kOk && bytes) {
-          volatile uint64_t* r = blk->recv;
-          if (r[0] != kk || r[bytes / 8 - 1] != kk) { code = kBadPayload; seen = r[0]; }
           blk->send[0] = kk;
           blk->send[bytes / 8 - 1] = kk;
         }
@@ -374,12 +383,7 @@ __global__ void pingpong_kernel(PingBlock* blk, int me, int variant, size_t byte
       code = __shfl_sync(0xffffffffu, code, 0);
       __syncwarp();
       if (code == kOk) {
-        if (variant == kVarPut4k) {
-          nvshmemx_putmem_signal_nbi_warp(blk->recv, blk->send, bytes, &blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
-        } else if (lane == 0) {
-          if (variant == kVarPut8) nvshmem_putmem_signal_nbi(blk->recv, blk->send, bytes, &blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
-          else nvshmemx_signal_op(&blk->sig, kk, NVSHMEM_SIGNAL_SET, peer);
-        }
+        send_to_peer(blk, variant, bytes, kk, peer, lane);
       }
       if (lane == 0) {
         const uint64_t t1 = gtimer();

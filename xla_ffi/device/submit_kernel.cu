@@ -1,6 +1,7 @@
 // The kernels a collective puts on XLA's stream (protocol: device/task.h,
-// "submit" and "done"): a one-thread submit kernel, which is the task's ready
-// signal, and a one-thread done wait (the inline submit kernel of small blocking
+// "submit", "done" and "staged"): a one-thread submit kernel, which is the task's
+// ready signal, a start form's stage kernel before it, and the done kernel that
+// waits and copies the slot's output out (the inline submit kernel of small blocking
 // collectives is in device/daemon_kernel.cu, beside the lane functions).  Their
 // parameters are all a call needs, so XLA can capture them into a command buffer
 // and replay them without calling the handlers.  Every wait is bounded (timeout_ns); past it the kernel
@@ -27,11 +28,6 @@ __global__ void SubmitKernel(SubmitParams p) {
     StreamStamp(p.dev, d, kEvSubmitPublished, GlobalTimer());
   }
   if (p.wait) WaitDone(p.dev, d.ticket, p.trap, p.trace, p.timeout_ns);
-}
-
-__global__ void DoneKernel(DoneParams p) {
-  GridDependencyWait();  // the ticket (written by the start's submit kernel)
-  WaitDone(p.dev, static_cast<uint64_t>(*p.ticket), p.trap, p.trace, p.timeout_ns);
 }
 
 // dst[0:n) = src[0:n) by the whole grid; src read past L1 (another agent wrote it).
@@ -99,7 +95,6 @@ int CopyBlocks(int64_t bytes) {
 cudaError_t PreloadSubmitKernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, SubmitKernel);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, DoneKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StageKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StagedDoneKernel);
   if (e == cudaSuccess) e = PreloadInlineSubmit();
@@ -132,8 +127,7 @@ cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl) {
 }
 
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl) {
-  if (p.stage.state) return LaunchOneBlock(&StagedDoneKernel, p, 256, stream, pdl, CopyBlocks(p.out_bytes));
-  return LaunchOneBlock(&DoneKernel, p, 1, stream, pdl);
+  return LaunchOneBlock(&StagedDoneKernel, p, 256, stream, pdl, CopyBlocks(p.out_bytes));
 }
 
 cudaError_t LaunchStage(const StageParams& p, cudaStream_t stream) {  // no PDL: it reads the operand at once

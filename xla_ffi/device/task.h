@@ -501,8 +501,8 @@ struct DoneParams {
   const int64_t* ticket;
   int32_t trap, trace;
   int64_t timeout_ns;
-  StageView stage;       // a start form's staging (stage.state null: not staged)
-  char* result;          // then the done's result, which the done kernel fills from the slot's output
+  StageView stage;       // the start form's staging (every start form is staged)
+  char* result;          // the done's result, which the done kernel fills from the slot's output
   int64_t out_bytes;
 };
 

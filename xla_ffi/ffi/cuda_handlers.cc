@@ -128,7 +128,7 @@ ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, 
   return FfiGuard([&] {
     Parsed& p = SpecOf(ordinal, x, static_cast<int64_t>(out_buf.element_count()), attrs);
     if (!p.site && blocking) p.site = Runtime::Get().daemon().Prepare(ordinal, p.spec, p.signature);
-    if (!p.site) {  // one staged site per (device, start, operand shape), whichever thread calls: its done finds it
+    if (!p.site) {  // a start form: one staged site per (device, start, operand shape), whichever thread calls; its done finds it
       std::lock_guard lk(staged_mu);
       const Site*& site = staged_sites[StagedKeyOf(ordinal, attrs.site, x)];
       if (!site)
@@ -147,15 +147,17 @@ ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, 
   });
 }
 
-// The staged site of a done's start (null: the start form's site was not staged).
-const Site* StagedSiteOf(int32_t ordinal, int64_t site, const ffi::AnyBuffer& x_alias) {
+// The staged site of a done's start (every dfccl_start is staged; its handler ran first).
+const Site& StagedSiteOf(int32_t ordinal, const DoneAttrs& attrs, const ffi::AnyBuffer& x_alias) {
   thread_local std::map<StagedKey, const Site*> cache;
-  const StagedKey k = StagedKeyOf(ordinal, site, x_alias);
+  const StagedKey k = StagedKeyOf(ordinal, attrs.site, x_alias);
   auto it = cache.find(k);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end()) return *it->second;
   std::lock_guard lk(staged_mu);
   auto g = staged_sites.find(k);
-  return g == staged_sites.end() ? nullptr : (cache[k] = g->second);
+  DFCCL_CHECK(g != staged_sites.end() && g->second != nullptr,
+              "dfccl: the done of '" << attrs.key << "' on GPU " << ordinal << " has no start on this GPU");
+  return *(cache[k] = g->second);
 }
 
 // Copy-engine path, both start forms.
@@ -192,17 +194,16 @@ void CopyResult(cudaStream_t stream, const ffi::AnyBuffer& out_in, ffi::Result<f
                      "dfccl: copy of done result");
 }
 
-ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out_in, ffi::AnyBuffer x_alias,
+ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer /*out_in*/, ffi::AnyBuffer x_alias,
                     ffi::AnyBuffer ticket, ffi::Result<ffi::AnyBuffer> out, DoneAttrs attrs) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.done_ns, times.dones);
   return FfiGuard([&] {
-    const Site* staged = StagedSiteOf(ordinal, attrs.site, x_alias);
-    DFCCL_CHECK(staged == nullptr || staged->out_bytes == static_cast<int64_t>(out->size_bytes()),
+    const Site& site = StagedSiteOf(ordinal, attrs, x_alias);
+    DFCCL_CHECK(site.out_bytes == static_cast<int64_t>(out->size_bytes()),
                 "dfccl: the done of '" << attrs.key << "' does not match its start's result");
-    Runtime::Get().daemon().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()), staged,
-                          out->untyped_data());
-    if (staged == nullptr) CopyResult(stream, out_in, out);
+    Runtime::Get().daemon().Finish(ordinal, stream, static_cast<const int64_t*>(ticket.untyped_data()), site,
+                                   out->untyped_data());
   });
 }
 

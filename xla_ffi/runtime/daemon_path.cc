@@ -256,7 +256,7 @@ void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, v
   }
 }
 
-void DaemonPath::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site* staged, void* result) {
+void DaemonPath::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site& staged, void* result) {
   Device& d = ctx_.GetDeviceFast(ordinal);
   ctx_.ThrowIfFailed(d);
   const KernelFlags f = ctx_.FlagsFor(stream);
@@ -266,11 +266,9 @@ void DaemonPath::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket,
   p.trap = f.trap;
   p.trace = f.trace;
   p.timeout_ns = f.timeout_ns;
-  if (staged != nullptr && staged->staged) {  // the done kernel fills the result from the call's slot
-    p.stage = staged->stage;
-    p.result = static_cast<char*>(result);
-    p.out_bytes = staged->out_bytes;
-  }
+  p.stage = staged.stage;  // the done kernel fills the result from the call's slot
+  p.result = static_cast<char*>(result);
+  p.out_bytes = staged.out_bytes;
   Timed(d, "done", [&] { return LaunchDone(p, stream, ctx_.pdl.load(std::memory_order_relaxed)); });
 }
 

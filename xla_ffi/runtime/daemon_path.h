@@ -74,13 +74,12 @@ class DaemonPath {
   // launch one kernel each and touch no lock.
   // A start form's site is staged (`staged`: in_bytes, out_bytes are its buffers'
   // sizes); its Submit takes `init` (ragged_all_to_all's initial output, else null)
-  // and its Finish the done's `result`, filled from the slot.
+  // and Finish (every done belongs to a staged start) fills the done's `result` from the slot.
   const Site* Prepare(int ordinal, const CollectiveSpec& spec, const std::string& signature, bool staged = false,
                       int64_t in_bytes = 0, int64_t out_bytes = 0);
   void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking,
               const void* init = nullptr);
-  void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site* staged = nullptr,
-              void* result = nullptr);
+  void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site& staged, void* result);
 
   // Under Context::mu.
   PerDevice& Of(const Device& d) { return devices_[d.ordinal]; }
