@@ -27,7 +27,7 @@ KEY = "ag:256x256@256x512:bfloat16"
 def _cuda_stats(**kw):
   """A ``cuda`` runtime's stats(): every documented key but the overlap extra."""
   s = {k: 0 for k in backend.STATS_KEYS}
-  s.update({k: 0 for k in backend.STATS_EXTRAS["cuda"] if k != "overlap_channels"})
+  s.update({k: 0 for k in backend.STATS_EXTRAS["cuda"] if k not in backend.STATS_ADDED["cuda"]})
   s["errors"] = []
   s.update(kw)
   return s

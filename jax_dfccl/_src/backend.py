@@ -227,6 +227,10 @@ STATS_EXTRAS = {
     },
 }
 
+#: Extras this layer adds to a backend module's own ``stats()`` (:func:`merge_overlap_stats`): the
+#: module itself reports the rest of :data:`STATS_EXTRAS`.
+STATS_ADDED = {"cpu": (), "cuda": ("overlap_channels",)}
+
 #: Counters of the fused overlap ops' module added to the ``cuda`` backend's own.
 _OVERLAP_SUMMED = ("started", "completed", "failed", "instances_live", "trace_records")
 _MAX_ERRORS = 256
