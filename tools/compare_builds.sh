@@ -13,6 +13,7 @@ log() { echo "=== $(date +%T) [$SECONDS s] $*" | tee -a $L; }
 left() { [ $((SECONDS + $1)) -lt $BUDGET ]; }
 cp $NEW_SO/*.so jax_dfccl/
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee -a $L
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H[0-9]+' | tr 'A-Z' 'a-z')  # tags the files
 python3 -c "import jax; print('jax', jax.__version__)" 2>&1 | tail -1 | tee -a $L
 log "failures (new build): abandon retry"
 OUT=$OUT/failures FAIL_BUDGET_S=150 PYTHONPATH=$R bash tools/testbed_failures.sh abandon retry > $OUT/failures.log 2>&1
@@ -20,7 +21,7 @@ grep -h "rc=\|^PROBE\|^RUN" $OUT/failures.log | cut -c1-260 | tee -a $L
 keep() {  # $1: base|new, $2: step
   local dir=$R tag=after46; [ $1 = base ] && dir=$BASE && tag=before46b
   log "keep $2 ($1)"
-  (cd $dir && OUT=$OUT/keep_$1_$2 FAIL_BUDGET_S=120 FORCED_TAG=h200_one_gpu_forced_$tag GEMM_TAG=h200_$tag \
+  (cd $dir && OUT=$OUT/keep_$1_$2 FAIL_BUDGET_S=120 FORCED_TAG=${CARD:-gpu}_one_gpu_forced_$tag GEMM_TAG=${CARD:-gpu}_$tag \
      PYTHONPATH=$dir bash tools/testbed_failures.sh $2 > $OUT/keep_$1_$2.log 2>&1)
   grep -h "rc=\|^|" $OUT/keep_$1_$2.log | cut -c1-300 | head -20 | tee -a $L
   grep -ho '"[a-z_]*donated_us": [0-9.]*' $OUT/keep_$1_$2/logs/chain/rank*.log 2>/dev/null | tr '\n' ' ' | tee -a $L; echo | tee -a $L

@@ -198,6 +198,9 @@ STATS_EXTRAS = {
         "inline_done": "tasks their submit kernels finished themselves (config.tuning.submit_inline_us)",
         "identity_done": "... of them matched by identity without a ticket (config.tuning.small_by_identity; counted "
                          "in started and completed too)",
+        "tombstones": "starts this process's failed executions left behind (across processes: their program failed "
+                      "before them), skipped by its next execution so its peers' instances fail and the next pair "
+                      "(counted in started and completed)",
         "steps": "lane steps the daemons ran",
         "aborted": "tasks the daemons dropped after the watchdog aborted them",
         "launches": "daemon kernel launches",

@@ -315,9 +315,68 @@ bool DirectedSlots(int k, int nslots_pool0) {
   return !s.failed && TableEmpty(s, nslots);
 }
 
+// Protocol "run" (device/task.h), one thread: two ranks arrive at one instance
+// with launch ids `run0` then `run1` (rank 0 first, or a tombstone of rank 0
+// when tomb0), then both leave.  Returns the statuses they got ({0, 0}: paired).
+std::pair<uint32_t, uint32_t> TwoRuns(uint32_t run0, uint32_t run1, bool tomb0 = false) {
+  const int nslots[kNumPools] = {2, 2};
+  auto table = NewTable(nslots);
+  Shared s;
+  Setup(s, table.get(), 2, nslots);
+  TaskDesc d[2]{};
+  uint32_t st[2] = {0, 0};
+  int r[2];
+  for (int k = 0; k < 2; ++k) {
+    d[k].key_hash = 0xC0FFEE;
+    d[k].seq = 7;
+    d[k].comm = &s.comm;
+    d[k].nranks = 2;
+    d[k].rank = k;
+    d[k].pool = 0;
+    d[k].sig_hash = 0x5157;
+    d[k].slot = -1;
+    d[k].match = -1;
+    d[k].run = k == 0 ? run0 : run1;
+    const uint32_t fail = k == 0 && tomb0 ? PackStatus(kStatusLeftBehind, 0, 0) : 0u;
+    r[k] = Arrive(d[k], &d[k], fail, &st[k], kBudgetNs);
+  }
+  for (int k = 0; k < 2; ++k) {
+    if (r[k] != kMatchFailed && !st[k]) st[k] = CheckFailed(d[k]);
+    Leave(s.table, d[k].match, 2, d[k].epoch != 0 ? d[k].slot : -1, d[k].pool);
+  }
+  if (!TableEmpty(s, nslots)) return {~0u, ~0u};
+  return {st[0], st[1]};
+}
+
+bool Runs() {
+  struct Case { uint32_t run0, run1; bool tomb0; uint32_t want0, want1; const char* what; };
+  const uint32_t behind = PackStatus(kStatusLeftBehind, 1, 0), ahead = PackStatus(kStatusLeftBehind, 0, 1),
+                 tomb = PackStatus(kStatusLeftBehind, 0, 0);
+  const Case cases[] = {
+      {100, 100, false, 0, 0, "the same execution pairs"},
+      {0, 100, false, 0, 0, "an unknown launch id (inside a command buffer) pairs"},
+      {100, 0, false, 0, 0, "... either way"},
+      {100, 100 + 5000, false, 0, 0, "different programs pair (MPMD)"},
+      {100, 101, false, behind, behind, "rank 1 an execution ahead: both fail, naming rank 1 first"},
+      {101, 100, false, ahead, ahead, "rank 0 an execution ahead: both fail, naming rank 0 first"},
+      {0xffffffffu, 2, false, behind, behind, "ahead across the 32-bit wrap"},
+      {0, 100, true, tomb, tomb, "a tombstone of rank 0: rank 1's task fails naming it"},
+  };
+  for (const Case& c : cases) {
+    const auto [s0, s1] = TwoRuns(c.run0, c.run1, c.tomb0);
+    if (s0 != c.want0 || s1 != c.want1) {
+      std::fprintf(stderr, "match_stress: runs %u, %u%s (%s): statuses %x, %x, want %x, %x\n", c.run0, c.run1,
+                   c.tomb0 ? " (tombstone)" : "", c.what, s0, s1, c.want0, c.want1);
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main() {
+  if (!Runs()) return 1;
   struct Cfg { int nranks, W, blocks; int slots0, slots1; bool crowded; };
   const Cfg cfgs[] = {
       {2, 8, 60, 3, 2, false},   // fewer slots than a block's instances: waits for slots

@@ -355,10 +355,22 @@ def test_device_wait_helper_sanitized(tmp_path, sanitizer):
 
 
 @pytest.mark.parametrize("sanitizer", ["address", "undefined"])
+def test_gpu_execution_book_sanitized(tmp_path, sanitizer):
+  """tests/cpp/run_book_test.cc: the GPU runtime's execution book (xla_ffi/runtime/run_book.h) —
+  how many starts of a key a process's failed executions left behind, from its starts' launch ids:
+  whole and partial executions, programs booked apart, the 32-bit wrap, processes with one history
+  skipping alike, and a failed process's tombstones taking the sequence numbers its peers' execution
+  took."""
+  _build_and_run_sanitized(tmp_path, sanitizer, ["tests/cpp/run_book_test.cc"])
+
+
+@pytest.mark.parametrize("sanitizer", ["address", "undefined"])
 def test_device_match_protocol_stress_sanitized(tmp_path, sanitizer):
   """tests/cpp/match_stress.cc: the GPU runtime's instance matching (xla_ffi/device/match.cuh,
   compiled for the host through tests/cpp/device_shim) with threads as ranks: rank-specific
-  orders, fewer slots than instances, one crowded bucket, mismatches; every rank sees the same
+  orders, fewer slots than instances, one crowded bucket, mismatches, and first (one thread) the
+  launch-id check of protocol "run" (the same execution, another program or an unknown id pair; an
+  execution ahead fails both ranks naming it; a tombstone fails its peer); every rank sees the same
   slot and epoch, no slot serves two instances at once, the table ends empty.  (Not TSan: the
   protocol's volatile accesses and its dependency-ordered reuse of an entry are races in C++'s
   model; task.h gives the GPU ordering argument.)"""

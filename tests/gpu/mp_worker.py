@@ -326,7 +326,7 @@ elif case == "bench":
 elif case == "bench_async":
   # Per-op time of the start/done forms against the blocking form, both in a donated fori_loop of
   # 100 dependent psums (the start's done right after it, and with a 256x256 matmul between them),
-  # --sizes (bytes per rank).  Checks the values too.
+  # --sizes (bytes per rank), --forms (a subset of the three).  Checks the values too.
   from benchmarks.common import donated_time
   out["sizes"] = {}
   sizes = (sys.argv[sys.argv.index("--sizes") + 1] if "--sizes" in sys.argv else "4096,1048576,4194304")
@@ -341,8 +341,12 @@ elif case == "bench_async":
         "start_matmul_done": lambda i, y, k=f"o{nbytes}": (lambda h, m: d.done(h) * 0.5 + 0.0 * m[0, 0])(
             d.psum_start(y, "x", key=k), jnp.tanh(a @ a)),
     }
+    if "--forms" in sys.argv:  # a subset, e.g. --forms start_done
+      keep = sys.argv[sys.argv.index("--forms") + 1].split(",")
+      forms = {k: v for k, v in forms.items() if k in keep}
     row = {}
     for name, body in forms.items():
+      print("FORM", name, nbytes, flush=True)  # a stuck rank's log says which form
       f1 = smap(lambda v, body=body: jax.lax.fori_loop(0, 1, body, v))
       check(f"{name}/{nbytes}", local(f1(xa))[0], xs.sum(0) * 0.5, tol=1e-4)
       f = smap(lambda v, body=body: jax.lax.fori_loop(0, 100, body, v), donate=True)

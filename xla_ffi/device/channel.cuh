@@ -146,7 +146,9 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
   const uint32_t F = d.epoch;
   const bool ident = d.match == kMatchIdentity;
   const int ways = ident ? IdentityWays(cm->pool[0].nslots) : 1;  // identity: d.slot is the bucket's first slot
-  const uint64_t header = (static_cast<uint64_t>(F) << 32) | static_cast<uint32_t>(d.sig_hash);
+  // A tombstone (protocol "run" in device/task.h) sends a header that names it and no lines,
+  // consumes what its peers sent, and never reads its input or writes an output.
+  const uint64_t header = (static_cast<uint64_t>(F) << 32) | (d.tomb ? kSigLeftBehind : static_cast<uint32_t>(d.sig_hash));
   auto cell = [&](int w, int src) { return PoolCell(d.slot + w, n, src, lanes, lane); };
   auto lines = [&](int at, int w, int src) { return reinterpret_cast<uint4*>(cm->stage[0][at] + cell(w, src) * C); };
   // Identity: in the sender's credits, [0] the tag its receiver consumed last, [1] the tag it sent last
@@ -166,8 +168,9 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
       int p = s.p_send;
       while (p < n && (p == me || !Op::SendsTo(d, p))) ++p;
       if (p == n) { s.c_send = 1; break; }
-      const uint2* src = reinterpret_cast<const uint2*>(d.in + Op::SendOffset(d, p) + lane_off);
-      const uint2 v0 = threadIdx.x < nu ? __ldcg(src + threadIdx.x) : make_uint2(0, 0);  // in flight during the claim
+      const int nu_send = d.tomb ? 0 : nu;
+      const uint2* src = reinterpret_cast<const uint2*>(d.in + (d.tomb ? 0 : Op::SendOffset(d, p) + lane_off));
+      const uint2 v0 = threadIdx.x < nu_send ? __ldcg(src + threadIdx.x) : make_uint2(0, 0);  // in flight during the claim
       int w = 0;
       if (ident) {
         // Claim a free cell of the bucket at p: one whose last message p consumed, and
@@ -205,8 +208,8 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
         if (w < 0) break;  // every way holds a message p has not consumed yet
       }
       uint4* dst = lines(p, w, me);
-      if (threadIdx.x < nu) StVolVec(dst + threadIdx.x, make_uint4(v0.x, F, v0.y, F));
-      for (int u = threadIdx.x + kThreads; u < nu; u += kThreads) {
+      if (threadIdx.x < nu_send) StVolVec(dst + threadIdx.x, make_uint4(v0.x, F, v0.y, F));
+      for (int u = threadIdx.x + kThreads; u < nu_send; u += kThreads) {
         const uint2 v = __ldcg(src + u);
         StVolVec(dst + u, make_uint4(v.x, F, v.y, F));
       }
@@ -216,7 +219,7 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
     if (P.stamps && threadIdx.x == 0 && moved) P.stamps[kEvLaneReady - kEvLaneEntered] = GlobalTimer();
     if (!s.c_recv) {
       uint2 v[kMaxRanks];  // one: this thread's unit of every source
-      if (one && threadIdx.x < nu)
+      if (one && threadIdx.x < nu && !d.tomb)
         v[me] = __ldcg(reinterpret_cast<const uint2*>(d.in + Op::SelfOffset(d) + lane_off) + threadIdx.x);
       // Identity: every source's header first (its way; a mismatch shows before its lines).
       if (threadIdx.x < kMaxRanks) way[threadIdx.x] = ident ? -1 : 0;
@@ -228,8 +231,10 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
           const uint64_t h = LdVol(cm->flags[0][me] + cell(i, r));
           if (static_cast<uint32_t>(h >> 32) == F) {
             way[r] = i;
-            if (static_cast<uint32_t>(h) == 0) atomicMax(&fail, PackStatus(kStatusFailedPeer, r, r));  // its sender failed it
-            else if (static_cast<uint32_t>(h) != static_cast<uint32_t>(d.sig_hash)) atomicMax(&fail, PackStatus(kStatusMismatch, me, r));
+            const uint32_t sig = static_cast<uint32_t>(h);
+            if (sig == kSigFailed) atomicMax(&fail, PackStatus(kStatusFailedPeer, r, r));  // its sender failed it
+            else if (sig == kSigLeftBehind) atomicMax(&fail, PackStatus(kStatusLeftBehind, r, r));  // a tombstone
+            else if (sig != static_cast<uint32_t>(d.sig_hash)) atomicMax(&fail, PackStatus(kStatusMismatch, me, r));
           }
         }
       }
@@ -249,7 +254,8 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
       }
       if (__syncthreads_and(ok)) {
         if (P.stamps && threadIdx.x == 0) P.stamps[kEvLanePolled - kEvLaneEntered] = GlobalTimer();
-        if (!fail && one) {
+        if (d.tomb) {  // consumed below, never combined
+        } else if (!fail && one) {
           if (threadIdx.x < nu) {
             for (int r = 0; r < n; ++r)
               if (r != me && !Op::RecvsFrom(d, r)) v[r] = make_uint2(0, 0);

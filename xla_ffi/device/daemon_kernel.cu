@@ -115,7 +115,7 @@ __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t 
   if (d.match != kMatchIdentity)  // (an identity task has no entry)
     Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks,
           d.epoch != 0 ? d.slot : -1, d.pool);
-  else if (aborted && d.nranks > 1 && (status & 0xff) != kStatusMismatch)
+  else if (aborted && d.nranks > 1 && (status & 0xff) != kStatusMismatch && !d.tomb)  // (a tombstone's headers say so)
     MarkIdentityFailed(d);
   StVol(&P.dev->status[e], status);
   __threadfence_system();  // orders every earlier write of the task before done (a relaxed store suffices after it)

@@ -33,6 +33,7 @@
 
 #include "device/primitives.cuh"
 #include "device/wait.cuh"
+#include "dfccl/execution.h"
 
 namespace dfccl::gpu {
 
@@ -136,6 +137,7 @@ DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status,
     m->failed = 0;
     m->first_rank = d.rank;
     m->pool = d.pool;
+    m->run = d.run;
     m->id = id;  // readers of id hold the lock
     created = true;
   }
@@ -147,10 +149,17 @@ DFCCL_DEV int Arrive(TaskDesc& d, TaskDesc* dd, uint32_t fail, uint32_t* status,
   const int32_t m_pool = created ? d.pool : m->pool, m_first = created ? d.rank : m->first_rank;
   int32_t slot = created ? -1 : m->slot;
   const uint32_t m_epoch = created ? 0u : m->epoch;  // the slot's, once it has one (set together, under the lock)
+  const uint32_t m_run = created ? d.run : m->run;
   uint32_t failed = m_failed;
   if (!failed && (m_arrived & bit)) failed = PackStatus(kStatusTwice, d.rank, d.rank);
   if (!failed && (m_sig != d.sig_hash || m_pool != d.pool)) failed = PackStatus(kStatusMismatch, m_first, d.rank);
   if (!failed && fail) failed = fail;
+  if (!failed && d.run != 0 && m_run != 0) {  // protocol "run": executions that do not belong together
+    const RunOrder o = CompareRuns(d.run, m_run);  // the later run's process left the earlier one behind
+    if (o == RunOrder::kLater) failed = PackStatus(kStatusLeftBehind, d.rank, m_first);
+    if (o == RunOrder::kEarlier) failed = PackStatus(kStatusLeftBehind, m_first, d.rank);
+  }
+  if (m_run == 0 && d.run != 0) m->run = d.run;
   if (failed && !m_failed) m->failed = failed;
   m->arrived = m_arrived | bit;
   uint32_t epoch = m_epoch;

@@ -77,6 +77,9 @@ DFCCL_DEV void SubmitTake(const SubmitParams& p, TaskDesc& d) {
   const bool aligned = (reinterpret_cast<uintptr_t>(p.in) % 16 == 0) && (reinterpret_cast<uintptr_t>(p.out) % 16 == 0);
   d.vec = d.vec && aligned;
   d.invalid = d.pool == 0 && !aligned ? PackStatus(kStatusUnaligned, d.rank, d.rank) : 0u;  // the LL path needs 16-byte lines
+  d.run = p.run;
+  d.tomb = p.tomb;
+  if (p.tomb) d.invalid = PackStatus(kStatusLeftBehind, d.rank, d.rank);  // protocol "run": it arrives failed
 }
 
 // One thread, after GridDependencyWait (the stage kernel's words are written): a
@@ -148,8 +151,8 @@ DFCCL_DEV int SubmitMatch(const SubmitParams& p, TaskDesc& d) {
   // whose bucket lock was busy) is brought on by the control warp.
   uint32_t why = 0;
   int r;
-  if (d.match == kMatchIdentity) {
-    r = d.invalid ? kMatchFailed : kMatchSlotted;
+  if (d.match == kMatchIdentity) {  // (a tombstone's lanes run: they tell the receivers, protocol "run")
+    r = d.invalid && !d.tomb ? kMatchFailed : kMatchSlotted;
     why = d.invalid;
   } else {
     r = d.invalid ? kMatchRetry : Arrive(d, &d, 0u, &why, kSubmitLockBudgetNs);
@@ -174,7 +177,7 @@ DFCCL_DEV void SubmitPublish(const SubmitParams& p, const TaskDesc& d) {
   StReleaseGpu(&dev->pub[e], g);
   // The host's record, one 16-byte store (the proxy reads gen, then the rest):
   // it relaunches a daemon that quit and runs the watchdog.
-  SubRec rec{d.seq, p.site, g};
+  SubRec rec{d.seq, p.site | (p.tomb ? kTombSite : 0), g};
   StVolVec(&p.host->sub[e], *reinterpret_cast<const uint4*>(&rec));
   if (p.ticket_out) *p.ticket_out = static_cast<int64_t>(d.ticket);
 }

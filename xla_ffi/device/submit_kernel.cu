@@ -60,27 +60,45 @@ __global__ void StageKernel(StageParams p) {
   if (p.init) GridCopy(p.stage.slot[k] + p.stage.out_off, p.init, p.out_bytes);
 }
 
-// A start form's done: waits for the task, then copies its slot's output into the
-// done's result (nothing when the task failed: the host reports it).
+// A start form's done, one thread: waits for the task and returns the slot its
+// output is in (-1: the task failed, kStatusStageBusy included: the host reports it).
+__device__ int ResolveDone(const DoneParams& p, bool trace) {
+  const uint64_t t = static_cast<uint64_t>(LdVol(p.ticket));
+  WaitDone(p.dev, t, p.trap, trace, p.timeout_ns);
+  int slot = -1;
+  for (int s = 0; s < kStageSlots; ++s)
+    if (LdVol(&p.stage.state->owner_ticket[s]) == t + 1) slot = s;
+  const bool ok = LdVol(&p.dev->status[t % kTaskRing]) == kStatusOk;
+  if (ok && slot < 0) {  // a later start took the slot: its output is gone
+    printf("dfccl: the done of ticket %llu found its staging slot taken by a later start of the same call site "
+           "(more than %d starts of one call site in flight before their dones)\n",
+           static_cast<unsigned long long>(t), kStageSlots);
+    __trap();
+  }
+  return ok ? slot : -1;
+}
+
+// A start form's done of one copy block: waits, then copies its slot's output
+// into the done's result (nothing when the task failed).
 __global__ void StagedDoneKernel(DoneParams p) {
   GridDependencyWait();  // the ticket and the slot's owner (written by the start's submit kernel)
-  const uint64_t t = static_cast<uint64_t>(LdVol(p.ticket));
   __shared__ int slot;
-  if (threadIdx.x == 0) {
-    WaitDone(p.dev, t, p.trap, p.trace && blockIdx.x == 0, p.timeout_ns);
-    slot = -1;
-    for (int s = 0; s < kStageSlots; ++s)
-      if (LdVol(&p.stage.state->owner_ticket[s]) == t + 1) slot = s;
-    const bool ok = LdVol(&p.dev->status[t % kTaskRing]) == kStatusOk;
-    if (ok && slot < 0) {  // a later start took the slot: its output is gone
-      printf("dfccl: the done of ticket %llu found its staging slot taken by a later start of the same call site "
-             "(more than %d starts of one call site in flight before their dones)\n",
-             static_cast<unsigned long long>(t), kStageSlots);
-      __trap();
-    }
-    if (!ok) slot = -1;  // failed (kStatusStageBusy: it had no slot): the host reports it
-  }
+  if (threadIdx.x == 0) slot = ResolveDone(p, p.trace);
   __syncthreads();
+  if (slot >= 0) GridCopy(p.result, p.stage.slot[slot] + p.stage.out_off, p.out_bytes);
+}
+
+// A larger done, in two kernels: one block waits and leaves the slot in the
+// site's header; then the copy kernel's grid copies.  (One kernel whose every
+// block waits would hold up to 64 SMs while the daemon needs them: measured, a
+// 4 MiB start/done across two processes under MPS never completed.)
+__global__ void StagedDoneWaitKernel(DoneParams p) {
+  GridDependencyWait();
+  if (threadIdx.x == 0) StVol(&p.stage.state->done_slot, static_cast<uint64_t>(ResolveDone(p, p.trace) + 1));
+}
+__global__ void StagedCopyKernel(DoneParams p) {
+  GridDependencyWait();  // the wait kernel is complete: its slot word is written
+  const int slot = static_cast<int>(LdVol(&p.stage.state->done_slot)) - 1;
   if (slot >= 0) GridCopy(p.result, p.stage.slot[slot] + p.stage.out_off, p.out_bytes);
 }
 
@@ -97,6 +115,8 @@ cudaError_t PreloadSubmitKernels() {
   cudaError_t e = cudaFuncGetAttributes(&a, SubmitKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StageKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StagedDoneKernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StagedDoneWaitKernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StagedCopyKernel);
   if (e == cudaSuccess) e = PreloadInlineSubmit();
   return e;
 }
@@ -127,7 +147,10 @@ cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl) {
 }
 
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl) {
-  return LaunchOneBlock(&StagedDoneKernel, p, 256, stream, pdl, CopyBlocks(p.out_bytes));
+  const int blocks = CopyBlocks(p.out_bytes);
+  if (blocks == 1) return LaunchOneBlock(&StagedDoneKernel, p, 256, stream, pdl);
+  const cudaError_t e = LaunchOneBlock(&StagedDoneWaitKernel, p, 32, stream, pdl);
+  return e != cudaSuccess ? e : LaunchOneBlock(&StagedCopyKernel, p, 256, stream, pdl, blocks);
 }
 
 cudaError_t LaunchStage(const StageParams& p, cudaStream_t stream) {  // no PDL: it reads the operand at once

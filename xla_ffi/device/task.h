@@ -122,7 +122,10 @@
 //               stream order) gives the task the slot's buffers, fails it with
 //               kStatusStageBusy when `skipped` names its call, else makes it the
 //               slot's owner, and counts `calls`.  The done kernel waits for the
-//               task and copies the slot's output into the done's result; a done
+//               task and copies the slot's output into the done's result (a result
+//               of more than one copy block: a one-block kernel waits and leaves the
+//               slot in `done_slot`, then the copy kernel's grid copies, so no more
+//               than one block per done spins while the daemon needs the SMs); a done
 //               whose slot has another owner (more than kStageSlots starts of one
 //               call site in flight before their dones) traps rather than return
 //               another call's result.  The three run in stream order, so these
@@ -131,6 +134,26 @@
 //               (the submit kernel runs after the kernel that wrote it).  The
 //               blocking form keeps XLA's buffers: its kernel returns only once its
 //               task is complete, so no program stops while the task uses them.
+//  run          across processes (docs/design/execution_identity.md): a start
+//               whose handler runs (outside a command buffer) carries its execution's
+//               launch id (XLA's RunId; TaskDesc::run, 0 inside a command buffer).
+//               The host (runtime/run_book.h) counts, per (communicator, key) and
+//               program, the starts of each execution; when its process ran an
+//               execution that started the key fewer times than the program does
+//               (the execution failed before those starts), the next start first
+//               submits that many *tombstones* (TaskDesc::tomb) for the key, which
+//               take the sequence numbers the failed execution would have taken.
+//               A tombstone arrives failed (kStatusLeftBehind, its rank) at a match
+//               entry, so the peers' tasks of that instance (their processes' copy
+//               of the failed execution) fail naming it; by identity it sends each
+//               receiver a header with signature bits kSigLeftBehind and no lines,
+//               then consumes the message each peer sent it for the tag (its lines
+//               complete first), never writing an output.  Its own status is not an
+//               error: the host records tombstones apart.  A match entry keeps the
+//               first arrival's launch id (MatchEntry::run); a later arrival whose
+//               id is a nearby one of the same program (CompareRuns) fails the
+//               instance (kStatusLeftBehind, naming the earlier run's rank), so two
+//               executions that do not belong together never pair silently.
 #pragma once
 
 #include <cstdint>
@@ -169,7 +192,13 @@ enum TaskStatus : uint32_t {
   kStatusUnaligned = 5,     // LL pool buffers not 16-byte aligned
   kStatusNoEntry = 6,       // the match table had no free entry in the instance's bucket until the abort
   kStatusStageBusy = 7,     // start form: the call site's staging slot still held by an unfinished instance
+  kStatusLeftBehind = 8,    // rank a's process left the instance's execution behind (protocol "run"): its program
+                            // failed before it started it (a tombstone), or rank b arrived from another execution
 };
+// Signature bits of an identity header (protocol "identity"): a site's own are odd
+// (DaemonPath::Prepare), so the even values below name a failure, not a signature.
+inline constexpr uint32_t kSigFailed = 0;      // the sender failed the instance
+inline constexpr uint32_t kSigLeftBehind = 2;  // the sender is a tombstone (protocol "run")
 DFCCL_TASK_HD uint32_t PackStatus(uint32_t code, int a, int b) {
   return code | (static_cast<uint32_t>(a & 0xff) << 8) | (static_cast<uint32_t>(b & 0xff) << 16);
 }
@@ -282,7 +311,7 @@ struct alignas(64) MatchEntry {
   uint32_t failed;     // PackStatus(code, rank, rank) of the failure; 0: none
   int32_t first_rank;  // rank that created the entry
   int32_t pool;
-  int32_t pad;
+  uint32_t run;        // launch id of the first arrival that had one (protocol "run"; 0: none)
 };
 static_assert(sizeof(MatchEntry) == 64, "MatchEntry is one 64-byte line");
 
@@ -319,8 +348,11 @@ struct alignas(16) TaskDesc {
   uint64_t sig_hash;     // hash of CollectiveSpec::Signature() (ranks must agree)
   int32_t key_ctr;       // DeviceShared::seq_ctr index of (communicator, key)
   uint32_t invalid;      // TaskStatus the submit kernel found (kStatusUnaligned), 0: none
+  uint32_t run;          // launch id of the execution that started it (protocol "run"; 0: unknown)
+  int32_t tomb;          // 1: a tombstone (protocol "run"): no buffers, its status is not an error
+  uint64_t pad2;
 };
-static_assert(sizeof(TaskDesc) == 144, "TaskDesc is 9 x 16 bytes (copied as uint4 words)");
+static_assert(sizeof(TaskDesc) == 160, "TaskDesc is 10 x 16 bytes (copied as uint4 words)");
 inline constexpr int kDescWords = sizeof(TaskDesc) / 16;
 
 // The index of cell (slot, rank, lane) in a pool's flags and credits, and of its
@@ -394,9 +426,10 @@ struct TraceRec {
 static_assert(sizeof(TraceRec) == 32, "TraceRec is 32 bytes");
 
 // A submission as the host proxy sees it (written by the submit kernel, gen last).
+inline constexpr int32_t kTombSite = 1 << 30;  // SubRec::site of a tombstone: its site | kTombSite (protocol "run")
 struct alignas(16) SubRec {
   uint64_t seq;
-  int32_t site;
+  int32_t site;  // the call site's index; a tombstone's: index | kTombSite
   uint32_t gen;  // Gen(ticket) of entry e = ticket % kTaskRing
 };
 
@@ -454,6 +487,7 @@ struct alignas(16) SiteStage {
   uint64_t calls;                      // starts of the site so far (the stage kernel reads, the submit kernel counts)
   uint64_t skipped;                    // 1 + a call whose stage kernel found its slot held (its task fails)
   uint64_t owner_ticket[kStageSlots];  // 1 + the ticket of the call that uses the slot (0: never used)
+  uint64_t done_slot;                  // a large done's wait kernel tells its copy kernel: 1 + the slot (0: failed)
 };
 struct StageView {                   // where a staged site's buffers are (kernel parameters)
   SiteStage* state;
@@ -483,6 +517,8 @@ struct SubmitParams {
   int32_t sticky_max;
   int32_t tags;          // direct path across processes: DirectTags of in and out (or'ed into TaskDesc::direct)
   StageView stage;       // a start form's staging: the task's buffers are the slot's (stage.state null: XLA's in, out)
+  uint32_t run;          // the execution's launch id (protocol "run"; 0: unknown, inside a command buffer)
+  int32_t tomb;          // 1: a tombstone of the site's key (no buffers, no ticket_out, no wait)
   InlineSubmitFn inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
 };
 

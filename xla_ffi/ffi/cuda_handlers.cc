@@ -121,8 +121,10 @@ StagedKey StagedKeyOf(int32_t ordinal, int64_t site, const ffi::AnyBuffer& x) {
 // Daemon path, both start forms: the submit kernel (blocking: it also waits); a
 // start form's operand goes into its site's slot first (its task never touches
 // XLA's buffers, so a program that stops before the done leaves nothing in use).
-ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, const std::optional<ffi::AnyBuffer>& init,
-                 ffi::AnyBuffer& out_buf, int64_t* ticket, const StartAttrs& attrs, bool blocking) {
+// `run`: the execution's launch id (protocol "run" in device/task.h).
+ffi::Error Begin(cudaStream_t stream, int32_t ordinal, ffi::RunId run, const ffi::AnyBuffer& x,
+                 const std::optional<ffi::AnyBuffer>& init, ffi::AnyBuffer& out_buf, int64_t* ticket,
+                 const StartAttrs& attrs, bool blocking) {
   HostTimes& times = Runtime::Get().host_times();
   HandlerTimer timer(times.start_ns, times.starts);
   return FfiGuard([&] {
@@ -139,11 +141,12 @@ ffi::Error Begin(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, 
     if (p.site->staged) {  // ragged_all_to_all's initial output goes into the slot too (the stage kernel)
       DFCCL_CHECK(!init.has_value() || init->size_bytes() == out_buf.size_bytes(), "dfccl: init does not match the result");
       Runtime::Get().daemon().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking,
-                            init.has_value() ? init->untyped_data() : nullptr);
+                                     static_cast<uint32_t>(run.run_id), init.has_value() ? init->untyped_data() : nullptr);
       return;
     }
     CopyInit(stream, init, out_buf);
-    Runtime::Get().daemon().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking);
+    Runtime::Get().daemon().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking,
+                                   static_cast<uint32_t>(run.run_id));
   });
 }
 
@@ -175,15 +178,16 @@ ffi::Error BeginHost(cudaStream_t stream, int32_t ordinal, const ffi::AnyBuffer&
 }
 
 // The submit kernel stores the ticket into the ticket buffer; done's kernel reads it.
-ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
-                     std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out,
+ffi::Error StartImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run, ffi::AnyBuffer x,
+                     ffi::AnyBuffer /*partition_id*/, std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out,
                      ffi::Result<ffi::AnyBuffer> /*x_alias*/, ffi::Result<ffi::AnyBuffer> ticket, StartAttrs attrs) {
-  return Begin(stream, ordinal, x, init, *out, static_cast<int64_t*>(ticket->untyped_data()), attrs, false);
+  return Begin(stream, ordinal, run, x, init, *out, static_cast<int64_t*>(ticket->untyped_data()), attrs, false);
 }
 
-ffi::Error CollectiveImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
-                          std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
-  return Begin(stream, ordinal, x, init, *out, nullptr, attrs, true);
+ffi::Error CollectiveImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run, ffi::AnyBuffer x,
+                          ffi::AnyBuffer /*partition_id*/, std::optional<ffi::AnyBuffer> init,
+                          ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
+  return Begin(stream, ordinal, run, x, init, *out, nullptr, attrs, true);
 }
 
 // The public done is not aliased (its handle may have other users: core.py): the result is copied after the wait.
@@ -207,16 +211,40 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer /*out_i
   });
 }
 
+// The prepare stage of the daemon path's starts: XLA calls it once per execution
+// for every start of the program, before any of its thunks runs (failed
+// executions too), also for starts inside command buffers; a group spanning
+// processes books the execution (protocol "run" in device/task.h).
+ffi::Error PrepareImpl(int32_t ordinal, ffi::RunId run, ffi::RemainingArgs, ffi::RemainingRets, StartAttrs attrs) {
+  return FfiGuard([&] {
+    if (run.run_id == -1) return;  // XLA without collective parameters says -1: no launch id
+    const int32_t pid = PartitionOf(attrs, ordinal);
+    if (pid < 0 || attrs.group_size <= 0) return;
+    const int64_t ngroups = static_cast<int64_t>(attrs.groups.size()) / attrs.group_size;
+    for (int64_t g = 0; g < ngroups; ++g)
+      for (int32_t r = 0; r < attrs.group_size; ++r)
+        if (attrs.groups[g * attrs.group_size + r] == pid) {
+          std::vector<int64_t> group(attrs.group_size);
+          for (int32_t k = 0; k < attrs.group_size; ++k) group[k] = attrs.device_ids[attrs.groups[g * attrs.group_size + k]];
+          Runtime::Get().daemon().Plan(ordinal, group, static_cast<uint64_t>(attrs.key_hash), attrs.site,
+                                       static_cast<uint32_t>(run.run_id));
+          return;
+        }
+  });
+}
+
 // The ticket buffer stays unwritten on the copy-engine path: done pairs with
 // start through the per-(device, site) FIFO (a device buffer cannot be read at enqueue time).
-ffi::Error StartHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
+ffi::Error StartHostImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId /*run*/, ffi::AnyBuffer x,
+                         ffi::AnyBuffer /*partition_id*/,
                          std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out,
                          ffi::Result<ffi::AnyBuffer> /*x_alias*/, ffi::Result<ffi::AnyBuffer> /*ticket*/,
                          StartAttrs attrs) {
   return BeginHost(stream, ordinal, x, init, *out, attrs, false);
 }
 
-ffi::Error CollectiveHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer /*partition_id*/,
+ffi::Error CollectiveHostImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId /*run*/, ffi::AnyBuffer x,
+                              ffi::AnyBuffer /*partition_id*/,
                               std::optional<ffi::AnyBuffer> init, ffi::Result<ffi::AnyBuffer> out, StartAttrs attrs) {
   return BeginHost(stream, ordinal, x, init, *out, attrs, true);
 }
@@ -238,6 +266,7 @@ ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out
   ffi::Ffi::Bind()                                           \
       .Ctx<ffi::PlatformStream<cudaStream_t>>()              \
       .Ctx<ffi::DeviceOrdinal>()                             \
+      .Ctx<ffi::RunId>()               /* the execution */   \
       .Arg<ffi::AnyBuffer>()           /* x */               \
       .Arg<ffi::AnyBuffer>()           /* partition_id */    \
       .OptionalArg<ffi::AnyBuffer>()   /* init (aliased) */  \
@@ -258,6 +287,13 @@ ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out
       .Ret<ffi::AnyBuffer>()           /* result */          \
       .Attrs<DoneAttrs>()
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclPrepareCuda, PrepareImpl,
+                              ffi::Ffi::BindPrepare()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::RunId>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attrs<StartAttrs>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl, DFCCL_START_BINDING, {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveCuda, CollectiveImpl, DFCCL_COLLECTIVE_BINDING,
                               {ffi::Traits::kCmdBufferCompatible});

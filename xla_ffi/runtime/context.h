@@ -56,6 +56,7 @@ struct TaskInfo {
   Clock::time_point t;
   bool done = true;
   bool large = false;
+  bool tomb = false;  // daemon path: a tombstone (protocol "run" in device/task.h)
   int64_t msg_bytes = 0;
   uint64_t key_hash = 0, seq = 0;
 };

@@ -175,10 +175,10 @@ const Site* DaemonPath::Prepare(int ordinal, const CollectiveSpec& spec, const s
     if (r != spec.rank && (!one_source || r == spec.recv_from)) site->senders |= 1u << r;
   if (site->ll) site->inline_kernel = InlineSubmitKernelFor(t.kind, t.dtype, t.reduce);
   t.site = site->index;
-  t.sig_hash = HashString(sig);
-  if (static_cast<uint32_t>(t.sig_hash) == 0) t.sig_hash |= 1;  // low bits 0: a failed sender's header (protocol "identity")
+  t.sig_hash = HashString(sig) | 1;  // odd: even identity headers name failures (kSigFailed, kSigLeftBehind)
   site->desc = t;
   if (staged) MakeStage(*site, c, d, ctx_.ipc, in_bytes, out_bytes);
+  if (c.cross_process) site->runs = RunsOf(ordinal, spec.group_devices, spec.key_hash);  // protocol "run"
   if (ctx_.key_names.find(spec.key_hash) == ctx_.key_names.end()) ctx_.key_names.emplace(spec.key_hash, spec.key);
   q.sites.push_back(std::move(site));
   proxy_.EnsureRunning(d);
@@ -197,10 +197,17 @@ void DaemonPath::Timed(Device& d, const char* what, F&& launch) {
 
 // The hot path: one kernel launch; the lock only when the daemon must be (re)launched.
 void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out,
-                        bool blocking, const void* init) {
+                        bool blocking, uint32_t run, const void* init) {
   Device& d = *site.d;
   ctx_.ThrowIfFailed(d);
   const KernelFlags f = ctx_.FlagsFor(stream);
+  // Inside a command buffer the launch id is the recording's: no book, no check.
+  if (site.runs && run != 0 && f.trap) {
+    std::lock_guard lk(site.runs->mu);
+    site.runs->book.Captured(run);
+  }
+  if (f.trap) run = 0;
+  if (site.runs && run != 0) Tombstones(stream, site, run, f);
   SubmitParams p{};
   p.task = site.desc;
   p.dev = d.dev;
@@ -223,6 +230,7 @@ void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, v
   p.trap = f.trap;
   p.trace = f.trace;
   p.timeout_ns = f.timeout_ns;
+  p.run = run;
   if (blocking && site.ll) {  // the submit kernel may run it itself (device/task.h, "inline")
     p.inline_ns = ctx_.inline_ns.load(std::memory_order_relaxed);
     p.inline_kernel = site.inline_kernel;
@@ -256,6 +264,54 @@ void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, v
   }
 }
 
+KeyRuns* DaemonPath::RunsOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash) {
+  std::lock_guard lk(runs_mu_);
+  std::unique_ptr<KeyRuns>& kr = runs_[std::make_tuple(ordinal, group, key_hash)];
+  if (!kr) kr = std::make_unique<KeyRuns>();
+  return kr.get();
+}
+
+void DaemonPath::Plan(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash, int64_t site, uint32_t run) {
+  if (ordinal < 0 || run == 0) return;
+  bool spans = false;  // (the device ids are set before any collective: read without the lock)
+  for (int64_t g : group) spans = spans || ctx_.OrdinalOf(g) < 0;
+  if (!spans) return;
+  KeyRuns* kr = RunsOf(ordinal, group, key_hash);
+  std::lock_guard lk(kr->mu);
+  kr->book.Plan(run, site);
+}
+
+// Protocol "run": the starts of the site's key that this process's earlier
+// executions of the program left behind become tombstones, submitted before this
+// start on its stream (they take those sequence numbers; the peers' tasks of
+// those instances fail naming this rank, ErrorCode::kAborted).
+void DaemonPath::Tombstones(cudaStream_t stream, const Site& site, uint32_t run, const KernelFlags& f) {
+  int64_t n;
+  {
+    std::lock_guard lk(site.runs->mu);
+    n = site.runs->book.Start(run);
+  }
+  if (n <= 0) return;
+  Device& d = *site.d;
+  DFCCL_CHECK_CODE(n <= kMaxTombstones, ErrorCode::kAborted,
+                   "dfccl: collective '" << site.key << "' (rank " << site.rank << "): this process's earlier "
+                   "executions of the program left " << n << " of its starts behind (they failed before them), more "
+                   "than " << kMaxTombstones << " this runtime skips at once; the peers' instances fail on their "
+                   "timeout; restart the job's processes");
+  SubmitParams p{};
+  p.task = site.desc;
+  p.dev = d.dev;
+  p.host = d.host_dev;
+  p.site = site.index;
+  p.trap = f.trap;
+  p.trace = f.trace;
+  p.timeout_ns = f.timeout_ns;
+  p.tomb = 1;
+  for (int64_t i = 0; i < n; ++i)
+    Timed(d, "tombstone", [&] { return LaunchSubmit(p, stream, ctx_.pdl.load(std::memory_order_relaxed)); });
+  tombstones_ += n;
+}
+
 void DaemonPath::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site& staged, void* result) {
   Device& d = ctx_.GetDeviceFast(ordinal);
   ctx_.ThrowIfFailed(d);
@@ -287,7 +343,8 @@ void DaemonPath::PollRecords(Device& d, Clock::time_point now) {
     ti.t = now;
     ti.done = false;
     if (gen == Gen(q.seen)) {  // (a newer generation: the record was overwritten before it was read)
-      const int32_t site = r.site;
+      const int32_t site = r.site & ~kTombSite;
+      ti.tomb = (r.site & kTombSite) != 0;
       ti.seq = r.seq;
       if (site >= 0 && site < static_cast<int32_t>(q.sites.size())) {
         const Site* st = q.sites[site].get();
@@ -347,7 +404,8 @@ uint32_t DaemonPath::IdentityArrived(Device& d, const TaskInfo& ti, uint64_t t) 
 // failure, ...) becomes the error of the group's devices, reported once.
 void DaemonPath::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status) {
   (void)d;
-  if (status == kStatusOk || status == kStatusAborted || !ti.site) return;  // kStatusAborted: the host's own message
+  // kStatusAborted: the host's own message; a tombstone's status is no error (protocol "run").
+  if (status == kStatusOk || status == kStatusAborted || !ti.site || ti.tomb) return;
   Communicator& c = *ti.comm;
   if (c.Failed(ti.key_hash, ti.seq)) return;  // reported once
   const uint32_t code = status & 0xff;
@@ -379,6 +437,16 @@ void DaemonPath::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status
       ec = ErrorCode::kResourceExhausted;
       msg << name << ": no free entry in the match table";
       break;
+    case kStatusLeftBehind:  // device/task.h, "run"
+      if (a == ti.site->rank && b != a && ti.site->runs) {  // this start was ahead: its execution pairs further on
+        std::lock_guard lk(ti.site->runs->mu);
+        ti.site->runs->book.Owe(1);
+      }
+      msg << name << ": a peer's program failed: rank " << a << (a != b ? " (from another execution than rank " +
+                                                                           std::to_string(b) + ")" : "")
+          << " ran its program again after that program failed before it started this collective, so this "
+          << "execution's instance belongs with the failed one (the next execution pairs again)";
+      break;
     case kStatusStageBusy:  // device/task.h, "staged"
       msg << name << ": rank " << a << " started it while an earlier instance started at the same place of its "
           << "program was still in flight (that program stopped before the instance's done, or more than "
@@ -389,6 +457,13 @@ void DaemonPath::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status
       msg << name << " failed on rank " << a << " first";
   }
   c.Fail(ti.key_hash, ti.seq, ec, msg.str());
+}
+
+void DaemonPath::AbortTask(Device& d, uint64_t t) {
+  d.host->abort[t % kTaskRing] = Gen(t);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  d.host->abort_gen = d.host->abort_gen + 1;
+  proxy_.EnsureRunning(d);
 }
 
 // Watchdog: fails a daemon-path instance on every local rank (the control warps

@@ -16,21 +16,32 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "dfccl/collective.h"
 #include "device/task.h"
 #include "runtime/context.h"
+#include "runtime/run_book.h"
 
 namespace dfccl::gpu {
 
 class Communicator;
 class Proxy;
+
+// The starts of one (communicator, key) on one device by execution (protocol "run"
+// in device/task.h): the handlers of every call site of the key share it.
+struct KeyRuns {
+  std::mutex mu;
+  RunBook book;
+};
 
 // One call site (a start op of a program) on one device: its static task, passed
 // in every submit kernel's parameters (SubmitParams::task).
@@ -54,6 +65,8 @@ struct Site {
   bool staged = false;
   StageView stage{};
   int64_t in_bytes = 0, out_bytes = 0;
+  // A group spanning processes: its key's execution book (protocol "run"); else null.
+  KeyRuns* runs = nullptr;
 };
 
 class DaemonPath {
@@ -65,6 +78,8 @@ class DaemonPath {
     std::vector<std::unique_ptr<Site>> sites;                 // by Site::index (the device's records name it)
     std::map<std::pair<Communicator*, uint64_t>, int> key_ctr;  // DeviceShared::seq_ctr index per (communicator, key)
   };
+  // Tombstones one start submits at most (protocol "run"; the ring holds kTaskRing tasks).
+  static constexpr int64_t kMaxTombstones = kTaskRing / 4;
 
   DaemonPath(Context& ctx, Proxy& proxy) : ctx_(ctx), proxy_(proxy) {}
   // Handlers.  Throw dfccl::Error (the FFI boundary, ffi/error.h, converts it).
@@ -75,10 +90,16 @@ class DaemonPath {
   // A start form's site is staged (`staged`: in_bytes, out_bytes are its buffers'
   // sizes); its Submit takes `init` (ragged_all_to_all's initial output, else null)
   // and Finish (every done belongs to a staged start) fills the done's `result` from the slot.
+  // `run`: the execution's launch id (XLA's RunId) — a group spanning processes first
+  // submits the tombstones its book asks for (protocol "run" in device/task.h).
   const Site* Prepare(int ordinal, const CollectiveSpec& spec, const std::string& signature, bool staged = false,
                       int64_t in_bytes = 0, int64_t out_bytes = 0);
   void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking,
-              const void* init = nullptr);
+              uint32_t run, const void* init = nullptr);
+  // XLA's prepare stage of a start (protocol "run"): execution `run` of a program
+  // contains this start of `key_hash` by the group `group` on GPU `ordinal`.  A group
+  // within this process needs nothing.  No Context lock.
+  void Plan(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash, int64_t site, uint32_t run);
   void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site& staged, void* result);
 
   // Under Context::mu.
@@ -86,17 +107,24 @@ class DaemonPath {
   void PollRecords(Device& d, Clock::time_point now);
   void OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status);
   void AbortDaemonInstance(Communicator& c, uint64_t key_hash, uint64_t seq, ErrorCode code, const std::string& msg);
+  void AbortTask(Device& d, uint64_t ticket);  // one task, no message (a tombstone)
   bool ReadEntry(Communicator& c, uint64_t key_hash, uint64_t seq, MatchEntry* out);
   uint32_t IdentityArrived(Device& d, const TaskInfo& ti, uint64_t ticket);
+  int64_t tombstones() const { return tombstones_.load(); }  // submitted so far (no lock)
 
  private:
   TaskDesc SiteDesc(const CollectiveSpec& spec, const Communicator& c, int64_t msg_bytes, int key_ctr);
   template <class F>
   void Timed(Device& d, const char* what, F&& launch);
+  void Tombstones(cudaStream_t stream, const Site& site, uint32_t run, const KernelFlags& f);
+  KeyRuns* RunsOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash);  // takes runs_mu_
 
   Context& ctx_;
   Proxy& proxy_;
   std::map<int, PerDevice> devices_;  // by ordinal
+  std::atomic<int64_t> tombstones_{0};
+  std::mutex runs_mu_;  // runs_ only (the prepare stage takes no other lock)
+  std::map<std::tuple<int, std::vector<int64_t>, uint64_t>, std::unique_ptr<KeyRuns>> runs_;  // (ordinal, group, key)
 };
 
 }  // namespace dfccl::gpu

@@ -80,7 +80,8 @@ std::string Runtime::Pending(int wait_ms) {
       const bool identity = ti.site && ti.site->identity;  // started: the ranks whose message arrived, and this one
       const bool found = ti.comm && !identity && daemon_.ReadEntry(*ti.comm, ti.key_hash, ti.seq, &m);
       if (identity) m.arrived = daemon_.IdentityArrived(d, ti, t) | (1u << ti.site->rank);
-      line(ti, t, identity ? "daemon (by identity)" : "daemon", ti.site ? ti.site->key : std::to_string(ti.key_hash),
+      line(ti, t, ti.tomb ? "tombstone (an execution left it behind)" : identity ? "daemon (by identity)" : "daemon",
+           ti.site ? ti.site->key : std::to_string(ti.key_hash),
            found || identity ? m.arrived : 0, found || identity ? ti.comm->n : 0, found && m.failed != 0, 1,
            d.host->done[t % kTaskRing] == Gen(t));
       if (found && m.failed == 0 && m.slot < 0)  // arrived, waiting for a slot (device/match.cuh)

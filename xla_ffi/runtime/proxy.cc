@@ -109,7 +109,7 @@ void Proxy::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest,
       d.pending_large -= ti.large ? 1 : 0;
       if (daemon) {
         const uint32_t status = d.host->status[t % N];
-        (status != kStatusOk ? d.failed : d.completed)++;
+        (status != kStatusOk && !ti.tomb ? d.failed : d.completed)++;  // a tombstone's status is no error
         daemon_.OnDaemonTaskDone(d, ti, status);
       } else {
         (ti.inst && ti.inst->failed ? d.failed : d.completed)++;
@@ -129,6 +129,11 @@ void Proxy::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest,
     std::ostringstream why;
     why << "timed out after " << ctx_.cfg.timeout_s << " s: ";
     if (daemon) {
+      if (ti.tomb) {  // a peer never sent its message (it failed too, or stopped): the tombstone goes, silently
+        daemon_.AbortTask(d, t);
+        ti.t = now;
+        continue;
+      }
       if (!ti.site || ti.comm->Failed(ti.key_hash, ti.seq)) continue;
       std::vector<int> missing;
       MatchEntry m{};

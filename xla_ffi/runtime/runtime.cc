@@ -184,6 +184,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["daemon_tasks_done"] = daemon_done;
   s["inline_done"] = inline_done;
   s["identity_done"] = identity_done;
+  s["tombstones"] = static_cast<double>(daemon_.tombstones());
   s["steps"] = steps;
   s["aborted"] = aborted;
   s["launches"] = launches;

@@ -31,6 +31,12 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define DFCCL_RUN_HD __host__ __device__ __forceinline__
+#else
+#define DFCCL_RUN_HD inline
+#endif
+
 namespace dfccl {
 
 inline constexpr int32_t kRunWindow = 1 << 10;
@@ -38,8 +44,9 @@ inline constexpr int32_t kRunWindow = 1 << 10;
 enum class RunOrder { kSame, kEarlier, kLater, kUnrelated };
 
 // How execution `a` stands to execution `b` (launch ids): kEarlier when `a` is
-// an earlier execution of the same program than `b`.
-inline RunOrder CompareRuns(int64_t a, int64_t b) {
+// an earlier execution of the same program than `b`.  (The CPU runtime's shared
+// instance table and the GPU's match table both compare with it.)
+DFCCL_RUN_HD RunOrder CompareRuns(int64_t a, int64_t b) {
   const int32_t d = static_cast<int32_t>(static_cast<uint32_t>(a) - static_cast<uint32_t>(b));
   if (d == 0) return RunOrder::kSame;
   if (d > -kRunWindow && d < kRunWindow) return d < 0 ? RunOrder::kEarlier : RunOrder::kLater;
