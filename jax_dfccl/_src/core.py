@@ -495,6 +495,13 @@ def _trivial(ctx, x, op, perm):
   return mlir.reshape(ctx, x, out_aval)
 
 
+def _spans_processes(ctx, mesh) -> bool:
+  """Whether a program lowered for CUDA alone runs on devices of several processes."""
+  if tuple(getattr(ctx.module_context, "platforms", ())) != ("cuda",) or not isinstance(mesh, jax.sharding.Mesh):
+    return False
+  return len({d.process_index for d in mesh.devices.flat}) > 1
+
+
 def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm, site,
                     target="dfccl_start", aliases=None, mode="varying"):
   del mode  # the manual-axis types of input and output (abstract eval and AD only)
@@ -525,6 +532,10 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
     aliases[2] = 0
   if route == "host":
     target += "_host"
+  elif _spans_processes(ctx, mesh):
+    # The same handlers with XLA's prepare stage, which books every execution of the program
+    # for the execution identity across processes (docs/design/execution_identity.md, "GPUs").
+    target += "_x"
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)
   sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL, *ctx.avals_in[1:]])
   return rule(sub, x, _partition_id_operand(ctx), *init,

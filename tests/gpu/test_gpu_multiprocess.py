@@ -86,6 +86,22 @@ def test_the_programs_after_a_fault_are_exact(tmp_path, monkeypatch):
                                                           for i in range(2)}, r
 
 
+@pytest.mark.parametrize("identity", [1, 0])  # small messages matched by identity, or in the match table
+def test_a_retry_after_a_failure_before_the_start_pairs_with_the_right_run(tmp_path, monkeypatch, identity):
+  # Rank 0's program fails (a host callback) before a psum rank 1's run started; rank 0 runs again
+  # at once with 103, rank 1 runs with 1 then 2 (docs/design/execution_identity.md, "GPUs"): rank 1's
+  # first run must fail naming the left-behind execution, both second runs return 105 (103 + 2).
+  # Outside command buffers (there the handlers run every execution; inside one, see the design).
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+  p, results = _run("retry", tmp_path, timeout=150,
+                    args=("--timeout-s", "8", "--config", f"small_by_identity={identity}"))
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
+  r0, r1 = results[0]["runs"], results[1]["runs"]
+  assert r0[0]["injected"] and r0[1]["values"] == [105.0], r0
+  assert "error" in r1[0] and "a peer's program failed" in r1[0]["error"] and "retry" in r1[0]["error"], r1
+  assert r1[1]["values"] == [105.0], r1
+
+
 @pytest.mark.parametrize("sizes", ["4096", "1048576"])  # the small (LL) path and the direct path
 def test_an_abandoned_program_leaves_nothing_touched(tmp_path, sizes):
   # Rank 0's program fails between a start and its done (a host callback), then rank 0 fills fresh

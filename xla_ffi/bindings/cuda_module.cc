@@ -37,17 +37,20 @@ NB_MODULE(_dfccl_cuda, m) {
 
   m.def("op_table", &dfccl::bindings::OpTable, "The op, reduce-op and dtype tables (ids)");
   m.def("registrations", [] {
-    nb::dict d;  // the one table of FFI targets (a dict: its stages; the daemon path's starts have a
-                 // prepare stage, protocol "run" in device/task.h)
-    auto staged = [](void* execute) {
+    nb::dict d;  // the one table of FFI targets
+    d["dfccl_start"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
+    d["dfccl_done"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneCuda));
+    d["dfccl_collective"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveCuda));
+    // Groups spanning processes: the same handlers with a prepare stage (protocol "run" in
+    // device/task.h; a dict of stages), chosen at lowering (core.py).
+    auto with_prepare = [](void* execute) {
       nb::dict st;
       st["prepare"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclPrepareCuda));
       st["execute"] = nb::capsule(execute);
       return st;
     };
-    d["dfccl_start"] = staged(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
-    d["dfccl_done"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneCuda));
-    d["dfccl_collective"] = staged(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveCuda));
+    d["dfccl_start_x"] = with_prepare(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
+    d["dfccl_collective_x"] = with_prepare(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveCuda));
     d["dfccl_start_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartHostCuda));
     d["dfccl_done_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneHostCuda));
     d["dfccl_collective_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveHostCuda));

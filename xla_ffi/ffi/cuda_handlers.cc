@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <vector>
 #include <unordered_map>
 
 #include "ffi/attrs.h"
@@ -211,25 +212,34 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer /*out_i
   });
 }
 
-// The prepare stage of the daemon path's starts: XLA calls it once per execution
-// for every start of the program, before any of its thunks runs (failed
-// executions too), also for starts inside command buffers; a group spanning
-// processes books the execution (protocol "run" in device/task.h).
+// The prepare stage of the daemon path's starts of groups spanning processes
+// (targets dfccl_start_x, dfccl_collective_x): XLA calls it once per execution for
+// every such start of the program, before any of its thunks runs (failed
+// executions too), also for starts inside command buffers; it books the execution
+// (protocol "run" in device/task.h).  Its book is found once per call site and GPU.
 ffi::Error PrepareImpl(int32_t ordinal, ffi::RunId run, ffi::RemainingArgs, ffi::RemainingRets, StartAttrs attrs) {
   return FfiGuard([&] {
     if (run.run_id == -1) return;  // XLA without collective parameters says -1: no launch id
-    const int32_t pid = PartitionOf(attrs, ordinal);
-    if (pid < 0 || attrs.group_size <= 0) return;
-    const int64_t ngroups = static_cast<int64_t>(attrs.groups.size()) / attrs.group_size;
-    for (int64_t g = 0; g < ngroups; ++g)
-      for (int32_t r = 0; r < attrs.group_size; ++r)
-        if (attrs.groups[g * attrs.group_size + r] == pid) {
-          std::vector<int64_t> group(attrs.group_size);
-          for (int32_t k = 0; k < attrs.group_size; ++k) group[k] = attrs.device_ids[attrs.groups[g * attrs.group_size + k]];
-          Runtime::Get().daemon().Plan(ordinal, group, static_cast<uint64_t>(attrs.key_hash), attrs.site,
-                                       static_cast<uint32_t>(run.run_id));
-          return;
-        }
+    thread_local std::map<std::tuple<int64_t, int32_t, int64_t>, KeyRuns*> books;
+    const auto k = std::make_tuple(attrs.site, ordinal, attrs.key_hash);
+    auto it = books.find(k);
+    if (it == books.end()) {
+      KeyRuns* kr = nullptr;
+      const int32_t pid = PartitionOf(attrs, ordinal);
+      const int64_t ngroups = attrs.group_size > 0 ? static_cast<int64_t>(attrs.groups.size()) / attrs.group_size : 0;
+      for (int64_t g = 0; pid >= 0 && g < ngroups && !kr; ++g)
+        for (int32_t r = 0; r < attrs.group_size; ++r)
+          if (attrs.groups[g * attrs.group_size + r] == pid) {
+            std::vector<int64_t> group(attrs.group_size);
+            for (int32_t q = 0; q < attrs.group_size; ++q) group[q] = attrs.device_ids[attrs.groups[g * attrs.group_size + q]];
+            kr = Runtime::Get().daemon().BookOf(ordinal, group, static_cast<uint64_t>(attrs.key_hash));
+            break;
+          }
+      it = books.emplace(k, kr).first;
+    }
+    if (it->second == nullptr) return;  // a group inside this process: nothing to book
+    std::lock_guard lk(it->second->mu);
+    it->second->book.Plan(static_cast<uint32_t>(run.run_id), attrs.site);
   });
 }
 

@@ -271,14 +271,10 @@ KeyRuns* DaemonPath::RunsOf(int ordinal, const std::vector<int64_t>& group, uint
   return kr.get();
 }
 
-void DaemonPath::Plan(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash, int64_t site, uint32_t run) {
-  if (ordinal < 0 || run == 0) return;
+KeyRuns* DaemonPath::BookOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash) {
   bool spans = false;  // (the device ids are set before any collective: read without the lock)
   for (int64_t g : group) spans = spans || ctx_.OrdinalOf(g) < 0;
-  if (!spans) return;
-  KeyRuns* kr = RunsOf(ordinal, group, key_hash);
-  std::lock_guard lk(kr->mu);
-  kr->book.Plan(run, site);
+  return spans && ordinal >= 0 ? RunsOf(ordinal, group, key_hash) : nullptr;
 }
 
 // Protocol "run": the starts of the site's key that this process's earlier

@@ -96,10 +96,10 @@ class DaemonPath {
                       int64_t in_bytes = 0, int64_t out_bytes = 0);
   void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking,
               uint32_t run, const void* init = nullptr);
-  // XLA's prepare stage of a start (protocol "run"): execution `run` of a program
-  // contains this start of `key_hash` by the group `group` on GPU `ordinal`.  A group
-  // within this process needs nothing.  No Context lock.
-  void Plan(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash, int64_t site, uint32_t run);
+  // The execution book of `key_hash` for the group `group` on GPU `ordinal` (protocol
+  // "run"), which XLA's prepare stage of its starts fills; null for a group inside this
+  // process.  No Context lock.
+  KeyRuns* BookOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash);
   void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site& staged, void* result);
 
   // Under Context::mu.
