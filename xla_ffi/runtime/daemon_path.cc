@@ -195,6 +195,19 @@ void DaemonPath::Timed(Device& d, const char* what, F&& launch) {
   ctx_.times.streamop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
 }
 
+// A submit kernel's parameters of `site` under `f`, before the call's own (buffers, ticket, run).
+SubmitParams DaemonPath::SiteParams(const Site& site, const KernelFlags& f) {
+  SubmitParams p{};
+  p.task = site.desc;
+  p.dev = site.d->dev;
+  p.host = site.d->host_dev;
+  p.site = site.index;
+  p.trap = f.trap;
+  p.trace = f.trace;
+  p.timeout_ns = f.timeout_ns;
+  return p;
+}
+
 // The hot path: one kernel launch; the lock only when the daemon must be (re)launched.
 void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out,
                         bool blocking, uint32_t run, const void* init) {
@@ -208,14 +221,10 @@ void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, v
   }
   if (f.trap) run = 0;
   if (site.runs && run != 0) Tombstones(stream, site, run, f);
-  SubmitParams p{};
-  p.task = site.desc;
-  p.dev = d.dev;
-  p.host = d.host_dev;
+  SubmitParams p = SiteParams(site, f);
   p.in = static_cast<const char*>(in);
   p.out = static_cast<char*>(out);
   p.ticket_out = ticket_out;
-  p.site = site.index;
   p.wait = blocking ? 1 : 0;
   if (site.tagged) {  // the direct path across processes: the ranges that hold in and out (runtime/ipc.h)
     try {
@@ -227,9 +236,6 @@ void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, v
                   "jax_dfccl.config.tuning.direct = False (the staged path) before the group's first program is lowered", e.code());
     }
   }
-  p.trap = f.trap;
-  p.trace = f.trace;
-  p.timeout_ns = f.timeout_ns;
   p.run = run;
   if (blocking && site.ll) {  // the submit kernel may run it itself (device/task.h, "inline")
     p.inline_ns = ctx_.inline_ns.load(std::memory_order_relaxed);
@@ -294,15 +300,8 @@ void DaemonPath::Tombstones(cudaStream_t stream, const Site& site, uint32_t run,
                    "executions of the program left " << n << " of its starts behind (they failed before them), more "
                    "than " << kMaxTombstones << " this runtime skips at once; the peers' instances fail on their "
                    "timeout; restart the job's processes");
-  SubmitParams p{};
-  p.task = site.desc;
-  p.dev = d.dev;
-  p.host = d.host_dev;
-  p.site = site.index;
-  p.trap = f.trap;
-  p.trace = f.trace;
-  p.timeout_ns = f.timeout_ns;
-  p.tomb = 1;
+  SubmitParams p = SiteParams(site, f);
+  p.tomb = 1;  // no buffers, no ticket buffer, no wait
   for (int64_t i = 0; i < n; ++i)
     Timed(d, "tombstone", [&] { return LaunchSubmit(p, stream, ctx_.pdl.load(std::memory_order_relaxed)); });
   tombstones_ += n;

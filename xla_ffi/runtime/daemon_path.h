@@ -116,6 +116,7 @@ class DaemonPath {
   TaskDesc SiteDesc(const CollectiveSpec& spec, const Communicator& c, int64_t msg_bytes, int key_ctr);
   template <class F>
   void Timed(Device& d, const char* what, F&& launch);
+  static SubmitParams SiteParams(const Site& site, const KernelFlags& f);
   void Tombstones(cudaStream_t stream, const Site& site, uint32_t run, const KernelFlags& f);
   KeyRuns* RunsOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash);  // takes runs_mu_
 
