@@ -42,73 +42,46 @@ class RunBook {
   // program's previous one: what that one did not start is owed.
   void Plan(uint32_t run, int64_t site) {
     Line& l = LineOf(run);
-    if (run != l.last && CompareRuns(run, l.last) == RunOrder::kLater) {
-      if (!l.captured) l.owed += Missing(l, run);  // (inside command buffers its starts are not seen: no book)
-      l.last = run;
-      l.count = 0;
+    RunLinePlan(l.r, run);
+    if (std::find(l.site_ids.begin(), l.site_ids.end(), site) == l.site_ids.end()) {
+      l.site_ids.push_back(site);
+      l.r.sites = static_cast<int64_t>(l.site_ids.size());
     }
-    if (std::find(l.sites.begin(), l.sites.end(), site) == l.sites.end()) l.sites.push_back(site);
   }
 
   // A start of execution `run` recorded into a command buffer: XLA replays it
   // without calling the handler, so the program's starts go uncounted from now
   // on and the book asks nothing of it (docs/design/execution_identity.md).
-  void Captured(uint32_t run) { LineOf(run).captured = true; }
+  void Captured(uint32_t run) { LineOf(run).r.captured = 1; }
 
   // A start of the key by execution `run` (a launch id, not 0).  Returns the
   // starts the earlier executions of its program left behind (to submit as
   // tombstones before it).
-  int64_t Start(uint32_t run) {
-    Line& l = LineOf(run);
-    int64_t n = 0;
-    if (run != l.last && CompareRuns(run, l.last) == RunOrder::kLater) {  // no prepare stage seen for it
-      n = Missing(l, run);
-      l.last = run;
-      l.count = 0;
-    } else if (run != l.last) {  // an older execution than one already seen (not in one process)
-      return 0;
-    }
-    l.count++;
-    l.expected = std::max(l.expected, l.count);
-    n += l.owed;
-    l.owed = 0;
-    return n;
-  }
+  int64_t Start(uint32_t run) { return RunLineStart(LineOf(run).r, run); }
 
   // A start of the key found its instance taken by an execution of its peers
   // this process had left behind (the device's launch-id check failed it: it
   // was ahead): the execution it belongs with is one further on.
   void Owe(int64_t n) {
-    if (!lines_.empty()) lines_.back().owed += n;
+    if (!lines_.empty()) lines_.back().r.owed += n;
   }
 
  private:
   struct Line {
-    uint32_t last = 0;          // the program's latest execution seen
-    int64_t count = 0;          // its starts of the key so far
-    int64_t expected = 0;       // the most starts of the key one execution made
-    int64_t owed = 0;           // starts left behind, not yet submitted as tombstones
-    std::vector<int64_t> sites;  // the program's call sites of the key (an execution's least)
-    bool captured = false;      // recorded into a command buffer (Captured)
+    RunLine r;                      // the arithmetic (dfccl/execution.h)
+    std::vector<int64_t> site_ids;  // the program's call sites of the key
   };
-  // What the program's executions from l.last up to `run` (excluded) did not
-  // start: per execution, the most any made, at least one per call site.
-  static int64_t Missing(const Line& l, uint32_t run) {
-    const int64_t per = std::max<int64_t>(l.expected, static_cast<int64_t>(l.sites.size()));
-    const int64_t between = static_cast<int64_t>(static_cast<uint32_t>(run - l.last)) - 1;
-    return std::max<int64_t>(per - l.count, 0) + between * per;
-  }
   // The line of run's program (most recently used last); a new one if none.
   Line& LineOf(uint32_t run) {
     for (size_t i = 0; i < lines_.size(); ++i)
-      if (CompareRuns(run, lines_[i].last) != RunOrder::kUnrelated) {
+      if (CompareRuns(run, lines_[i].r.last) != RunOrder::kUnrelated) {
         std::rotate(lines_.begin() + static_cast<std::ptrdiff_t>(i),
                     lines_.begin() + static_cast<std::ptrdiff_t>(i) + 1, lines_.end());
         return lines_.back();
       }
     if (lines_.size() == kPrograms) lines_.erase(lines_.begin());
-    Line l;
-    l.last = run;
+    Line l{};
+    l.r.last = run;
     lines_.push_back(l);
     return lines_.back();
   }

@@ -53,4 +53,52 @@ DFCCL_RUN_HD RunOrder CompareRuns(int64_t a, int64_t b) {
   return RunOrder::kUnrelated;
 }
 
+// One program's line of a key's execution book (protocol "run" in
+// xla_ffi/device/task.h; docs/design/execution_identity.md, "GPUs"): the
+// arithmetic of xla_ffi/runtime/run_book.h, in a form a kernel can run too.
+struct RunLine {
+  uint32_t last;      // the program's latest execution seen (a launch id)
+  uint32_t captured;  // 1: its starts are recorded into a command buffer (not seen by the host)
+  int64_t count;      // starts of the key by execution `last` so far
+  int64_t expected;   // the most starts of the key one execution made
+  int64_t owed;       // starts left behind, not yet submitted as tombstones
+  int64_t sites;      // the program's call sites of the key (an execution's least)
+};
+
+// What the program's executions from l.last up to `run` (excluded) did not
+// start: per execution the most any made, at least one per call site.
+DFCCL_RUN_HD int64_t RunLineMissing(const RunLine& l, uint32_t run) {
+  const int64_t per = l.expected > l.sites ? l.expected : l.sites;
+  const int64_t between = static_cast<int64_t>(static_cast<uint32_t>(run - l.last)) - 1;
+  const int64_t rest = per - l.count;
+  return (rest > 0 ? rest : 0) + between * per;
+}
+
+// Execution `run` of the program begins (XLA's prepare stage): the previous one
+// is over, what it did not start is owed.
+DFCCL_RUN_HD void RunLinePlan(RunLine& l, uint32_t run) {
+  if (run == l.last || CompareRuns(run, l.last) != RunOrder::kLater) return;
+  if (!l.captured) l.owed += RunLineMissing(l, run);
+  l.last = run;
+  l.count = 0;
+}
+
+// A start of the key by execution `run`: counts it, returns the tombstones to
+// submit before it (what is owed, and what executions no prepare stage
+// announced left behind).
+DFCCL_RUN_HD int64_t RunLineStart(RunLine& l, uint32_t run) {
+  int64_t n = 0;
+  if (run != l.last) {
+    if (CompareRuns(run, l.last) != RunOrder::kLater) return 0;  // an older execution (not in one process)
+    n = RunLineMissing(l, run);
+    l.last = run;
+    l.count = 0;
+  }
+  l.count++;
+  if (l.count > l.expected) l.expected = l.count;
+  n += l.owed;
+  l.owed = 0;
+  return n;
+}
+
 }  // namespace dfccl
