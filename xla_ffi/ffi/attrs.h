@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dfccl/check.h"
 #include "dfccl/collective.h"
@@ -58,6 +59,26 @@ struct DoneAttrs {
   int64_t site;
 };
 
+// The global device ids of the group that partition `partition_id` belongs to, and
+// its rank there (*rank).  Throws dfccl::Error.
+inline std::vector<int64_t> GroupOf(const StartAttrs& a, int32_t partition_id, int32_t* rank) {
+  DFCCL_CHECK(a.group_size >= 1 && a.groups.size() % a.group_size == 0,
+              "dfccl: collective '" << a.key << "': malformed group table");
+  const int64_t ngroups = a.groups.size() / a.group_size;
+  int64_t row = -1;
+  for (int64_t g = 0; g < ngroups && row < 0; ++g)
+    for (int32_t r = 0; r < a.group_size; ++r)
+      if (a.groups[g * a.group_size + r] == partition_id) { row = g; *rank = r; break; }
+  DFCCL_CHECK(row >= 0, "dfccl: collective '" << a.key << "': partition " << partition_id << " is in no group");
+  std::vector<int64_t> group(a.group_size);
+  for (int32_t r = 0; r < a.group_size; ++r) {
+    int32_t p = a.groups[row * a.group_size + r];
+    DFCCL_CHECK(p >= 0 && p < static_cast<int64_t>(a.device_ids.size()), "dfccl: bad group table");
+    group[r] = a.device_ids[p];
+  }
+  return group;
+}
+
 // Builds the spec of one rank's part of a collective; `out_elems` is the result
 // buffer's size, checked against the op's size rule (dfccl/ops.h).  Throws dfccl::Error.
 inline CollectiveSpec ParseSpec(const StartAttrs& a, int32_t partition_id,
@@ -76,23 +97,10 @@ inline CollectiveSpec ParseSpec(const StartAttrs& a, int32_t partition_id,
   s.key_hash = static_cast<uint64_t>(a.key_hash);
   s.site = a.site;
   s.nranks = a.group_size;
-  DFCCL_CHECK(a.group_size >= 1 && a.groups.size() % a.group_size == 0,
-              "dfccl: collective '" << a.key << "': malformed group table");
   DFCCL_CHECK(partition_id >= 0 && partition_id < static_cast<int64_t>(a.device_ids.size()),
               "dfccl: collective '" << a.key << "': partition id " << partition_id << " outside the mesh");
   s.self_device = a.device_ids[partition_id];
-  const int64_t ngroups = a.groups.size() / a.group_size;
-  int64_t row = -1;
-  for (int64_t g = 0; g < ngroups && row < 0; ++g)
-    for (int32_t r = 0; r < a.group_size; ++r)
-      if (a.groups[g * a.group_size + r] == partition_id) { row = g; s.rank = r; break; }
-  DFCCL_CHECK(row >= 0, "dfccl: collective '" << a.key << "': partition " << partition_id << " is in no group");
-  s.group_devices.resize(a.group_size);
-  for (int32_t r = 0; r < a.group_size; ++r) {
-    int32_t p = a.groups[row * a.group_size + r];
-    DFCCL_CHECK(p >= 0 && p < static_cast<int64_t>(a.device_ids.size()), "dfccl: bad group table");
-    s.group_devices[r] = a.device_ids[p];
-  }
+  s.group_devices = GroupOf(a, partition_id, &s.rank);
   s.in_elems = in_elems;
   const int64_t n = s.nranks;
   auto divisible = [&] {

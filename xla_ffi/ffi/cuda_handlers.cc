@@ -14,7 +14,6 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
-#include <vector>
 #include <unordered_map>
 
 #include "ffi/attrs.h"
@@ -223,19 +222,12 @@ ffi::Error PrepareImpl(int32_t ordinal, ffi::RunId run, ffi::RemainingArgs, ffi:
     thread_local std::map<std::tuple<int64_t, int32_t, int64_t>, KeyRuns*> books;
     const auto k = std::make_tuple(attrs.site, ordinal, attrs.key_hash);
     auto it = books.find(k);
-    if (it == books.end()) {
-      KeyRuns* kr = nullptr;
+    if (it == books.end()) {  // (the first call of this site on this GPU)
       const int32_t pid = PartitionOf(attrs, ordinal);
-      const int64_t ngroups = attrs.group_size > 0 ? static_cast<int64_t>(attrs.groups.size()) / attrs.group_size : 0;
-      for (int64_t g = 0; pid >= 0 && g < ngroups && !kr; ++g)
-        for (int32_t r = 0; r < attrs.group_size; ++r)
-          if (attrs.groups[g * attrs.group_size + r] == pid) {
-            std::vector<int64_t> group(attrs.group_size);
-            for (int32_t q = 0; q < attrs.group_size; ++q) group[q] = attrs.device_ids[attrs.groups[g * attrs.group_size + q]];
-            kr = Runtime::Get().daemon().BookOf(ordinal, group, static_cast<uint64_t>(attrs.key_hash));
-            break;
-          }
-      it = books.emplace(k, kr).first;
+      DFCCL_CHECK(pid >= 0, "dfccl: GPU " << ordinal << " is not in collective '" << attrs.key << "'");
+      int32_t rank = 0;
+      it = books.emplace(k, Runtime::Get().daemon().BookOf(ordinal, GroupOf(attrs, pid, &rank),
+                                                            static_cast<uint64_t>(attrs.key_hash))).first;
     }
     if (it->second == nullptr) return;  // a group inside this process: nothing to book
     std::lock_guard lk(it->second->mu);
