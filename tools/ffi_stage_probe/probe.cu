@@ -93,7 +93,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ProbeExecute, Execute,
                               {ffi::Traits::kCmdBufferCompatible});
 
 // For run.py (ctypes): the host records, then the device log.
-extern "C" int64_t probe_records(Rec* out, int64_t cap) {
+extern "C" int64_t probe_records(void* out_v, int64_t cap) {
+  Rec* out = static_cast<Rec*>(out_v);
   std::lock_guard lk(mu);
   const int64_t n = static_cast<int64_t>(recs.size());
   for (int64_t i = 0; i < n && i < cap; ++i) out[i] = recs[i];

@@ -115,6 +115,47 @@ def one_mode(mode: str, executions: int, calls: int) -> dict:
                                            for e in range(executions) for i in range(calls))),
         "first_words": words[:2 * calls], "first_init_runs": [int(v) & 0xffffffff for v in init_runs[:3]],
     }
+  # A program whose host callback raises half-way on every other execution (as a failed step
+  # would): do the stages still run once per execution for every call, the captured ones after
+  # the failure point included, and do the next execution's kernels read their own launch id?
+  from jax.experimental import io_callback
+  state = {"n": 0}
+
+  def maybe_raise(v):
+    state["n"] += 1
+    if state["n"] % 2 == 0:
+      raise RuntimeError("probe: injected failure")
+    return v
+
+  def failing(x):
+    for i in range(calls):
+      if i == calls // 2:
+        x = io_callback(maybe_raise, jax.ShapeDtypeStruct(x.shape, x.dtype), x, ordered=False)
+      x = jnp.tanh(x) * 1.0001 + 0.001
+      x = jax.ffi.ffi_call("probe_stages", jax.ShapeDtypeStruct(x.shape, x.dtype), has_side_effect=True)(
+          x, site=np.int64(100 + i))
+    return x
+
+  f = jax.jit(failing)
+  f(jnp.array(x0)).block_until_ready()  # compile (state n=1: no failure)
+  r1, (_, l1) = len(records()), device_log()
+  failed = 0
+  for _ in range(executions):
+    try:
+      f(jnp.array(x0)).block_until_ready()
+    except Exception:  # noqa: BLE001 - the injected failure
+      failed += 1
+  recs = records()[r1:]
+  log, l2 = device_log()
+  log = log[l1:l2] if l2 >= 0 else []
+  out["phases"]["failing"] = {
+      "failed_executions": failed,
+      "calls_per_execution": {name: sum(1 for r in recs if r[0] == s) / executions
+                              for s, name in ((1, "prepare"), (2, "initialize"), (3, "execute"))},
+      "device_log_entries": len(log),
+      "log_sites_words": log[:4 * calls],
+      "init_runs": [r[2] & 0xffffffff for r in recs if r[0] == 2][:4 * calls],
+  }
   return out
 
 
