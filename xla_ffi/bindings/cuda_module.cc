@@ -41,11 +41,12 @@ NB_MODULE(_dfccl_cuda, m) {
     d["dfccl_start"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
     d["dfccl_done"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneCuda));
     d["dfccl_collective"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveCuda));
-    // Groups spanning processes: the same handlers with a prepare stage (protocol "run" in
-    // device/task.h; a dict of stages), chosen at lowering (core.py).
+    // Groups spanning processes: the same handlers with a prepare and an initialize stage
+    // (protocol "run" in device/task.h; a dict of stages), chosen at lowering (core.py).
     auto with_prepare = [](void* execute) {
       nb::dict st;
       st["prepare"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclPrepareCuda));
+      st["initialize"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclInitializeCuda));
       st["execute"] = nb::capsule(execute);
       return st;
     };

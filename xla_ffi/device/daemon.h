@@ -17,6 +17,9 @@ cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 // pdl: launched with programmatic stream serialization (config.tuning.submit_pdl).
 cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl);
 cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl);
+// The launch id of the execution whose thunks follow on `stream`, into
+// DeviceShared::run_word (protocol "run" in device/task.h): one thread.
+cudaError_t LaunchRunWord(DeviceShared* dev, uint32_t run, cudaStream_t stream);
 // A start form's copy of its operand into its call site's slot (device/task.h, "staged").
 cudaError_t LaunchStage(const StageParams& p, cudaStream_t stream);
 // The blocking form's inline submit kernel (daemon_kernel.cu; LaunchSubmit picks

@@ -403,6 +403,8 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   // With tracing on, an identity task takes its ticket first too: the trace's
   // stream events live in its ring entry.
   if (tid == 0) {
+    if (p.book > 0 && SubmitBook(p, sd))  // (protocol "run": tombstones first)
+      sd.invalid = PackStatus(kStatusLeftBehind, sd.rank, sd.rank);
     ticketless = sd.match == kMatchIdentity && !p.trace;
     if (ticketless) go = !sd.invalid && sd.lanes <= kMaxLanes;
     else go = SubmitMatch(p, sd) == kMatchSlotted && sd.lanes <= kMaxLanes && sd.pool == 0;

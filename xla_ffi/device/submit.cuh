@@ -5,6 +5,8 @@
 // arrive at its instance, publish it, wait for its done word.
 #pragma once
 
+#include <cstddef>
+
 #include "device/match.cuh"
 #include "device/primitives.cuh"
 #include "device/wait.cuh"
@@ -78,8 +80,7 @@ DFCCL_DEV void SubmitTake(const SubmitParams& p, TaskDesc& d) {
   d.vec = d.vec && aligned;
   d.invalid = d.pool == 0 && !aligned ? PackStatus(kStatusUnaligned, d.rank, d.rank) : 0u;  // the LL path needs 16-byte lines
   d.run = p.run;
-  d.tomb = p.tomb;
-  if (p.tomb) d.invalid = PackStatus(kStatusLeftBehind, d.rank, d.rank);  // protocol "run": it arrives failed
+  d.tomb = 0;
 }
 
 // One thread, after GridDependencyWait (the stage kernel's words are written): a
@@ -177,9 +178,72 @@ DFCCL_DEV void SubmitPublish(const SubmitParams& p, const TaskDesc& d) {
   StReleaseGpu(&dev->pub[e], g);
   // The host's record, one 16-byte store (the proxy reads gen, then the rest):
   // it relaunches a daemon that quit and runs the watchdog.
-  SubRec rec{d.seq, p.site | (p.tomb ? kTombSite : 0), g};
+  SubRec rec{d.seq, p.site | (d.tomb ? kTombSite : 0), g};
   StVolVec(&p.host->sub[e], *reinterpret_cast<const uint4*>(&rec));
-  if (p.ticket_out) *p.ticket_out = static_cast<int64_t>(d.ticket);
+  if (p.ticket_out && !d.tomb) *p.ticket_out = static_cast<int64_t>(d.ticket);
+}
+
+// One thread, a start's tombstones (protocol "run" in device/task.h): they take
+// the start's sequence number and n - 1 more, the start the next one (on one
+// stream no other start of the key takes one meanwhile: the next submit kernel
+// runs once this one completed).
+DFCCL_DEV void SubmitTombstones(const SubmitParams& p, TaskDesc& d, int64_t n) {
+  const uint64_t more = atomicAdd(&p.dev->seq_ctr[p.task.key_ctr], static_cast<unsigned long long>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    TaskDesc t = p.task;  // no buffers, no launch id; it arrives failed
+    t.ticket = 0;
+    t.seq = i == 0 ? d.seq : more + static_cast<uint64_t>(i - 1);
+    t.in = nullptr;
+    t.out = nullptr;
+    if (t.match == kMatchIdentity) {
+      t.epoch = IdentityTag(t.key_hash, t.seq);
+    } else {
+      t.slot = -1;
+      t.epoch = 0;
+      t.match = -1;
+    }
+    t.run = 0;
+    t.tomb = 1;
+    t.invalid = PackStatus(kStatusLeftBehind, t.rank, t.rank);
+    SubmitMatch(p, t);
+    SubmitPublish(p, t);
+  }
+  d.seq = more + static_cast<uint64_t>(n - 1);
+  if (d.match == kMatchIdentity) d.epoch = IdentityTag(d.key_hash, d.seq);
+}
+
+// One thread, after SubmitTake and GridDependencyWait (the previous start's count
+// is written), a start of a group spanning processes (p.book > 0; protocol "run"
+// in device/task.h): the execution's launch id into the task (the handler's, or
+// inside a command buffer the initialize stage's word), the start counted in its
+// program's line, and the tombstones the line asks for submitted before it.
+// Returns true when more were owed than one start submits (the rest stays owed;
+// the caller fails this start's task, which would pair with a left-behind run).
+DFCCL_DEV bool SubmitBook(const SubmitParams& p, TaskDesc& d) {
+  DeviceShared* dev = p.dev;
+  const int line = p.book - 1;
+  RunSlot* g = &dev->run_slot[line];
+  static_assert(sizeof(RunSlot) == 48 && offsetof(RunSlot, taken) == 40, "RunSlot: three 16-byte words");
+  const uint4 w0 = LdVolVec(g), w1 = LdVolVec(reinterpret_cast<const uint4*>(g) + 1),
+              w2 = LdVolVec(reinterpret_cast<const uint4*>(g) + 2);
+  const int64_t owed = LdVol(&dev->run_owed[line]);
+  const uint32_t run = p.run != 0 ? p.run : LdVol(&dev->run_word);
+  RunSlot s;
+  reinterpret_cast<uint4*>(&s)[0] = w0;
+  reinterpret_cast<uint4*>(&s)[1] = w1;
+  reinterpret_cast<uint4*>(&s)[2] = w2;
+  int64_t n = RunSlotStart(s, owed, run);
+  const bool behind = n > kMaxTombstones;
+  if (behind) {
+    s.taken -= n - kMaxTombstones;
+    n = kMaxTombstones;
+  }
+  StVolVec(g, reinterpret_cast<const uint4*>(&s)[0]);
+  StVolVec(reinterpret_cast<uint4*>(g) + 1, reinterpret_cast<const uint4*>(&s)[1]);
+  StVolVec(reinterpret_cast<uint4*>(g) + 2, reinterpret_cast<const uint4*>(&s)[2]);
+  d.run = run;
+  if (n > 0) SubmitTombstones(p, d, n);
+  return behind;
 }
 
 }  // namespace dfccl::gpu

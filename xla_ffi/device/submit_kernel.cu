@@ -17,7 +17,9 @@ __global__ void SubmitKernel(SubmitParams p) {
   TaskDesc d;
   SubmitTake(p, d);
   GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
+  const bool behind = p.book > 0 && SubmitBook(p, d);  // (protocol "run": tombstones first)
   const uint64_t call = p.stage.state ? SubmitStage(p, d) : 0;
+  if (behind) d.invalid = PackStatus(kStatusLeftBehind, d.rank, d.rank);
   SubmitMatch(p, d);
   if (p.stage.state) SubmitStageOwner(p, d, call);
   const uint64_t t_matched = p.trace ? GlobalTimer() : 0;
@@ -29,6 +31,9 @@ __global__ void SubmitKernel(SubmitParams p) {
   }
   if (p.wait) WaitDone(p.dev, d.ticket, p.trap, p.trace, p.timeout_ns);
 }
+
+// The execution's launch id for its captured starts (protocol "run" in device/task.h).
+__global__ void RunWordKernel(DeviceShared* dev, uint32_t run) { StVol(&dev->run_word, run); }
 
 // dst[0:n) = src[0:n) by the whole grid; src read past L1 (another agent wrote it).
 __device__ void GridCopy(char* dst, const char* src, int64_t n) {
@@ -117,6 +122,7 @@ cudaError_t PreloadSubmitKernels() {
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StagedDoneKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StagedDoneWaitKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, StagedCopyKernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, RunWordKernel);
   if (e == cudaSuccess) e = PreloadInlineSubmit();
   return e;
 }
@@ -151,6 +157,11 @@ cudaError_t LaunchDone(const DoneParams& p, cudaStream_t stream, bool pdl) {
   if (blocks == 1) return LaunchOneBlock(&StagedDoneKernel, p, 256, stream, pdl);
   const cudaError_t e = LaunchOneBlock(&StagedDoneWaitKernel, p, 32, stream, pdl);
   return e != cudaSuccess ? e : LaunchOneBlock(&StagedCopyKernel, p, 256, stream, pdl, blocks);
+}
+
+cudaError_t LaunchRunWord(DeviceShared* dev, uint32_t run, cudaStream_t stream) {
+  RunWordKernel<<<1, 1, 0, stream>>>(dev, run);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchStage(const StageParams& p, cudaStream_t stream) {  // no PDL: it reads the operand at once

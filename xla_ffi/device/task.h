@@ -135,14 +135,20 @@
 //               blocking form keeps XLA's buffers: its kernel returns only once its
 //               task is complete, so no program stops while the task uses them.
 //  run          across processes (docs/design/execution_identity.md): a start
-//               whose handler runs (outside a command buffer) carries its execution's
-//               launch id (XLA's RunId; TaskDesc::run, 0 inside a command buffer).
-//               The host (runtime/run_book.h) counts, per (communicator, key) and
-//               program, the starts of each execution; when its process ran an
-//               execution that started the key fewer times than the program does
-//               (the execution failed before those starts), the next start first
-//               submits that many *tombstones* (TaskDesc::tomb) for the key, which
-//               take the sequence numbers the failed execution would have taken.
+//               carries its execution's launch id (XLA's RunId; TaskDesc::run):
+//               the handler's, outside a command buffer (SubmitParams::run); inside
+//               one, DeviceShared::run_word, which the initialize stage of the
+//               execution's first start wrote on XLA's stream before its thunks
+//               (a one-thread kernel).  A start of a group spanning processes
+//               (SubmitParams::book > 0), once the stream's earlier kernels are
+//               complete, counts itself in its program's line of the key
+//               (DeviceShared::run_slot, dfccl/execution.h RunSlotStart; the host
+//               opens the line and writes its call sites at XLA's prepare stage,
+//               and adds to run_owed what the device's failures say is owed): when
+//               its process ran an execution that started the key fewer times than
+//               the program does (the execution failed before those starts), it
+//               first submits that many *tombstones* (TaskDesc::tomb) for the key,
+//               which take the sequence numbers the failed execution would have taken.
 //               A tombstone arrives failed (kStatusLeftBehind, its rank) at a match
 //               entry, so the peers' tasks of that instance (their processes' copy
 //               of the failed execution) fail naming it; by identity it sends each
@@ -159,6 +165,7 @@
 #include <cstdint>
 
 #include "dfccl/collective.h"
+#include "dfccl/execution.h"
 
 #if defined(__CUDACC__)
 #define DFCCL_TASK_HD __host__ __device__ __forceinline__
@@ -177,6 +184,8 @@ inline constexpr int kTracePerBlock = 2048; // trace ring entries per block
 inline constexpr int kNumPools = 2;         // 0: small messages (LL protocol), 1: the rest (simple protocol)
 inline constexpr int kCeRing = 1024;        // copy-engine collectives in flight per device (runtime/copy_engine.h)
 inline constexpr int kMaxKeys = 4096;       // (communicator, key) sequence counters per device
+inline constexpr int kRunSlots = 2048;      // lines of the execution book per device (protocol "run")
+inline constexpr int kMaxTombstones = 256;  // tombstones one start submits at most (protocol "run")
 inline constexpr int kMatchBuckets = 256;   // MatchTable geometry: buckets x ways entries
 inline constexpr int kMatchWays = 16;
 inline constexpr int kMaxPoolSlots = 1024;  // instance slots per pool (config *_slots)
@@ -461,7 +470,7 @@ struct DeviceShared {
   uint32_t quit;                 // launch id whose daemon must exit
   uint32_t stale_map;            // launch id of a daemon a lane of which needs a newer mapping (it leaves, the proxy relaunches)
   uint32_t entered;              // launch id of the latest daemon whose control block started (for pending())
-  uint32_t pad;
+  uint32_t run_word;             // the launch id of the execution on XLA's stream (protocol "run")
   unsigned long long blocks_left;  // daemon blocks that returned, over every launch (for pending())
   uint32_t pub[kTaskRing];       // Gen(ticket) once the submit kernel wrote desc[e]
   uint32_t done[kTaskRing];      // waited on by XLA's stream
@@ -469,6 +478,8 @@ struct DeviceShared {
   TaskRun run[kTaskRing];
   TaskDesc desc[kTaskRing];
   unsigned long long seq_ctr[kMaxKeys];  // starts of each (communicator, key) by this device
+  RunSlot run_slot[kRunSlots];           // the execution book's lines (protocol "run"; runtime/run_book.h)
+  int64_t run_owed[kRunSlots];           // starts the host found owed per line, a running total (written by the host)
   LaneState lane[kTaskRing][kMaxLanes];
   // Counters and trace ring per block (the control block's row is `workers`);
   // device memory, copied out by the host on demand (no PCIe writes on the hot path).
@@ -517,8 +528,8 @@ struct SubmitParams {
   int32_t sticky_max;
   int32_t tags;          // direct path across processes: DirectTags of in and out (or'ed into TaskDesc::direct)
   StageView stage;       // a start form's staging: the task's buffers are the slot's (stage.state null: XLA's in, out)
-  uint32_t run;          // the execution's launch id (protocol "run"; 0: unknown, inside a command buffer)
-  int32_t tomb;          // 1: a tombstone of the site's key (no buffers, no ticket_out, no wait)
+  uint32_t run;          // the execution's launch id (protocol "run"; 0: DeviceShared::run_word, inside a command buffer)
+  int32_t book;          // 1 + the line of the start's program in DeviceShared::run_slot (protocol "run"); 0: none
   InlineSubmitFn inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
 };
 

@@ -118,6 +118,9 @@ StagedKey StagedKeyOf(int32_t ordinal, int64_t site, const ffi::AnyBuffer& x) {
   return StagedKey{site, static_cast<int64_t>(x.element_count()), ordinal, static_cast<int32_t>(x.element_type())};
 }
 
+// The execution's launch id (0: XLA without collective parameters, which says -1).
+uint32_t RunOf(ffi::RunId run) { return run.run_id == -1 ? 0u : static_cast<uint32_t>(run.run_id); }
+
 // Daemon path, both start forms: the submit kernel (blocking: it also waits); a
 // start form's operand goes into its site's slot first (its task never touches
 // XLA's buffers, so a program that stops before the done leaves nothing in use).
@@ -141,12 +144,12 @@ ffi::Error Begin(cudaStream_t stream, int32_t ordinal, ffi::RunId run, const ffi
     if (p.site->staged) {  // ragged_all_to_all's initial output goes into the slot too (the stage kernel)
       DFCCL_CHECK(!init.has_value() || init->size_bytes() == out_buf.size_bytes(), "dfccl: init does not match the result");
       Runtime::Get().daemon().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking,
-                                     static_cast<uint32_t>(run.run_id), init.has_value() ? init->untyped_data() : nullptr);
+                                     RunOf(run), init.has_value() ? init->untyped_data() : nullptr);
       return;
     }
     CopyInit(stream, init, out_buf);
     Runtime::Get().daemon().Submit(stream, *p.site, x.untyped_data(), out_buf.untyped_data(), ticket, blocking,
-                                   static_cast<uint32_t>(run.run_id));
+                                   RunOf(run));
   });
 }
 
@@ -214,8 +217,10 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer /*out_i
 // The prepare stage of the daemon path's starts of groups spanning processes
 // (targets dfccl_start_x, dfccl_collective_x): XLA calls it once per execution for
 // every such start of the program, before any of its thunks runs (failed
-// executions too), also for starts inside command buffers; it books the execution
-// (protocol "run" in device/task.h).  Its book is found once per call site and GPU.
+// executions too), also for starts inside command buffers (measured:
+// benchmarks/results/ffi_stages_2026-12-06_h100.json); it opens the program's line
+// of the key's book (protocol "run" in device/task.h).  Its book is found once
+// per call site and GPU.
 ffi::Error PrepareImpl(int32_t ordinal, ffi::RunId run, ffi::RemainingArgs, ffi::RemainingRets, StartAttrs attrs) {
   return FfiGuard([&] {
     if (run.run_id == -1) return;  // XLA without collective parameters says -1: no launch id
@@ -230,8 +235,17 @@ ffi::Error PrepareImpl(int32_t ordinal, ffi::RunId run, ffi::RemainingArgs, ffi:
                                                             static_cast<uint64_t>(attrs.key_hash))).first;
     }
     if (it->second == nullptr) return;  // a group inside this process: nothing to book
-    std::lock_guard lk(it->second->mu);
-    it->second->book.Plan(static_cast<uint32_t>(run.run_id), attrs.site);
+    Runtime::Get().daemon().Plan(ordinal, *it->second, RunOf(run), attrs.site);
+  });
+}
+
+// Their initialize stage: called as the prepare stage is, after it, with the
+// execution's stream (not capturing); the execution's first on this GPU writes its
+// launch id on the stream for the starts XLA replays from command buffers.
+ffi::Error InitializeImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run, ffi::RemainingArgs,
+                          ffi::RemainingRets) {  // (no attributes bound: none decoded, XLA checks none)
+  return FfiGuard([&] {
+    if (RunOf(run) != 0) Runtime::Get().daemon().BeginExecution(ordinal, stream, RunOf(run));
   });
 }
 
@@ -296,6 +310,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclPrepareCuda, PrepareImpl,
                                   .RemainingArgs()
                                   .RemainingRets()
                                   .Attrs<StartAttrs>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclInitializeCuda, InitializeImpl,
+                              ffi::Ffi::BindInitialize()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::RunId>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl, DFCCL_START_BINDING, {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveCuda, CollectiveImpl, DFCCL_COLLECTIVE_BINDING,
                               {ffi::Traits::kCmdBufferCompatible});

@@ -5,6 +5,7 @@
 
 namespace dfccl::gpu {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclPrepareCuda);  // the prepare stage of dfccl_start and dfccl_collective
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclInitializeCuda);  // ... and their initialize stage
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclDoneCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DfcclCollectiveCuda);

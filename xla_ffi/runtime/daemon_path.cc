@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <sstream>
 #include <thread>
 
@@ -214,14 +215,16 @@ void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, v
   Device& d = *site.d;
   ctx_.ThrowIfFailed(d);
   const KernelFlags f = ctx_.FlagsFor(stream);
-  // Inside a command buffer the launch id is the recording's: no book, no check.
-  if (site.runs && run != 0 && f.trap) {
+  // The line of the program's book (protocol "run"); inside a command buffer the
+  // launch id is the recording's: the kernel reads its execution's from run_word.
+  int book = -1;
+  if (site.runs && run != 0) {
     std::lock_guard lk(site.runs->mu);
-    site.runs->book.Captured(run);
+    book = site.runs->book.SlotOf(run);
   }
   if (f.trap) run = 0;
-  if (site.runs && run != 0) Tombstones(stream, site, run, f);
   SubmitParams p = SiteParams(site, f);
+  p.book = book + 1;
   p.in = static_cast<const char*>(in);
   p.out = static_cast<char*>(out);
   p.ticket_out = ticket_out;
@@ -283,28 +286,55 @@ KeyRuns* DaemonPath::BookOf(int ordinal, const std::vector<int64_t>& group, uint
   return spans && ordinal >= 0 ? RunsOf(ordinal, group, key_hash) : nullptr;
 }
 
-// Protocol "run": the starts of the site's key that this process's earlier
-// executions of the program left behind become tombstones, submitted before this
-// start on its stream (they take those sequence numbers; the peers' tasks of
-// those instances fail naming this rank, ErrorCode::kAborted).
-void DaemonPath::Tombstones(cudaStream_t stream, const Site& site, uint32_t run, const KernelFlags& f) {
-  int64_t n;
+// Protocol "run", from XLA's prepare stage: the program's line of the key on this
+// GPU opened (at its first execution) and its call sites written; both before any
+// of the execution's thunks runs, so before any start reads the line.
+void DaemonPath::Plan(int ordinal, KeyRuns& kr, uint32_t run, int64_t site) {
+  RunBook::Change ch;
   {
-    std::lock_guard lk(site.runs->mu);
-    n = site.runs->book.Start(run);
+    std::lock_guard lk(kr.mu);
+    std::lock_guard lk2(runs_mu_);
+    ch = kr.book.Plan(run, site, slots_.try_emplace(ordinal, kRunSlots).first->second);
+    slots_.at(ordinal).Give(ch.freed);
   }
-  if (n <= 0) return;
-  Device& d = *site.d;
-  DFCCL_CHECK_CODE(n <= kMaxTombstones, ErrorCode::kAborted,
-                   "dfccl: collective '" << site.key << "' (rank " << site.rank << "): this process's earlier "
-                   "executions of the program left " << n << " of its starts behind (they failed before them), more "
-                   "than " << kMaxTombstones << " this runtime skips at once; the peers' instances fail on their "
-                   "timeout; restart the job's processes");
-  SubmitParams p = SiteParams(site, f);
-  p.tomb = 1;  // no buffers, no ticket buffer, no wait
-  for (int64_t i = 0; i < n; ++i)
-    Timed(d, "tombstone", [&] { return LaunchSubmit(p, stream, ctx_.pdl.load(std::memory_order_relaxed)); });
-  tombstones_ += n;
+  if (ch.slot < 0 || !(ch.open || ch.sites)) return;
+  const size_t at = offsetof(DeviceShared, run_slot) + sizeof(RunSlot) * static_cast<size_t>(ch.slot);
+  if (ch.open) {
+    const int64_t zero = 0;
+    WriteBook(ordinal, at, &ch.init, sizeof(RunSlot));
+    WriteBook(ordinal, offsetof(DeviceShared, run_owed) + sizeof(int64_t) * static_cast<size_t>(ch.slot), &zero,
+              sizeof(zero));
+  } else {
+    WriteBook(ordinal, at + offsetof(RunSlot, line) + offsetof(RunLine, sites), &ch.init.line.sites, sizeof(int64_t));
+  }
+}
+
+void DaemonPath::BeginExecution(int ordinal, cudaStream_t stream, uint32_t run) {
+  DFCCL_CHECK(ordinal >= 0 && ordinal < kMaxOrdinals, "dfccl: GPU ordinal " << ordinal << " out of range");
+  // (XLA's thread of one device calls it; the execution's other starts find it written)
+  if (begun_[ordinal].exchange(run, std::memory_order_relaxed) == run) return;
+  DeviceShared* dev;
+  {
+    auto lk = ctx_.HandlerLock();
+    dev = ctx_.GetDevice(ordinal).dev;
+  }
+  DeviceGuard guard(ordinal);
+  const cudaError_t e = LaunchRunWord(dev, run, stream);
+  DFCCL_CHECK_CODE(e == cudaSuccess, ErrorCode::kInternal,
+                   "dfccl: the execution's launch id on GPU " << ordinal << ": " << cudaGetErrorString(e));
+}
+
+void DaemonPath::WriteBook(int ordinal, size_t offset, const void* src, size_t bytes) {
+  Device* d;
+  {
+    auto lk = ctx_.HandlerLock();
+    d = &ctx_.GetDevice(ordinal);
+  }
+  DeviceGuard guard(ordinal);
+  cudaError_t e = cudaMemcpyAsync(reinterpret_cast<char*>(d->dev) + offset, src, bytes, cudaMemcpyHostToDevice, d->aux);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(d->aux);
+  DFCCL_CHECK_CODE(e == cudaSuccess, ErrorCode::kInternal,
+                   "dfccl: the execution book on GPU " << ordinal << ": " << cudaGetErrorString(e));
 }
 
 void DaemonPath::Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site& staged, void* result) {
@@ -340,6 +370,7 @@ void DaemonPath::PollRecords(Device& d, Clock::time_point now) {
     if (gen == Gen(q.seen)) {  // (a newer generation: the record was overwritten before it was read)
       const int32_t site = r.site & ~kTombSite;
       ti.tomb = (r.site & kTombSite) != 0;
+      if (ti.tomb) tombstones_++;
       ti.seq = r.seq;
       if (site >= 0 && site < static_cast<int32_t>(q.sites.size())) {
         const Site* st = q.sites[site].get();
@@ -398,7 +429,6 @@ uint32_t DaemonPath::IdentityArrived(Device& d, const TaskInfo& ti, uint64_t t) 
 // A daemon task completed: a failure the device decided (mismatch, a peer's
 // failure, ...) becomes the error of the group's devices, reported once.
 void DaemonPath::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status) {
-  (void)d;
   // kStatusAborted: the host's own message; a tombstone's status is no error (protocol "run").
   if (status == kStatusOk || status == kStatusAborted || !ti.site || ti.tomb) return;
   Communicator& c = *ti.comm;
@@ -434,8 +464,19 @@ void DaemonPath::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status
       break;
     case kStatusLeftBehind:  // device/task.h, "run"
       if (a == ti.site->rank && b != a && ti.site->runs) {  // this start was ahead: its execution pairs further on
-        std::lock_guard lk(ti.site->runs->mu);
-        ti.site->runs->book.Owe(1);
+        std::pair<int, int64_t> owed;
+        {
+          std::lock_guard lk(ti.site->runs->mu);
+          owed = ti.site->runs->book.Owe(1);
+        }
+        if (owed.first >= 0) {
+          DeviceGuard guard(d.ordinal);
+          cudaError_t e = cudaMemcpyAsync(&d.dev->run_owed[owed.first], &owed.second, sizeof(int64_t),
+                                          cudaMemcpyHostToDevice, d.aux);
+          if (e == cudaSuccess) e = cudaStreamSynchronize(d.aux);
+          DFCCL_CHECK_CODE(e == cudaSuccess, ErrorCode::kInternal,
+                           "dfccl: the execution book on GPU " << d.ordinal << ": " << cudaGetErrorString(e));
+        }
       }
       msg << name << ": a peer's program failed: rank " << a << (a != b ? " (from another execution than rank " +
                                                                            std::to_string(b) + ")" : "")

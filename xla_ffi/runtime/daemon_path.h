@@ -78,8 +78,6 @@ class DaemonPath {
     std::vector<std::unique_ptr<Site>> sites;                 // by Site::index (the device's records name it)
     std::map<std::pair<Communicator*, uint64_t>, int> key_ctr;  // DeviceShared::seq_ctr index per (communicator, key)
   };
-  // Tombstones one start submits at most (protocol "run"; the ring holds kTaskRing tasks).
-  static constexpr int64_t kMaxTombstones = kTaskRing / 4;
 
   DaemonPath(Context& ctx, Proxy& proxy) : ctx_(ctx), proxy_(proxy) {}
   // Handlers.  Throw dfccl::Error (the FFI boundary, ffi/error.h, converts it).
@@ -90,8 +88,9 @@ class DaemonPath {
   // A start form's site is staged (`staged`: in_bytes, out_bytes are its buffers'
   // sizes); its Submit takes `init` (ragged_all_to_all's initial output, else null)
   // and Finish (every done belongs to a staged start) fills the done's `result` from the slot.
-  // `run`: the execution's launch id (XLA's RunId) — a group spanning processes first
-  // submits the tombstones its book asks for (protocol "run" in device/task.h).
+  // `run`: the execution's launch id (XLA's RunId; 0: none) — a start of a group spanning
+  // processes counts itself in its program's line of the key's book on the device, which
+  // submits the tombstones the line asks for first (protocol "run" in device/task.h).
   const Site* Prepare(int ordinal, const CollectiveSpec& spec, const std::string& signature, bool staged = false,
                       int64_t in_bytes = 0, int64_t out_bytes = 0);
   void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking,
@@ -100,6 +99,13 @@ class DaemonPath {
   // "run"), which XLA's prepare stage of its starts fills; null for a group inside this
   // process.  No Context lock.
   KeyRuns* BookOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash);
+  // XLA's prepare stage of a start of the key in execution `run` (call site `site`):
+  // the program's line on the device opened, its call sites written (runtime/run_book.h).
+  void Plan(int ordinal, KeyRuns& kr, uint32_t run, int64_t site);
+  // XLA's initialize stage of such a start: the execution's first on this GPU writes
+  // its launch id into DeviceShared::run_word on `stream`, before the execution's
+  // thunks (its captured starts read it there).
+  void BeginExecution(int ordinal, cudaStream_t stream, uint32_t run);
   void Finish(int ordinal, cudaStream_t stream, const int64_t* ticket, const Site& staged, void* result);
 
   // Under Context::mu.
@@ -110,22 +116,27 @@ class DaemonPath {
   void AbortTask(Device& d, uint64_t ticket);  // one task, no message (a tombstone)
   bool ReadEntry(Communicator& c, uint64_t key_hash, uint64_t seq, MatchEntry* out);
   uint32_t IdentityArrived(Device& d, const TaskInfo& ti, uint64_t ticket);
-  int64_t tombstones() const { return tombstones_.load(); }  // submitted so far (no lock)
+  int64_t tombstones() const { return tombstones_.load(); }  // seen in the records so far (no lock)
 
  private:
   TaskDesc SiteDesc(const CollectiveSpec& spec, const Communicator& c, int64_t msg_bytes, int key_ctr);
   template <class F>
   void Timed(Device& d, const char* what, F&& launch);
   static SubmitParams SiteParams(const Site& site, const KernelFlags& f);
-  void Tombstones(cudaStream_t stream, const Site& site, uint32_t run, const KernelFlags& f);
+  void WriteBook(int ordinal, size_t offset, const void* src, size_t bytes);  // into DeviceShared (no Context lock held)
   KeyRuns* RunsOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash);  // takes runs_mu_
 
   Context& ctx_;
   Proxy& proxy_;
   std::map<int, PerDevice> devices_;  // by ordinal
   std::atomic<int64_t> tombstones_{0};
-  std::mutex runs_mu_;  // runs_ only (the prepare stage takes no other lock)
+  std::mutex runs_mu_;  // runs_, slots_ (taken after a KeyRuns::mu, never before)
   std::map<std::tuple<int, std::vector<int64_t>, uint64_t>, std::unique_ptr<KeyRuns>> runs_;  // (ordinal, group, key)
+  std::map<int, RunSlots> slots_;    // per ordinal: the free lines of DeviceShared::run_slot
+  // Per ordinal: the launch id last written to run_word (read without a lock: XLA calls the
+  // initialize stage once per start and execution, the first of them writes it).
+  static constexpr int kMaxOrdinals = 64;
+  std::array<std::atomic<uint32_t>, kMaxOrdinals> begun_{};
 };
 
 }  // namespace dfccl::gpu

@@ -54,15 +54,17 @@ DFCCL_RUN_HD RunOrder CompareRuns(int64_t a, int64_t b) {
 }
 
 // One program's line of a key's execution book (protocol "run" in
-// xla_ffi/device/task.h; docs/design/execution_identity.md, "GPUs"): the
-// arithmetic of xla_ffi/runtime/run_book.h, in a form a kernel can run too.
+// xla_ffi/device/task.h; docs/design/execution_identity.md, "GPUs").  The submit
+// kernels keep it in device memory (DeviceShared::run_slot), in stream order,
+// whether XLA runs the start's handler or replays it from a command buffer; the
+// host (xla_ffi/runtime/run_book.h) only opens it and counts its call sites.
 struct RunLine {
   uint32_t last;      // the program's latest execution seen (a launch id)
-  uint32_t captured;  // 1: its starts are recorded into a command buffer (not seen by the host)
+  uint32_t pad;
   int64_t count;      // starts of the key by execution `last` so far
   int64_t expected;   // the most starts of the key one execution made
   int64_t owed;       // starts left behind, not yet submitted as tombstones
-  int64_t sites;      // the program's call sites of the key (an execution's least)
+  int64_t sites;      // the program's call sites of the key (an execution's least; written by the host)
 };
 
 // What the program's executions from l.last up to `run` (excluded) did not
@@ -74,22 +76,15 @@ DFCCL_RUN_HD int64_t RunLineMissing(const RunLine& l, uint32_t run) {
   return (rest > 0 ? rest : 0) + between * per;
 }
 
-// Execution `run` of the program begins (XLA's prepare stage): the previous one
-// is over, what it did not start is owed.
-DFCCL_RUN_HD void RunLinePlan(RunLine& l, uint32_t run) {
-  if (run == l.last || CompareRuns(run, l.last) != RunOrder::kLater) return;
-  if (!l.captured) l.owed += RunLineMissing(l, run);
-  l.last = run;
-  l.count = 0;
-}
-
 // A start of the key by execution `run`: counts it, returns the tombstones to
-// submit before it (what is owed, and what executions no prepare stage
-// announced left behind).
+// submit before it.  The first start of a later execution closes the earlier
+// ones: what they did not start (RunLineMissing) is owed, with what the host
+// found owed (l.owed).  A start of an earlier or an unrelated execution (another
+// program whose stale command buffer still names this line) counts nothing.
 DFCCL_RUN_HD int64_t RunLineStart(RunLine& l, uint32_t run) {
   int64_t n = 0;
   if (run != l.last) {
-    if (CompareRuns(run, l.last) != RunOrder::kLater) return 0;  // an older execution (not in one process)
+    if (CompareRuns(run, l.last) != RunOrder::kLater) return 0;
     n = RunLineMissing(l, run);
     l.last = run;
     l.count = 0;
@@ -98,6 +93,22 @@ DFCCL_RUN_HD int64_t RunLineStart(RunLine& l, uint32_t run) {
   if (l.count > l.expected) l.expected = l.count;
   n += l.owed;
   l.owed = 0;
+  return n;
+}
+
+// A line as the device keeps it: the owed starts come from the host as a running
+// total (DeviceShared::run_owed, written by the host alone), of which `taken`
+// have been submitted.
+struct RunSlot {
+  RunLine line;
+  int64_t taken;
+};
+
+// RunLineStart on a slot, given the host's running total of owed starts.
+DFCCL_RUN_HD int64_t RunSlotStart(RunSlot& s, int64_t owed_total, uint32_t run) {
+  s.line.owed = owed_total - s.taken;
+  const int64_t n = RunLineStart(s.line, run);
+  s.taken = owed_total - s.line.owed;
   return n;
 }
 
