@@ -36,7 +36,7 @@ struct Device {
 
   // XLA's prepare stage of call site `site` in execution `run`.
   void Plan(uint32_t run, int64_t site = 7) {
-    const RunBook::Change ch = book.Plan(run, site, slots);
+    const RunBook::Change ch = book.Plan(run, site, &slots);
     slots.Give(ch.freed);
     if (ch.open) {
       line[ch.slot] = ch.init;

@@ -293,9 +293,14 @@ void DaemonPath::Plan(int ordinal, KeyRuns& kr, uint32_t run, int64_t site) {
   RunBook::Change ch;
   {
     std::lock_guard lk(kr.mu);
-    std::lock_guard lk2(runs_mu_);
-    ch = kr.book.Plan(run, site, slots_.try_emplace(ordinal, kRunSlots).first->second);
-    slots_.at(ordinal).Give(ch.freed);
+    if (kr.book.SlotOf(run) >= 0) {  // (every execution after a program's first: no slot taken or given)
+      ch = kr.book.Plan(run, site, nullptr);
+    } else {
+      std::lock_guard lk2(runs_mu_);
+      RunSlots& slots = slots_.try_emplace(ordinal, kRunSlots).first->second;
+      ch = kr.book.Plan(run, site, &slots);
+      slots.Give(ch.freed);
+    }
   }
   if (ch.slot < 0 || !(ch.open || ch.sites)) return;
   const size_t at = offsetof(DeviceShared, run_slot) + sizeof(RunSlot) * static_cast<size_t>(ch.slot);
@@ -313,10 +318,11 @@ void DaemonPath::BeginExecution(int ordinal, cudaStream_t stream, uint32_t run) 
   DFCCL_CHECK(ordinal >= 0 && ordinal < kMaxOrdinals, "dfccl: GPU ordinal " << ordinal << " out of range");
   // (XLA's thread of one device calls it; the execution's other starts find it written)
   if (begun_[ordinal].exchange(run, std::memory_order_relaxed) == run) return;
-  DeviceShared* dev;
-  {
+  DeviceShared* dev = dev_[ordinal].load(std::memory_order_acquire);
+  if (dev == nullptr) {
     auto lk = ctx_.HandlerLock();
     dev = ctx_.GetDevice(ordinal).dev;
+    dev_[ordinal].store(dev, std::memory_order_release);
   }
   DeviceGuard guard(ordinal);
   const cudaError_t e = LaunchRunWord(dev, run, stream);

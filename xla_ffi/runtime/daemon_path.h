@@ -137,6 +137,7 @@ class DaemonPath {
   // initialize stage once per start and execution, the first of them writes it).
   static constexpr int kMaxOrdinals = 64;
   std::array<std::atomic<uint32_t>, kMaxOrdinals> begun_{};
+  std::array<std::atomic<DeviceShared*>, kMaxOrdinals> dev_{};  // per ordinal, once set up (no lock after)
 };
 
 }  // namespace dfccl::gpu

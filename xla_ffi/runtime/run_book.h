@@ -75,7 +75,9 @@ class RunBook {
 
   // XLA's prepare stage of a start of the key (call site `site`) in execution
   // `run`: once per execution and site, before any of the execution's thunks runs.
-  Change Plan(uint32_t run, int64_t site, RunSlots& slots) {
+  // `slots`: where a new program's line comes from (may be null for a program
+  // that has a line: SlotOf(run) >= 0).
+  Change Plan(uint32_t run, int64_t site, RunSlots* slots) {
     Change ch;
     Line* l = Find(run);
     if (l == nullptr) {
@@ -86,7 +88,7 @@ class RunBook {
       lines_.push_back(Line{});
       l = &lines_.back();
       l->last = run;
-      l->slot = ch.freed >= 0 ? std::exchange(ch.freed, -1) : slots.Take();
+      l->slot = ch.freed >= 0 ? std::exchange(ch.freed, -1) : slots ? slots->Take() : -1;
       ch.open = l->slot >= 0;
     }
     if (CompareRuns(run, l->last) == RunOrder::kLater) l->last = run;
