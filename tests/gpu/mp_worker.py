@@ -745,7 +745,7 @@ elif case == "retry":
   # too (loudly); what no run may return is any other value.
   retry_ok = (runs[warm + 1].get("values") == [105.0] if not warm else
               "error" in runs[warm + 1] or runs[warm + 1].get("values") == [105.0])
-  out["ok"] = (len(runs) == 2 + warm and all(r.get("values") == [30.0] for r in runs[:warm]) and
+  out["ok"] = (len(runs) == 2 + warm and all(r.get("values") == [30.0] and "error" not in r for r in runs[:warm]) and
                "error" in runs[warm] and retry_ok)
   out["errors"] = d.stats()["cuda"].get("errors", [])[-4:]
   client.wait_at_barrier("retry/end", 120_000)

@@ -106,7 +106,7 @@ def test_a_retry_after_a_failure_before_the_start_pairs_with_the_right_run(tmp_p
                     args=("--timeout-s", "8", "--config", f"small_by_identity={identity}", "--warm", str(warm)))
   assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
   r0, r1 = results[0]["runs"], results[1]["runs"]
-  assert all(r["values"] == [30.0] for r in r0[:warm] + r1[:warm]), (r0, r1)
+  assert all(r["values"] == [30.0] and "error" not in r for r in r0[:warm] + r1[:warm]), (r0, r1)
   assert r0[warm]["injected"], r0
   assert r0[warm + 1]["tombstones"] >= 1, r0  # the retry skipped the failed run's start
   assert "error" in r1[warm], r1
