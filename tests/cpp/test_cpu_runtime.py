@@ -356,12 +356,23 @@ def test_device_wait_helper_sanitized(tmp_path, sanitizer):
 
 @pytest.mark.parametrize("sanitizer", ["address", "undefined"])
 def test_gpu_execution_book_sanitized(tmp_path, sanitizer):
-  """tests/cpp/run_book_test.cc: the GPU runtime's execution book (xla_ffi/runtime/run_book.h) —
-  how many starts of a key a process's failed executions left behind, from its starts' launch ids:
-  whole and partial executions, programs booked apart, the 32-bit wrap, processes with one history
-  skipping alike, and a failed process's tombstones taking the sequence numbers its peers' execution
-  took."""
+  """tests/cpp/run_book_test.cc: the GPU runtime's execution book (the host's side,
+  xla_ffi/runtime/run_book.h, with the device's arithmetic, dfccl/execution.h) — how many starts of a
+  key a process's failed executions left behind, from its starts' launch ids: whole and partial
+  executions, programs booked apart, the 32-bit wrap, processes with one history skipping alike, a
+  failed process's tombstones taking the sequence numbers its peers' execution took, replays from a
+  command buffer, lines reused and a full table."""
   _build_and_run_sanitized(tmp_path, sanitizer, ["tests/cpp/run_book_test.cc"])
+
+
+@pytest.mark.parametrize("sanitizer", ["address", "undefined"])
+def test_submit_kernels_execution_book_sanitized(tmp_path, sanitizer):
+  """tests/cpp/submit_book_test.cc: the submit kernels' side of the execution book
+  (xla_ffi/device/submit.cuh SubmitBook and its tombstones, compiled for the host through
+  tests/cpp/device_shim) run as one GPU's stream: the sequence numbers tombstones and starts take,
+  tombstones without buffers arriving failed, the host's records, a replayed start's launch id from
+  the initialize stage's word, what the host found owed, and the cap on one start's tombstones."""
+  _build_and_run_sanitized(tmp_path, sanitizer, ["tests/cpp/submit_book_test.cc"], includes=["tests/cpp/device_shim"])
 
 
 @pytest.mark.parametrize("sanitizer", ["address", "undefined"])

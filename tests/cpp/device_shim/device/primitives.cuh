@@ -1,7 +1,8 @@
-// Host stand-ins for the device primitives that xla_ffi/device/match.cuh and
-// wait.cuh use, so the device's matching protocol compiles with g++ and runs with
-// threads as the ranks' control warps (tests/cpp/match_stress.cc), and the thread
-// waits' bounds, aborts and back-off can be checked (tests/cpp/wait_helper.cc).
+// Host stand-ins for the device primitives that xla_ffi/device/match.cuh, wait.cuh
+// and submit.cuh use, so the device's matching protocol compiles with g++ and runs
+// with threads as the ranks' control warps (tests/cpp/match_stress.cc), the thread
+// waits' bounds, aborts and back-off can be checked (tests/cpp/wait_helper.cc), and
+// the submit kernels' execution book runs as a stream would (tests/cpp/submit_book_test.cc).
 // This folder comes first on the include path there, so the headers'
 // "device/primitives.cuh" is this file.
 // Every word shared between ranks is accessed through std::atomic_ref with the
@@ -16,11 +17,18 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "device/task.h"
 
 #define DFCCL_DEV inline
+
+// CUDA's 16-byte vector type (device/submit.cuh moves descriptors and run states in them).
+struct uint4 {
+  unsigned int x, y, z, w;
+};
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
 
 namespace dfccl::gpu {
 
@@ -63,6 +71,22 @@ inline uint32_t CasAcquireSys(uint32_t* p, uint32_t cmp, uint32_t val) { return 
 inline uint32_t CasAcquireGpu(uint32_t* p, uint32_t cmp, uint32_t val) { return CasAcquire(p, cmp, val); }
 inline uint32_t AddAcqRelSys(uint32_t* p, uint32_t v) { return Shared(p).fetch_add(v, std::memory_order_acq_rel); }
 
+// A 16-byte volatile store or load: two relaxed 8-byte halves (the PTX vector access is
+// not single-copy atomic either).
+inline void StVolVec(void* p, uint4 v) {
+  uint64_t h[2];
+  std::memcpy(h, &v, sizeof(h));
+  Shared(static_cast<uint64_t*>(p)).store(h[0], std::memory_order_relaxed);
+  Shared(static_cast<uint64_t*>(p) + 1).store(h[1], std::memory_order_relaxed);
+}
+inline uint4 LdVolVec(const void* p) {
+  const uint64_t h[2] = {Shared(static_cast<const uint64_t*>(p)).load(std::memory_order_relaxed),
+                         Shared(static_cast<const uint64_t*>(p) + 1).load(std::memory_order_relaxed)};
+  uint4 v;
+  std::memcpy(&v, h, sizeof(v));
+  return v;
+}
+
 }  // namespace dfccl::gpu
 
 // CUDA's relaxed atomics, fences and intrinsics.
@@ -71,6 +95,9 @@ inline unsigned long long atomicAnd_system(unsigned long long* p, unsigned long 
 }
 inline unsigned long long atomicOr_system(unsigned long long* p, unsigned long long v) {
   return dfccl::gpu::Shared(p).fetch_or(v, std::memory_order_relaxed);
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return dfccl::gpu::Shared(p).fetch_add(v, std::memory_order_relaxed);
 }
 inline unsigned int atomicAdd_system(unsigned int* p, unsigned int v) {
   return dfccl::gpu::Shared(p).fetch_add(v, std::memory_order_relaxed);
