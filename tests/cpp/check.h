@@ -1,4 +1,6 @@
-// The host tests' one assertion: a failed check names file, line and condition and exits 1.
+// The host tests' assertions: CHECK, a failed check names file, line and condition and exits 1;
+// Expect, a failed expectation names what it expected and the test goes on (it returns
+// Failures() != 0 at the end).
 #pragma once
 
 #include <cstdio>
@@ -11,3 +13,15 @@
       std::exit(1);                                                              \
     }                                                                            \
   } while (0)
+
+inline int& Failures() {
+  static int n = 0;
+  return n;
+}
+
+inline void Expect(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "expectation failed: %s\n", what);
+    Failures()++;
+  }
+}

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "check.h"
 #include "runtime/run_book.h"
 
 using dfccl::RunSlot;
@@ -15,15 +16,6 @@ using dfccl::gpu::RunBook;
 using dfccl::gpu::RunSlots;
 
 namespace {
-
-int failures = 0;
-
-void Expect(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "run_book_test: %s\n", what);
-    failures++;
-  }
-}
 
 // One key's book on one device: the host's RunBook and the device's lines, as
 // daemon_path.cc (Plan, Owe) and device/submit.cuh (SubmitBook) use them.
@@ -197,7 +189,7 @@ int main() {
     d.Plan(900000);
     Expect(d.book.SlotOf(900000) < 0 && d.Start(900000) == 0, "no line, no tombstones");
   }
-  if (failures) return 1;
+  if (Failures()) return 1;
   std::printf("OK\n");
   return 0;
 }

@@ -10,24 +10,17 @@
 // tombstones of one start.  Built and run by tests/cpp/test_cpu_runtime.py under
 // ASan and UBSan.
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <vector>
 
+#include "check.h"
 #include "device/submit.cuh"
 #include "runtime/run_book.h"
 
 using namespace dfccl::gpu;
 
 namespace {
-
-int failures = 0;
-
-void Expect(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "submit_book_test: %s\n", what);
-    failures++;
-  }
-}
 
 // What one submit kernel left in the ring: its task and its tombstones, in ticket order.
 struct Published {
@@ -176,7 +169,7 @@ int main() {
     const std::vector<Published> p = s.Submit(77, -1);
     Expect(p.size() == 1 && p[0].seq == 0 && p[0].run == 77, "no line, no tombstones");
   }
-  if (failures) return 1;
+  if (Failures()) return 1;
   std::printf("OK\n");
   return 0;
 }
