@@ -674,6 +674,60 @@ elif case == "abandon":
   out["errors"] = st.get("errors", [])[-6:]
   out["pending"] = int(st.get("pending", 0))
   client.wait_at_barrier("abandon/end", 120_000)
+elif case == "chaos_retry":
+  # Randomized failures across processes (as tests/multiprocess/worker.py chaos_retry on CPU):
+  # RUNS runs of one program; a seeded draw per rank and run makes its host callback raise before
+  # the keyed psum (20%) or after it (10%).  Run k's input on rank r is (k+1)*1000 + 10*r; a run
+  # that ends without an error (raise_if_failed after it included: outside a command buffer a
+  # failed collective's error comes at the next call) must return the sum over the ranks of run k.
+  # --runs (24), --timeout-s (3).  Outside command buffers (inside, a failed collective traps).
+  import random
+  argv = lambda k, v: sys.argv[sys.argv.index(k) + 1] if k in sys.argv else v  # noqa: E731
+  d.configure(timeout_s=float(argv("--timeout-s", "3")))
+  runs_n = int(argv("--runs", "24"))
+  rng = random.Random(1000 + rank)
+  plan = [("before" if u < 0.2 else "after" if u < 0.3 else "") for u in (rng.random() for _ in range(runs_n))]
+  where = [""]
+
+  def gate(tag):
+    def g(v):
+      if where[0] == tag:
+        raise RuntimeError(f"injected failure {tag} the start")
+      return v
+    return g
+
+  def body(v):
+    w = jax.pure_callback(gate("before"), jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+    y = d.psum(w, "x", key="chaos_retry")
+    return jax.pure_callback(gate("after"), jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+  f = smap(body)
+  mk = lambda k: jax.make_array_from_callback(  # noqa: E731
+      (n, 1), NamedSharding(mesh, P("x")), lambda idx: np.array([[(k + 1) * 1000.0 + 10 * r] for r in range(n)],
+                                                                np.float32)[idx])
+  f.lower(mk(0)).compile()
+  runs, wrong = [], 0
+  for k in range(runs_n):
+    where[0] = plan[k]
+    rec = {"k": k, "plan": plan[k]}
+    try:
+      d.raise_if_failed()
+    except Exception as e:  # noqa: BLE001
+      rec["error_before"] = str(e).strip().splitlines()[0][:300]
+    try:
+      vals = sorted({float(v) for v in local(f(mk(k))).ravel()})
+      d.raise_if_failed()
+      rec["values"], rec["want"] = vals, sum((k + 1) * 1000.0 + 10 * r for r in range(n))
+      wrong += vals != [rec["want"]]
+    except Exception as e:  # noqa: BLE001
+      rec["error"] = str(e).strip().splitlines()[0][:300]
+      try:
+        jax.effects_barrier()
+      except Exception:  # noqa: BLE001
+        pass
+    runs.append(rec)
+    print("RUN " + json.dumps(rec), flush=True)
+  out["runs"], out["wrong"] = runs, wrong
+  out["ok"] = wrong == 0
 elif case == "retry":
   # Across processes, a program that fails before a start its peer made (issue 46): rank 0's
   # program fails in a host callback before its keyed psum while rank 1's run has started it;
@@ -750,6 +804,6 @@ elif case == "retry":
   out["errors"] = d.stats()["cuda"].get("errors", [])[-4:]
   client.wait_at_barrier("retry/end", 120_000)
 print("RESULT " + json.dumps(out), flush=True)
-if case in ("killed", "mismatch", "retry"):  # a peer gone or a CUDA context failed: no shutdown barrier
+if case in ("killed", "mismatch", "retry", "chaos_retry"):  # a peer gone or a CUDA context failed: no shutdown barrier
   os._exit(0 if out["ok"] else 1)
 sys.exit(0 if out["ok"] else 1)

@@ -119,6 +119,23 @@ def test_a_retry_after_a_failure_before_the_start_pairs_with_the_right_run(tmp_p
     assert r0[warm + 1]["values"] == [105.0] and r1[warm + 1]["values"] == [105.0], (r0, r1)
 
 
+@pytest.mark.parametrize("identity", [1, 0])
+def test_random_failures_never_pair_runs_that_do_not_belong_together(tmp_path, monkeypatch, identity):
+  # tests/multiprocess's chaos_retry on the GPU testbed, outside command buffers: 24 runs, each
+  # rank's host callback raising before (20%) or after (10%) its psum by a seeded draw.  A run that
+  # ends without an error returns the sum of the same run's inputs; the errors are the injected
+  # ones, "a peer's program failed", or a timeout in the last runs.
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+  p, results = _run("chaos_retry", tmp_path, timeout=200,
+                    args=("--timeout-s", "3", "--runs", "24", "--config", f"small_by_identity={identity}"))
+  assert all(r.get("wrong") == 0 for r in results), (p.stdout[-3000:], results)
+  for r in results:
+    for rec in r["runs"]:
+      err = rec.get("error", "")
+      assert ("values" in rec or "injected failure" in err or "CpuCallback" in err or "a peer's program failed" in err
+              or ("timed out" in err and rec["k"] >= 21)), (r["rank"], rec)
+
+
 @pytest.mark.parametrize("sizes", ["4096", "1048576"])  # the small (LL) path and the direct path
 def test_an_abandoned_program_leaves_nothing_touched(tmp_path, sizes):
   # Rank 0's program fails between a start and its done (a host callback), then rank 0 fills fresh

@@ -163,6 +163,32 @@ def test_retry_after_a_failure_before_the_start(processes, devices):
     assert second.get("values") == [want], (i, second)
 
 
+@pytest.mark.parametrize("processes,devices", [(2, 1), (3, 1), (2, 2)])
+def test_random_failures_never_pair_runs_that_do_not_belong_together(processes, devices):
+  """Every process runs one program 24 times; a seeded draw per process and run makes its host
+  callback raise before the keyed psum (20%) or after it (10%), and the process goes straight on.
+  A run that returns without an error must return the sum of every rank's inputs of the same run
+  (never a silent wrong result); the errors are the injected ones, ABORTED "a peer's program
+  failed", or DEADLINE_EXCEEDED in a process's last runs (its peers have stopped); and most runs
+  that no process failed succeed (the processes pair again after each failure)."""
+  job = harness.run_workers("chaos_retry", processes, devices, timeout_s=150, DFCCL_TEST_TIMEOUT_S=3.0)
+  _check_job(job, "chaos_retry")
+  all_runs = [r["chaos_retry"]["runs"] for r in job.results]
+  failed_somewhere = {rec["k"] for runs in all_runs for rec in runs if rec["plan"]}
+  for i, runs in enumerate(all_runs):
+    for rec in runs:
+      if "values" in rec:
+        assert rec["values"] == [rec["want"]], (i, rec)  # the runs of one k, and only them
+      else:
+        err = rec["error"]
+        ok = ("injected failure" in err or "CpuCallback" in err or "a peer's program failed" in err or
+              (err.startswith("DEADLINE_EXCEEDED") and rec["k"] >= len(runs) - 3))
+        assert ok, (i, rec)
+  clean = [k for k in range(len(all_runs[0])) if k not in failed_somewhere and k < len(all_runs[0]) - 3]
+  good = [k for k in clean if all("values" in runs[k] for runs in all_runs)]
+  assert len(good) >= len(clean) // 2, (clean, good, all_runs)
+
+
 def test_timeout_across_processes_is_deadline_exceeded():
   """The error contract holds across processes: a collective a peer process never starts fails
   with DEADLINE_EXCEEDED (as in one process), naming the key and the missing rank."""

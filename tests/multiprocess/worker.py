@@ -329,6 +329,49 @@ def retry():
   result["retry"] = {"runs": runs, "devices": [len(by_proc[p]) for p in range(nprocs)]}
 
 
+def chaos_retry():
+  """Randomized failures across processes: every process runs the same program RUNS times; in
+  each run a host callback may raise before its keyed psum (or after it), independently per
+  process (a seeded draw per process and run), and the process goes straight on to its next run.
+  Run k's input on device d of process p is (k+1)*1000 + 10*p + d, so a run that returns without
+  an error must return the sum of every rank's run-k input: any other value pairs runs that do
+  not belong together (a silent wrong result).  Errors allowed: the injected ones, ABORTED "a
+  peer's program failed", and DEADLINE_EXCEEDED in the last runs (a peer has stopped)."""
+  import random
+  runs_n = int(os.environ.get("DFCCL_CHAOS_RUNS", "24"))
+  rng = random.Random(1000 + me)
+  plan = [("before" if u < 0.2 else "after" if u < 0.3 else "") for u in (rng.random() for _ in range(runs_n))]
+  where = [""]
+
+  def gate(tag):
+    def g(v):
+      if where[0] == tag:
+        raise RuntimeError(f"injected failure {tag} the start")
+      return v
+    return g
+
+  def body(v):
+    w = jax.pure_callback(gate("before"), jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+    y = dc.psum(w, "x", key="chaos_retry")
+    return jax.pure_callback(gate("after"), jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+  f = smap(body, mesh1, P("x"), P("x"), check_vma=False)
+  f.lower(make_input(np.zeros((n, 1), np.float32), mesh1, P("x"))).compile()
+  ranks = [(p, d) for p in range(nprocs) for d in range(len(by_proc[p]))]
+  runs = []
+  for k in range(runs_n):
+    where[0] = plan[k]
+    x = make_input(np.array([[(k + 1) * 1000.0 + 10 * p + d] for p, d in ranks], np.float32), mesh1, P("x"))
+    rec = {"k": k, "plan": plan[k]}
+    try:
+      rec["values"] = sorted({float(o.ravel()[0]) for o in local_out(f(x))})
+      rec["want"] = sum((k + 1) * 1000.0 + 10 * p + d for p, d in ranks)
+    except Exception as e:  # noqa: BLE001
+      rec["error"] = str(e).splitlines()[0][:300]
+      clear_failed_tokens()
+    runs.append(rec)
+  result["chaos_retry"] = {"runs": runs}
+
+
 def smoke():
   f = smap(lambda v: dc.psum(v, "x"), mesh1, P("x"), P("x"))
   y = f(make_input(np.ones((n, 2), np.float32), mesh1, P("x")))
@@ -360,7 +403,8 @@ def noinit():
 
 
 try:
-  {"suite": suite, "dead": dead, "stuck": stuck, "abandon": abandon, "retry": retry, "smoke": smoke, "noinit": noinit}[scenario]()
+  {"suite": suite, "dead": dead, "stuck": stuck, "abandon": abandon, "retry": retry, "chaos_retry": chaos_retry,
+   "smoke": smoke, "noinit": noinit}[scenario]()
 except Exception:  # noqa: BLE001
   result["exception"] = traceback.format_exc()[-3000:]
 clear_failed_tokens()
