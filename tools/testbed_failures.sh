@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The failure probes of issue 46 and the figures it keeps, in one go on one GPU (a device call):
-#   tools/testbed_failures.sh [abandon] [retry] [chain] [forced] [gemm] [memcheck]
-#   (default: all six, in this order, within FAIL_BUDGET_S seconds, default 480: a step that no
+#   tools/testbed_failures.sh [abandon] [retry] [retry_cmdbuf] [chaos] [chain] [forced] [gemm] [memcheck]
+#   (default: all eight, in this order, within FAIL_BUDGET_S seconds, default 480: a step that no
 #   longer fits its minimum is skipped and says so)
 # abandon: two processes on the GPU under MPS (tools/mps_testbed.sh): rank 0's program fails between
 #   a start and its done, rank 0 refills buffers of the output's size with a sentinel, rank 1 starts
@@ -9,14 +9,18 @@
 #   psum at 4 KiB, 1 MiB and 4 MiB per rank, 3 runs each): rank 0's touched sentinel buffers, rank
 #   1's exactness.
 # retry: rank 0's program fails before a psum rank 1 started; rank 0 runs again with 103, rank 1
-#   runs with 1 then 2 (mp_worker.py --case retry), outside XLA's command buffers (as the recover
-#   test: a failure inside one traps the context).
+#   runs with 1 then 2 (mp_worker.py --case retry), outside XLA's command buffers.
+# retry_cmdbuf: the same inside them, after a warm run (--warm 1; the psum alone forms a command
+#   buffer): the retry replays the recorded psum; rank 1's failed run traps its context.
+# chaos: random failures before or after a psum on both ranks, 24 runs, outside command buffers
+#   (mp_worker.py --case chaos_retry): no run may return another run's sum.
 # chain: the testbed's chain of 4 KiB psums (mp_worker.py --case bench --sizes 4096).
 # forced: the forced one-GPU chain (benchmarks/collectives.py, a group of one through the runtime).
 # gemm: the fused GEMM alone against XLA's dot (benchmarks/overlap_gemm.py, GEMM_ARGS).
 # memcheck: the abandon case under compute-sanitizer memcheck (MEMCHECK_ARGS: fewer sizes and runs).
-# abandon, retry and memcheck pass (status 0) once nothing of an abandoned program is touched and
-# rank 1 is exact, and once rank 1's first retry run fails and both second runs return 105.
+# abandon, retry, retry_cmdbuf, chaos and memcheck pass (status 0) once nothing of an abandoned
+# program is touched and rank 1 is exact, once rank 1's retry run fails and no run returns another
+# run's values (outside command buffers: both next runs return 105).
 # Not here: the copy-engine path, which needs two GPUs in one process (across processes the
 # daemon's direct path moves every size: runtime.cc UsesCopyEngine).
 # Run from the repository root with the built modules in jax_dfccl/ (TB_FLAGS: more options of
@@ -30,7 +34,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} TF_CPP_MIN_LOG_LEVEL=2
 OUT=${OUT:-/tmp/dfccl_failures}; LOGS=$OUT/logs; mkdir -p "$LOGS"
 PY=${PY:-python3}
 BUDGET=${FAIL_BUDGET_S:-480}
-steps=${*:-abandon retry chain forced gemm memcheck}
+steps=${*:-abandon retry retry_cmdbuf chaos chain forced gemm memcheck}
 T0=$SECONDS
 STEPS_TSV=$LOGS/steps.tsv; : > "$STEPS_TSV"   # step, status, seconds, folder of rank logs (or -)
 log() { echo "=== $* ($(date +%T), $((SECONDS - T0)) s of $BUDGET)"; }
@@ -68,6 +72,14 @@ for step in $steps; do
       lim=$(fits 40 90) || { skip retry; continue; }
       log "retry: rank 0's program fails before a start rank 1 made"
       tb retry "$lim" XLA_FLAGS=--xla_gpu_enable_command_buffer= -- $W --case retry ${RETRY_ARGS:-} ;;
+    retry_cmdbuf)
+      lim=$(fits 40 90) || { skip retry_cmdbuf; continue; }
+      log "retry_cmdbuf: the same inside command buffers, after a warm run"
+      tb retry_cmdbuf "$lim" XLA_FLAGS=--xla_gpu_graph_min_graph_size=1 -- $W --case retry --warm 1 ${RETRY_ARGS:-} ;;
+    chaos)
+      lim=$(fits 60 150) || { skip chaos; continue; }
+      log "chaos: random failures before or after a psum on both ranks"
+      tb chaos "$lim" XLA_FLAGS=--xla_gpu_enable_command_buffer= -- $W --case chaos_retry --timeout-s 3 ${CHAOS_ARGS:-} ;;
     chain)
       lim=$(fits 60 150) || { skip chain; continue; }
       log "chain: 4 KiB psums across the two processes"
