@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # One device call, from the repository root, OUT set: this tree (its modules in NEW_SO, default
-# .carry/d4) against a previous build (BASE: a tree of that version with its modules in jax_dfccl/,
-# default .carry/base). In order of need: the abandoned-program probe and the retry scenario
-# (tools/testbed_failures.sh), the kept figures of both builds interleaved, start/done against
-# blocking (mp_worker.py --case bench_async), the one-GPU suites.
+# .carry/new) against a previous build (BASE: a tree of that version with its modules in jax_dfccl/,
+# default .carry/base), in this order, each part while BUDGET (default 575 s) allows:
+#   KEEP_STEPS  (default "chain forced gemm"): tools/testbed_failures.sh steps run by both builds,
+#               interleaved (base, new, base, new, ...); a step named twice runs twice per build.
+#   FAIL_STEPS  (default "abandon retry"): tools/testbed_failures.sh steps, this tree only.
+#   AFTER       (default "bench pytest"), this tree only unless said:
+#     costs   tools/ffi_stage_probe/costs.py (what XLA's FFI stages cost per call on the host)
+#     bench   start/done against blocking, both builds (mp_worker.py --case bench_async)
+#     soak    tests/gpu/soak_worker.py, one GPU and two processes under MPS (SOAK_N instances, 10000)
+#     mp      tests/gpu/test_gpu_multiprocess.py (the two- and four-process suite)
+#     pytest  the one-GPU suites
 set -u
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 R=$PWD; L=$OUT/log.txt; : > $L
-BASE=$(cd ${BASE:-.carry/base} && pwd); NEW_SO=${NEW_SO:-.carry/d4}  # a built tree of the previous version; this one's modules
+BASE=$(cd ${BASE:-.carry/base} && pwd); NEW_SO=${NEW_SO:-.carry/new}
 BUDGET=${BUDGET:-575}
 log() { echo "=== $(date +%T) [$SECONDS s] $*" | tee -a $L; }
 left() { [ $((SECONDS + $1)) -lt $BUDGET ]; }
@@ -15,21 +22,27 @@ cp $NEW_SO/*.so jax_dfccl/
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee -a $L
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H[0-9]+' | tr 'A-Z' 'a-z')  # tags the files
 python3 -c "import jax; print('jax', jax.__version__)" 2>&1 | tail -1 | tee -a $L
-log "failures (new build): abandon retry"
-OUT=$OUT/failures FAIL_BUDGET_S=150 PYTHONPATH=$R bash tools/testbed_failures.sh abandon retry > $OUT/failures.log 2>&1
-grep -h "rc=\|^PROBE\|^RUN" $OUT/failures.log | cut -c1-260 | tee -a $L
+(cd $R && git log --oneline -1 2>/dev/null) | tee -a $L
+n=0
 keep() {  # $1: base|new, $2: step
-  local dir=$R tag=after46; [ $1 = base ] && dir=$BASE && tag=before46b
+  local dir=$R tag=${NEW_TAG:-after46}; [ $1 = base ] && dir=$BASE && tag=${BASE_TAG:-before46}
+  n=$((n + 1)); local o=$OUT/keep${n}_$1_$2
   log "keep $2 ($1)"
-  (cd $dir && OUT=$OUT/keep_$1_$2 FAIL_BUDGET_S=120 FORCED_TAG=${CARD:-gpu}_one_gpu_forced_$tag GEMM_TAG=${CARD:-gpu}_$tag \
-     PYTHONPATH=$dir bash tools/testbed_failures.sh $2 > $OUT/keep_$1_$2.log 2>&1)
-  grep -h "rc=\|^|" $OUT/keep_$1_$2.log | cut -c1-300 | head -20 | tee -a $L
-  grep -ho '"[a-z_]*donated_us": [0-9.]*' $OUT/keep_$1_$2/logs/chain/rank*.log 2>/dev/null | tr '\n' ' ' | tee -a $L; echo | tee -a $L
+  (cd $dir && OUT=$o FAIL_BUDGET_S=120 FORCED_TAG=${CARD:-gpu}_one_gpu_forced_${tag}_$n GEMM_TAG=${CARD:-gpu}_${tag}_$n \
+     PYTHONPATH=$dir bash tools/testbed_failures.sh $2 > $o.log 2>&1)
+  grep -h "rc=\|^|" $o.log | cut -c1-300 | head -20 | tee -a $L
+  grep -ho '"[a-z_]*donated_us": [0-9.]*' $o/logs/chain/rank*.log 2>/dev/null | tr '\n' ' ' | tee -a $L; echo | tee -a $L
 }
-for step in chain forced gemm; do
+for step in ${KEEP_STEPS-chain forced gemm}; do
   left 90 && keep base $step
   left 90 && keep new $step
 done
+if [ -n "${FAIL_STEPS-abandon retry}" ] && left 120; then
+  log "failures (new build): ${FAIL_STEPS-abandon retry}"
+  OUT=$OUT/failures FAIL_BUDGET_S=$((BUDGET - SECONDS - 100)) PYTHONPATH=$R \
+    bash tools/testbed_failures.sh ${FAIL_STEPS-abandon retry} > $OUT/failures.log 2>&1
+  grep -h "rc=\|^PROBE\|^RUN" $OUT/failures.log | cut -c1-260 | tee -a $L
+fi
 bench() {  # $1: package root, $2: name
   log "bench_async $2"
   PYTHONPATH=$1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout 130 tools/mps_testbed.sh -n 2 --tail 0 --timeout 110 \
@@ -38,17 +51,41 @@ bench() {  # $1: package root, $2: name
   grep -h "^ROW" $OUT/ba_$2/rank*.log | sed "s/^/$2 /" | tee -a $L
   grep -h "^RESULT" $OUT/ba_$2/rank*.log | grep -o '"ok": [a-z]*' | tr '\n' ' ' | tee -a $L; echo | tee -a $L
 }
-left 130 && bench $BASE base1
-left 130 && bench $R new1
-if left 60; then
-  log "pytest one-GPU suites"
-  PYTHONPATH=$R timeout $((BUDGET - SECONDS - 5)) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts= -x \
-    tests/gpu/test_gpu_runtime_one_gpu.py tests/gpu/test_gpu_contract.py tests/gpu/test_gpu_collectives.py \
-    tests/gpu/test_overlap_gpu.py tests/gpu/test_overlap_gemm.py > $OUT/pytest_one_gpu.log 2>&1
-  echo "pytest one_gpu rc=$?" | tee -a $L; tail -4 $OUT/pytest_one_gpu.log | tee -a $L
-  grep -h "^FAILED\|^ERROR" $OUT/pytest_one_gpu.log | head -10 | tee -a $L
-fi
+for part in ${AFTER-bench pytest}; do
+  case $part in
+    costs)
+      left 100 || continue; log "costs probe"
+      timeout 90 python3 tools/ffi_stage_probe/costs.py --out $OUT/ffi_costs.json > $OUT/costs.log 2>&1
+      echo "costs rc=$?" | tee -a $L; tail -12 $OUT/costs.log | tee -a $L ;;
+    bench)
+      left 130 && bench $BASE base1; left 130 && bench $R new1 ;;
+    soak)
+      left 80 || continue; log "soak one GPU"
+      PYTHONPATH=$R timeout 70 python3 tests/gpu/soak_worker.py --instances ${SOAK_N:-10000} --seed 1 > $OUT/soak1.log 2>&1
+      echo "soak one_gpu rc=$?" | tee -a $L; grep -h "^RESULT" $OUT/soak1.log | cut -c1-400 | tee -a $L
+      for cfg in "" small_slots=2; do
+        left 90 || continue; log "soak two processes ${cfg:-default}"
+        PYTHONPATH=$R timeout 85 tools/mps_testbed.sh -n 2 --tail 0 --timeout 80 --out $OUT/soak2${cfg:+_s2} -- python3 \
+          tests/gpu/soak_worker.py --instances ${SOAK_N:-10000} --seed 1 ${cfg:+--config $cfg} > $OUT/soak2${cfg:+_s2}.log 2>&1
+        echo "soak two_processes ${cfg:-default} rc=$?" | tee -a $L
+        grep -h "^RESULT" $OUT/soak2${cfg:+_s2}/rank*.log | cut -c1-400 | tee -a $L
+      done ;;
+    mp)
+      left 100 || continue; log "pytest multiprocess suite"
+      PYTHONPATH=$R timeout $((BUDGET - SECONDS - 5)) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts= \
+        tests/gpu/test_gpu_multiprocess.py > $OUT/pytest_mp.log 2>&1
+      echo "pytest mp rc=$?" | tee -a $L; tail -4 $OUT/pytest_mp.log | tee -a $L
+      grep -h "^FAILED\|^ERROR" $OUT/pytest_mp.log | head -10 | tee -a $L ;;
+    pytest)
+      left 60 || continue; log "pytest one-GPU suites"
+      PYTHONPATH=$R timeout $((BUDGET - SECONDS - 5)) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts= -x \
+        tests/gpu/test_gpu_runtime_one_gpu.py tests/gpu/test_gpu_contract.py tests/gpu/test_gpu_collectives.py \
+        tests/gpu/test_overlap_gpu.py tests/gpu/test_overlap_gemm.py > $OUT/pytest_one_gpu.log 2>&1
+      echo "pytest one_gpu rc=$?" | tee -a $L; tail -4 $OUT/pytest_one_gpu.log | tee -a $L
+      grep -h "^FAILED\|^ERROR" $OUT/pytest_one_gpu.log | head -10 | tee -a $L ;;
+  esac
+done
 log end
 cd $OUT && tar czf logs.tgz --exclude=log.txt --exclude=logs.tgz * 2>/dev/null
 find $OUT -mindepth 1 ! -name log.txt ! -name logs.tgz ! -name '*.json' ! -name '*.md' -type f -delete 2>/dev/null
-find $OUT -type d -empty -delete 2>/dev/null; find $OUT -type f | head -40
+find $OUT -type d -empty -delete 2>/dev/null; find $OUT -type f | head -60

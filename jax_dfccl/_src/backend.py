@@ -44,6 +44,8 @@ def load() -> dict:
       if cuda.op_table() != cpu.op_table():
         raise ImportError("jax_dfccl: the CPU and CUDA extension modules were built from different "
                           "op tables; rebuild jax_dfccl")
+      for name, registration in cuda.types().items():  # (the states some targets' stages share)
+        jax.ffi.register_ffi_type(name, registration, platform="CUDA")
       for name, capsule in cuda.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
       _runtimes["cuda"] = cuda

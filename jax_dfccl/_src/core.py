@@ -533,7 +533,7 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   if route == "host":
     target += "_host"
   elif _spans_processes(ctx, mesh):
-    # The same handlers with XLA's prepare stage, which books every execution of the program
+    # The same handlers with XLA's initialize stage, which books every execution of the program
     # for the execution identity across processes (docs/design/execution_identity.md, "GPUs").
     target += "_x"
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)

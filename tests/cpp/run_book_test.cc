@@ -26,7 +26,7 @@ struct Device {
   std::vector<RunSlot> line;
   std::vector<int64_t> owed;  // DeviceShared::run_owed
 
-  // XLA's prepare stage of call site `site` in execution `run`.
+  // XLA's initialize stage of call site `site` in execution `run`.
   void Plan(uint32_t run, int64_t site = 7) {
     const RunBook::Change ch = book.Plan(run, site, &slots);
     slots.Give(ch.freed);
@@ -47,7 +47,7 @@ struct Device {
     const auto [s, total] = book.Owe(n);
     if (s >= 0) owed[s] = total;
   }
-  // An execution: its prepare stage (one call site), then `starts` starts.
+  // An execution: its initialize stage (one call site), then `starts` starts.
   std::vector<int64_t> Exec(uint32_t run, int starts) {
     Plan(run);
     std::vector<int64_t> out;
@@ -81,7 +81,7 @@ int main() {
     Expect(Cat({d.Exec(100, 3), d.Exec(101, 1), d.Exec(102, 3)}) == V({0, 0, 0, 0, 2, 0, 0}),
            "an execution's tail left behind");
   }
-  {  // two executions failed in a row (one with its prepare stage, one without)
+  {  // two executions failed in a row (one with its initialize stage, one without)
     Device d;
     Expect(Cat({d.Exec(100, 2), d.Exec(101, 0), d.Exec(103, 2)}) == V({0, 0, 4, 0}), "two executions left behind");
   }
@@ -165,7 +165,7 @@ int main() {
     const int s = d.book.SlotOf(100);
     int64_t tombs = 0;
     for (uint32_t run = 100; run < 110; ++run) {
-      if (run != 105) d.Plan(run);  // (105's prepare stage: its line is found all the same)
+      if (run != 105) d.Plan(run);  // (105's initialize stage: its line is found all the same)
       if (run == 104) continue;     // execution 104 failed before its start
       tombs += dfccl::RunSlotStart(d.line[s], d.owed[s], run);
     }

@@ -2,7 +2,7 @@
 // xla_ffi/device/task.h): xla_ffi/device/submit.cuh's SubmitTake, SubmitBook and
 // the tombstones it submits, compiled for the host (tests/cpp/device_shim) and run
 // as one GPU's stream would run its submit kernels, against the host's side
-// (xla_ffi/runtime/run_book.h) opening the lines as the prepare stage does.
+// (xla_ffi/runtime/run_book.h) opening the lines as the initialize stage does.
 // Checks what lands in the device's ring: which sequence numbers the tombstones
 // and the start take, that tombstones carry no buffers and arrive failed, the
 // host's records, the launch id of a start replayed from a command buffer (the
@@ -46,7 +46,7 @@ struct Stream {
     std::memset(static_cast<void*>(dev.get()), 0, sizeof(DeviceShared));
     std::memset(static_cast<void*>(host.get()), 0, sizeof(HostShared));
   }
-  // XLA's prepare stage (daemon_path.cc Plan): the program's line opened, its call site.
+  // XLA's initialize stage (daemon_path.cc Plan): the program's line opened, its call site.
   int Plan(uint32_t run) {
     const RunBook::Change ch = book.Plan(run, 7, &slots);
     if (ch.open) {

@@ -8,7 +8,9 @@
 //   cost_stages   prepare (attributes decoded) + initialize (none bound) + execute;
 //   cost_state    instantiate (attributes decoded once per executable, a state made)
 //                 + prepare and initialize that take the state + execute;
-//   cost_both     prepare and initialize both decoding the attributes + execute.
+//   cost_both     prepare and initialize both decoding the attributes + execute;
+//   cost_init     initialize alone, decoding the attributes (no prepare) + execute;
+//   cost_init_state  instantiate + initialize alone taking the state + execute.
 // The prepare stages look the call site up in a map, as the runtime does, so the
 // comparison holds the lookup's cost alike.  Built and run by costs.py.
 #include <cuda_runtime.h>
@@ -47,7 +49,7 @@ struct SiteState {  // what an instantiate stage keeps per call site
 ffi::TypeId SiteState::id = {};
 const XLA_FFI_TypeInfo kSiteStateInfo = ffi::MakeTypeInfo<SiteState>();
 
-std::atomic<int64_t> calls[4][4];  // [target][stage]: 0 instantiate, 1 prepare, 2 initialize, 3 execute
+std::atomic<int64_t> calls[6][4];  // [target][stage]: 0 instantiate, 1 prepare, 2 initialize, 3 execute
 std::mutex mu;
 std::unordered_map<int64_t, int64_t>& sites = *new std::unordered_map<int64_t, int64_t>;
 
@@ -88,8 +90,16 @@ ffi::Error InitializeAttrs(cudaStream_t, ffi::RunId, ffi::RemainingArgs, ffi::Re
   return ffi::Error::Success();
 }
 
+template <int T>
+ffi::Error InitializeTouch(cudaStream_t, ffi::RunId, ffi::RemainingArgs, ffi::RemainingRets, Attrs a) {
+  calls[T][2]++;
+  Touch(a.site, a.key_hash);
+  return ffi::Error::Success();
+}
+
+template <int T>
 ffi::ErrorOr<std::unique_ptr<SiteState>> Instantiate(Attrs a) {
-  calls[2][0]++;
+  calls[T][0]++;
   auto st = std::make_unique<SiteState>();
   st->site = a.site;
   st->key_hash = a.key_hash;
@@ -102,9 +112,10 @@ ffi::Error PrepareState(SiteState* st, ffi::RunId, ffi::RemainingArgs, ffi::Rema
   return ffi::Error::Success();
 }
 
+template <int T>
 ffi::Error InitializeState(SiteState* st, cudaStream_t, ffi::RunId, ffi::RemainingArgs, ffi::RemainingRets) {
-  calls[2][2]++;
-  (void)st;
+  calls[T][2]++;
+  if (T == 5) Touch(st->site, st->key_hash);  // (the state target alone: the lookup here, as prepare's)
   return ffi::Error::Success();
 }
 
@@ -129,11 +140,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStagesExecute, Execute<1>, COST_EXECUTE(1), {f
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStagesPrepare, PrepareAttrs<1>, COST_PREPARE.Attrs<Attrs>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStagesInitialize, InitializeBare<1>, COST_INITIALIZE);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStateExecute, Execute<2>, COST_EXECUTE(2), {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStateInstantiate, Instantiate, ffi::Ffi::BindInstantiate().Attrs<Attrs>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStateInstantiate, Instantiate<2>, ffi::Ffi::BindInstantiate().Attrs<Attrs>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStatePrepare, PrepareState,
                               ffi::Ffi::BindPrepare().Ctx<ffi::State<SiteState>>().Ctx<ffi::RunId>().RemainingArgs()
                                   .RemainingRets());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStateInitialize, InitializeState,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStateInitialize, InitializeState<2>,
                               ffi::Ffi::BindInitialize()
                                   .Ctx<ffi::State<SiteState>>()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -143,6 +154,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStateInitialize, InitializeState,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostBothExecute, Execute<3>, COST_EXECUTE(3), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostBothPrepare, PrepareAttrs<3>, COST_PREPARE.Attrs<Attrs>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostBothInitialize, InitializeAttrs<3>, COST_INITIALIZE.Attrs<Attrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitExecute, Execute<4>, COST_EXECUTE(4), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitInitialize, InitializeTouch<4>, COST_INITIALIZE.Attrs<Attrs>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitStateExecute, Execute<5>, COST_EXECUTE(5), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitStateInstantiate, Instantiate<5>, ffi::Ffi::BindInstantiate().Attrs<Attrs>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitStateInitialize, InitializeState<5>,
+                              ffi::Ffi::BindInitialize()
+                                  .Ctx<ffi::State<SiteState>>()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::RunId>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
 
 // For costs.py (ctypes): the state type's id and info (jax.ffi.register_ffi_type), the call counts.
 extern "C" void* cost_state_type_id() { return &SiteState::id; }

@@ -8,7 +8,8 @@ Builds tools/ffi_stage_probe/costs.cu (into tools/ffi_stage_probe/build/), regis
 targets — ``cost_plain`` (execute only), ``cost_stages`` (prepare decoding the attributes,
 initialize with none: the runtime's dfccl_start_x today), ``cost_state`` (instantiate decoding them
 once, prepare and initialize taking the state), ``cost_both`` (prepare and initialize both
-decoding) — each with the attributes of a jax_dfccl start, and times one jitted program of
+decoding), ``cost_init`` (initialize alone, decoding them), ``cost_init_state`` (instantiate,
+then initialize alone taking the state) — each with the attributes of a jax_dfccl start, and times one jitted program of
 ``--calls`` calls of each, between element-wise ops: µs per call for (a) one blocking execution on
 fresh buffers (XLA calls every stage of every call, and updates its command buffers), (b) eight
 executions enqueued, each donating its input (XLA replays its command buffers: prepare and
@@ -74,9 +75,12 @@ def main() -> int:
   if state_ok:
     regs["cost_state"] = {"instantiate": cap("CostStateInstantiate"), "prepare": cap("CostStatePrepare"),
                           "initialize": cap("CostStateInitialize"), "execute": cap("CostStateExecute")}
+    regs["cost_init_state"] = {"instantiate": cap("CostInitStateInstantiate"),
+                               "initialize": cap("CostInitStateInitialize"), "execute": cap("CostInitStateExecute")}
+  regs["cost_init"] = {"initialize": cap("CostInitInitialize"), "execute": cap("CostInitExecute")}
   for name, stages in regs.items():
     jax.ffi.register_ffi_target(name, stages, platform="CUDA")
-  index = {"cost_plain": 0, "cost_stages": 1, "cost_state": 2, "cost_both": 3}
+  index = {"cost_plain": 0, "cost_stages": 1, "cost_state": 2, "cost_both": 3, "cost_init": 4, "cost_init_state": 5}
   attrs = dict(kind=np.int32(0), reduce_op=np.int32(0), key="cost/probe", key_hash=np.int64(0x5eed),
                group_size=np.int32(2), groups=np.array([0, 1], np.int32), device_ids=np.array([0, 1], np.int64),
                perm=np.array([-1, -1], np.int32))

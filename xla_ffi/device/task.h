@@ -143,7 +143,7 @@
 //               (SubmitParams::book > 0), once the stream's earlier kernels are
 //               complete, counts itself in its program's line of the key
 //               (DeviceShared::run_slot, dfccl/execution.h RunSlotStart; the host
-//               opens the line and writes its call sites at XLA's prepare stage,
+//               opens the line and writes its call sites at XLA's initialize stage,
 //               and adds to run_owed what the device's failures say is owed): when
 //               its process ran an execution that started the key fewer times than
 //               the program does (the execution failed before those starts), it

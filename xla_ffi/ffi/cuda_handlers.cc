@@ -10,7 +10,10 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <tuple>
@@ -214,38 +217,73 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer /*out_i
   });
 }
 
-// The prepare stage of the daemon path's starts of groups spanning processes
-// (targets dfccl_start_x, dfccl_collective_x): XLA calls it once per execution for
-// every such start of the program, before any of its thunks runs (failed
-// executions too), also for starts inside command buffers (measured:
-// benchmarks/results/ffi_stages_2026-12-06_h100.json); it opens the program's line
-// of the key's book (protocol "run" in device/task.h).  Its book is found once
-// per call site and GPU.
-ffi::Error PrepareImpl(int32_t ordinal, ffi::RunId run, ffi::RemainingArgs, ffi::RemainingRets, StartAttrs attrs) {
-  return FfiGuard([&] {
-    if (run.run_id == -1) return;  // XLA without collective parameters says -1: no launch id
-    thread_local std::map<std::tuple<int64_t, int32_t, int64_t>, KeyRuns*> books;
-    const auto k = std::make_tuple(attrs.site, ordinal, attrs.key_hash);
-    auto it = books.find(k);
-    if (it == books.end()) {  // (the first call of this site on this GPU)
-      const int32_t pid = PartitionOf(attrs, ordinal);
-      DFCCL_CHECK(pid >= 0, "dfccl: GPU " << ordinal << " is not in collective '" << attrs.key << "'");
+// What XLA's instantiate stage makes once per executable for a daemon-path start of
+// a group spanning processes (targets dfccl_start_x, dfccl_collective_x): the
+// attributes the initialize stage needs, decoded once, and per GPU the key's book
+// (found at the site's first initialize on that GPU).  XLA shares one state between
+// the devices that run the thunk (they may call concurrently).
+struct XSite {
+  static ffi::TypeId id;
+  int32_t kind = 0, reduce_op = 0, group_size = 0;
+  int64_t site = 0, key_hash = 0;
+  std::string key;
+  std::vector<int32_t> groups, perm;
+  std::vector<int64_t> device_ids;
+  static constexpr int kMaxOrdinals = 64;
+  static constexpr uintptr_t kNoBook = 1;  // a group inside this process: nothing to book
+  std::array<std::atomic<uintptr_t>, kMaxOrdinals> books{};  // 0: not looked up yet
+
+  StartAttrs Attrs() const {
+    return StartAttrs{kind, reduce_op, key, key_hash, site, group_size, ffi::Span<const int32_t>(groups),
+                      ffi::Span<const int64_t>(device_ids), ffi::Span<const int32_t>(perm)};
+  }
+  KeyRuns* BookOf(int32_t ordinal) {
+    DFCCL_CHECK(ordinal >= 0 && ordinal < kMaxOrdinals, "dfccl: GPU ordinal " << ordinal << " out of range");
+    uintptr_t b = books[ordinal].load(std::memory_order_acquire);
+    if (b == 0) {  // (two devices' threads may both look up: the runtime's lookup is idempotent)
+      const StartAttrs a = Attrs();
+      const int32_t pid = PartitionOf(a, ordinal);
+      DFCCL_CHECK(pid >= 0, "dfccl: GPU " << ordinal << " is not in collective '" << key << "'");
       int32_t rank = 0;
-      it = books.emplace(k, Runtime::Get().daemon().BookOf(ordinal, GroupOf(attrs, pid, &rank),
-                                                            static_cast<uint64_t>(attrs.key_hash))).first;
+      KeyRuns* kr = Runtime::Get().daemon().BookOf(ordinal, GroupOf(a, pid, &rank), static_cast<uint64_t>(key_hash));
+      b = kr ? reinterpret_cast<uintptr_t>(kr) : kNoBook;
+      books[ordinal].store(b, std::memory_order_release);
     }
-    if (it->second == nullptr) return;  // a group inside this process: nothing to book
-    Runtime::Get().daemon().Plan(ordinal, *it->second, RunOf(run), attrs.site);
-  });
+    return b == kNoBook ? nullptr : reinterpret_cast<KeyRuns*>(b);
+  }
+};
+ffi::TypeId XSite::id = {};
+const XLA_FFI_TypeInfo kXSiteInfo = ffi::MakeTypeInfo<XSite>();
+
+ffi::ErrorOr<std::unique_ptr<XSite>> InstantiateImpl(StartAttrs a) {
+  auto st = std::make_unique<XSite>();
+  st->kind = a.kind;
+  st->reduce_op = a.reduce_op;
+  st->group_size = a.group_size;
+  st->site = a.site;
+  st->key_hash = a.key_hash;
+  st->key = std::string(a.key);
+  st->groups.assign(a.groups.begin(), a.groups.end());
+  st->perm.assign(a.perm.begin(), a.perm.end());
+  st->device_ids.assign(a.device_ids.begin(), a.device_ids.end());
+  return ffi::ErrorOr<std::unique_ptr<XSite>>(std::move(st));
 }
 
-// Their initialize stage: called as the prepare stage is, after it, with the
-// execution's stream (not capturing); the execution's first on this GPU writes its
-// launch id on the stream for the starts XLA replays from command buffers.
-ffi::Error InitializeImpl(cudaStream_t stream, int32_t ordinal, ffi::RunId run, ffi::RemainingArgs,
-                          ffi::RemainingRets) {  // (no attributes bound: none decoded, XLA checks none)
+// Their initialize stage: XLA calls it once per execution for every such start of
+// the program, before any of its thunks runs (failed executions too), also for
+// starts inside command buffers, with the execution's stream (not capturing)
+// (measured: benchmarks/results/ffi_stages_2026-12-06_h100.json).  It opens the
+// program's line of the key's book (protocol "run" in device/task.h) and, the
+// execution's first on this GPU, writes its launch id on the stream for the starts
+// XLA replays from command buffers.  No attributes are decoded here (the state
+// holds them): this runs for every start of every execution.
+ffi::Error InitializeImpl(XSite* st, cudaStream_t stream, int32_t ordinal, ffi::RunId run, ffi::RemainingArgs,
+                          ffi::RemainingRets) {
   return FfiGuard([&] {
-    if (RunOf(run) != 0) Runtime::Get().daemon().BeginExecution(ordinal, stream, RunOf(run));
+    const uint32_t r = RunOf(run);
+    if (r == 0) return;  // XLA without collective parameters: no launch id
+    if (KeyRuns* book = st->BookOf(ordinal)) Runtime::Get().daemon().Plan(ordinal, *book, r, st->site);
+    Runtime::Get().daemon().BeginExecution(ordinal, stream, r);
   });
 }
 
@@ -303,15 +341,10 @@ ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out
       .Ret<ffi::AnyBuffer>()           /* result */          \
       .Attrs<DoneAttrs>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclPrepareCuda, PrepareImpl,
-                              ffi::Ffi::BindPrepare()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Ctx<ffi::RunId>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attrs<StartAttrs>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclInstantiateCuda, InstantiateImpl, ffi::Ffi::BindInstantiate().Attrs<StartAttrs>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclInitializeCuda, InitializeImpl,
                               ffi::Ffi::BindInitialize()
+                                  .Ctx<ffi::State<XSite>>()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Ctx<ffi::RunId>()
@@ -324,5 +357,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneCuda, DoneImpl, DFCCL_DONE_BINDING, {ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartHostCuda, StartHostImpl, DFCCL_START_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveHostCuda, CollectiveHostImpl, DFCCL_COLLECTIVE_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneHostCuda, DoneHostImpl, DFCCL_DONE_BINDING);
+
+void* XSiteTypeId() { return &XSite::id; }
+void* XSiteTypeInfo() { return const_cast<XLA_FFI_TypeInfo*>(&kXSiteInfo); }
 
 }  // namespace dfccl::gpu

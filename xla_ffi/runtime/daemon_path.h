@@ -96,10 +96,10 @@ class DaemonPath {
   void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking,
               uint32_t run, const void* init = nullptr);
   // The execution book of `key_hash` for the group `group` on GPU `ordinal` (protocol
-  // "run"), which XLA's prepare stage of its starts fills; null for a group inside this
+  // "run"), which XLA's initialize stage of its starts fills; null for a group inside this
   // process.  No Context lock.
   KeyRuns* BookOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash);
-  // XLA's prepare stage of a start of the key in execution `run` (call site `site`):
+  // XLA's initialize stage of a start of the key in execution `run` (call site `site`):
   // the program's line on the device opened, its call sites written (runtime/run_book.h).
   void Plan(int ordinal, KeyRuns& kr, uint32_t run, int64_t site);
   // XLA's initialize stage of such a start: the execution's first on this GPU writes

@@ -12,7 +12,7 @@
 // earlier ones: what they did not start — the program's most starts of the key
 // in one execution, at least one per call site — becomes tombstones.
 //
-// What the device cannot know the host tells it here, from XLA's prepare stage
+// What the device cannot know the host tells it here, from XLA's initialize stage
 // (called once per execution for every start of the program, before any of its
 // thunks runs, failed executions included): which program an execution belongs
 // to (the launch ids of one program are consecutive; CompareRuns), so each
@@ -73,7 +73,7 @@ class RunBook {
     RunSlot init{};       // the line to write
   };
 
-  // XLA's prepare stage of a start of the key (call site `site`) in execution
+  // XLA's initialize stage of a start of the key (call site `site`) in execution
   // `run`: once per execution and site, before any of the execution's thunks runs.
   // `slots`: where a new program's line comes from (may be null for a program
   // that has a line: SlotOf(run) >= 0).
@@ -122,7 +122,7 @@ class RunBook {
 
  private:
   struct Line {
-    uint32_t last = 0;              // the program's latest execution the prepare stage saw
+    uint32_t last = 0;              // the program's latest execution the initialize stage saw
     int slot = -1;                  // its device line
     int64_t owed_total = 0;         // DeviceShared::run_owed[slot]
     std::vector<int64_t> site_ids;  // the program's call sites of the key
