@@ -31,10 +31,10 @@
 //
 // Engines (not built yet: they need the GPU build):
 //  - NVSHMEM: Put = nvshmem_putmem_signal_nbi(base + dst_off, src, bytes, base +
-//    signal_off, add, NVSHMEM_SIGNAL_ADD, pe); PutValue = nvshmem_uint64_p after
-//    nvshmem_fence; Signal = nvshmem_signal_fetch; Flush = nvshmem_quiet, which has
-//    no timeout (its bound is the host's watchdog).  nvshmem_signal_wait_until is
-//    unbounded, hence WaitSignal polls Signal instead.
+//    signal_off, add, NVSHMEM_SIGNAL_ADD, pe); PutValue = a fence, then
+//    nvshmem_uint64_p; Signal = nvshmem_signal_fetch; Flush = nvshmem_quiet, which
+//    has no timeout (its bound is the host's watchdog).  nvshmem_signal_wait_until
+//    is unbounded, hence WaitSignal polls Signal instead.
 //  - NCCL GIN: Put = put with a strong VA-signal add at signal_off; PutValue =
 //    putValue; Flush = flush with timeoutCycles.
 //  - StoreTransport below: peers reached by pointer (NVLink peer access, CUDA IPC).
