@@ -133,8 +133,11 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(Attrs, ffi::StructMember<int32_t>("kind"),
 #define COST_PREPARE ffi::Ffi::BindPrepare().Ctx<ffi::RunId>().RemainingArgs().RemainingRets()
 #define COST_INITIALIZE \
   ffi::Ffi::BindInitialize().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::RunId>().RemainingArgs().RemainingRets()
+#define COST_INITIALIZE_STATE                                                                       \
+  ffi::Ffi::BindInitialize().Ctx<ffi::State<SiteState>>().Ctx<ffi::PlatformStream<cudaStream_t>>() \
+      .Ctx<ffi::RunId>().RemainingArgs().RemainingRets()
 
-// plain: 0, stages: 1, state: 2, both: 3
+// plain: 0, stages: 1, state: 2, both: 3, init: 4, init_state: 5
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostPlainExecute, Execute<0>, COST_EXECUTE(0), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStagesExecute, Execute<1>, COST_EXECUTE(1), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStagesPrepare, PrepareAttrs<1>, COST_PREPARE.Attrs<Attrs>());
@@ -145,12 +148,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStatePrepare, PrepareState,
                               ffi::Ffi::BindPrepare().Ctx<ffi::State<SiteState>>().Ctx<ffi::RunId>().RemainingArgs()
                                   .RemainingRets());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostStateInitialize, InitializeState<2>,
-                              ffi::Ffi::BindInitialize()
-                                  .Ctx<ffi::State<SiteState>>()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::RunId>()
-                                  .RemainingArgs()
-                                  .RemainingRets());
+                              COST_INITIALIZE_STATE);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostBothExecute, Execute<3>, COST_EXECUTE(3), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostBothPrepare, PrepareAttrs<3>, COST_PREPARE.Attrs<Attrs>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostBothInitialize, InitializeAttrs<3>, COST_INITIALIZE.Attrs<Attrs>());
@@ -160,12 +158,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitInitialize, InitializeTouch<4>, COST_INITI
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitStateExecute, Execute<5>, COST_EXECUTE(5), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitStateInstantiate, Instantiate<5>, ffi::Ffi::BindInstantiate().Attrs<Attrs>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CostInitStateInitialize, InitializeState<5>,
-                              ffi::Ffi::BindInitialize()
-                                  .Ctx<ffi::State<SiteState>>()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::RunId>()
-                                  .RemainingArgs()
-                                  .RemainingRets());
+                              COST_INITIALIZE_STATE);
 
 // For costs.py (ctypes): the state type's id and info (jax.ffi.register_ffi_type), the call counts.
 extern "C" void* cost_state_type_id() { return &SiteState::id; }
