@@ -174,6 +174,23 @@ def held(st):  # what the runtime holds: device bytes (GPU), live instances (CPU
   return int(st["bytes_held"] if "bytes_held" in st else st["instances_live"])
 
 
+def watch(rounds, period):
+  """A thread that prints what the runtimes hold in flight (jax_dfccl.pending()) once no
+  round has completed for `period` seconds: a stalled soak says where it stands."""
+  import threading
+
+  def run():
+    last, since = rounds[0], time.monotonic()
+    while True:
+      time.sleep(min(period, 1.0))
+      if rounds[0] != last:
+        last, since = rounds[0], time.monotonic()
+      elif time.monotonic() - since > period:
+        print(f"STALLED at round {last} for {period} s; PENDING\n{d.pending()}", flush=True)
+        return
+  threading.Thread(target=run, daemon=True).start()
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--instances", type=int, default=2000)
@@ -182,6 +199,8 @@ def main():
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--growth", type=float, default=0.05, help="allowed growth of peak RSS after warm-up")
   ap.add_argument("--config", default="", help="jax_dfccl.config entries, k=v,... (e.g. small_slots=2)")
+  ap.add_argument("--watch", type=float, default=0,
+                  help="seconds without a round completed after which jax_dfccl.pending() is printed (once)")
   args = ap.parse_args()
   if args.config:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -196,6 +215,9 @@ def main():
   started0 = d.stats()[s.backend]["started"]
   per_pass = max(1, args.programs // 2)  # rounds per pass through the programs (two per round)
   done, rss, dev_mem, threads, warm, round_ = 0, [], [], [], None, 0
+  rounds = [0]  # rounds completed, for the watcher
+  if args.watch > 0:
+    watch(rounds, args.watch)
   result = {"rank": s.rank, "ranks": s.n, "backend": s.backend, "ok": True}
   try:
     while done < args.instances or round_ % per_pass or round_ < 6 * per_pass:
@@ -215,6 +237,7 @@ def main():
       if round_ == 3 * per_pass - 1:
         warm = (T.open_fds(), T.os_threads(), held(d.stats()[s.backend]), T.thread_names())
       round_ += 1
+      rounds[0] = round_
   except AssertionError as e:
     result["ok"], result["error"] = False, str(e)[:500]
   st = d.stats()[s.backend]
