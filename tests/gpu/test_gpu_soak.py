@@ -42,8 +42,12 @@ def test_soak_two_processes(tmp_path, config):
   # small_slots=2: every key's small messages share one bucket of two staging cells per peer
   # (device/task.h, "identity"), so instances wait for each other's cells all the time.
   cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", "2", "--timeout", "400", "--out", str(tmp_path), "--tail", "0",
-         "--", sys.executable, str(WORKER), "--instances", "2000", *(["--config", config] if config else [])]
+         "--", sys.executable, str(WORKER), "--instances", "2000", "--watch", "60",
+         *(["--config", config] if config else [])]
   p = subprocess.run(cmd, capture_output=True, text=True, timeout=460, cwd=ROOT)
-  results = [_result((tmp_path / f"rank{r}.log").read_text()) for r in range(2)]
+  logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(2)]
+  stalled = [l[l.index("STALLED"):][:3000] for l in logs if "STALLED" in l]  # the watcher's pending() report
+  assert not stalled, stalled
+  results = [_result(l) for l in logs]
   assert p.returncode == 0 and all(r["ok"] for r in results), _show(results)
   assert all(r["ranks"] == 2 and r["runtime_started"] >= r["instances"] for r in results), results
