@@ -5,9 +5,7 @@
 // TSan too); a knob delays every put between two "hosts" by L µs (the network),
 // and a rank can be killed (its puts stop, it stops draining, and the liveness
 // mask, the proxy's report on the GPU, names it).
-//
-// Also the two CUDA primitives StoreTransport needs that tests/cpp/device_shim
-// does not give, so StoreTransport itself compiles and runs here.
+
 #pragma once
 
 #include <atomic>
@@ -20,14 +18,6 @@
 #include <vector>
 
 #include "device/primitives.cuh"  // tests/cpp/device_shim's
-
-namespace dfccl::gpu {
-inline void FenceAcqRelSys() { std::atomic_thread_fence(std::memory_order_acq_rel); }
-}  // namespace dfccl::gpu
-inline unsigned long long atomicAdd_system(unsigned long long* p, unsigned long long v) {
-  return dfccl::gpu::Shared(p).fetch_add(v, std::memory_order_relaxed);
-}
-
 #include "transport/transport.cuh"
 
 namespace dfccl::gpu::shim {

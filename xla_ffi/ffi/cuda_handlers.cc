@@ -229,7 +229,7 @@ struct XSite {
   std::string key;
   std::vector<int32_t> groups, perm;
   std::vector<int64_t> device_ids;
-  static constexpr int kMaxOrdinals = 64;
+  static constexpr int kMaxOrdinals = DaemonPath::kMaxOrdinals;
   static constexpr uintptr_t kNoBook = 1;  // a group inside this process: nothing to book
   std::array<std::atomic<uintptr_t>, kMaxOrdinals> books{};  // 0: not looked up yet
 

@@ -71,6 +71,7 @@ struct Site {
 
 class DaemonPath {
  public:
+  static constexpr int kMaxOrdinals = 64;  // GPU ordinals the lock-free per-GPU arrays hold
   // The daemon path's state of one device.
   struct PerDevice {
     std::array<TaskInfo, kTaskRing> info;
@@ -135,7 +136,6 @@ class DaemonPath {
   std::map<int, RunSlots> slots_;    // per ordinal: the free lines of DeviceShared::run_slot
   // Per ordinal: the launch id last written to run_word (read without a lock: XLA calls the
   // initialize stage once per start and execution, the first of them writes it).
-  static constexpr int kMaxOrdinals = 64;
   std::array<std::atomic<uint32_t>, kMaxOrdinals> begun_{};
   std::array<std::atomic<DeviceShared*>, kMaxOrdinals> dev_{};  // per ordinal, once set up (no lock after)
 };

@@ -70,6 +70,7 @@ inline uint32_t CasAcquire(uint32_t* p, uint32_t cmp, uint32_t val) {
 inline uint32_t CasAcquireSys(uint32_t* p, uint32_t cmp, uint32_t val) { return CasAcquire(p, cmp, val); }
 inline uint32_t CasAcquireGpu(uint32_t* p, uint32_t cmp, uint32_t val) { return CasAcquire(p, cmp, val); }
 inline uint32_t AddAcqRelSys(uint32_t* p, uint32_t v) { return Shared(p).fetch_add(v, std::memory_order_acq_rel); }
+inline void FenceAcqRelSys() { std::atomic_thread_fence(std::memory_order_acq_rel); }
 
 // A 16-byte volatile store or load: two relaxed 8-byte halves (the PTX vector access is
 // not single-copy atomic either).
@@ -100,6 +101,9 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
   return dfccl::gpu::Shared(p).fetch_add(v, std::memory_order_relaxed);
 }
 inline unsigned int atomicAdd_system(unsigned int* p, unsigned int v) {
+  return dfccl::gpu::Shared(p).fetch_add(v, std::memory_order_relaxed);
+}
+inline unsigned long long atomicAdd_system(unsigned long long* p, unsigned long long v) {
   return dfccl::gpu::Shared(p).fetch_add(v, std::memory_order_relaxed);
 }
 inline unsigned int atomicCAS_system(unsigned int* p, unsigned int cmp, unsigned int val) {
