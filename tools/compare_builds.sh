@@ -4,6 +4,8 @@
 # default .carry/base), in this order, each part while BUDGET (default 575 s) allows:
 #   KEEP_STEPS  (default "chain forced gemm"): tools/testbed_failures.sh steps run by both builds,
 #               interleaved (base, new, base, new, ...); a step named twice runs twice per build.
+#               KEEP_BUILDS (default "base new") names the builds and their order; "exp" is a third
+#               tree (EXP: a tree with its modules in jax_dfccl/, e.g. a variant that turns a part off).
 #   FAIL_STEPS  (default "abandon retry"): tools/testbed_failures.sh steps, this tree only.
 #   AFTER       (default "bench pytest"), this tree only unless said:
 #     costs   tools/ffi_stage_probe/costs.py (what XLA's FFI stages cost per call on the host)
@@ -26,8 +28,9 @@ CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H
 python3 -c "import jax; print('jax', jax.__version__)" 2>&1 | tail -1 | tee -a $L
 (cd $R && git log --oneline -1 2>/dev/null) | tee -a $L
 n=0
-keep() {  # $1: base|new, $2: step
+keep() {  # $1: base|new|exp, $2: step
   local dir=$R tag=${NEW_TAG:-after46}; [ $1 = base ] && dir=$BASE && tag=${BASE_TAG:-before46}
+  [ $1 = exp ] && dir=$EXP && tag=${EXP_TAG:-exp}
   n=$((n + 1)); local o=$OUT/keep${n}_$1_$2
   log "keep $2 ($1)"
   (cd $dir && OUT=$o FAIL_BUDGET_S=120 FORCED_TAG=${CARD:-gpu}_one_gpu_forced_${tag}_$n GEMM_TAG=${CARD:-gpu}_${tag}_$n \
@@ -36,8 +39,7 @@ keep() {  # $1: base|new, $2: step
   grep -ho '"[a-z_]*donated_us": [0-9.]*' $o/logs/chain/rank*.log 2>/dev/null | tr '\n' ' ' | tee -a $L; echo | tee -a $L
 }
 for step in ${KEEP_STEPS-chain forced gemm}; do
-  left 90 && keep base $step
-  left 90 && keep new $step
+  for b in ${KEEP_BUILDS:-base new}; do left 90 && keep $b $step; done
 done
 if [ -n "${FAIL_STEPS-abandon retry}" ] && left 120; then
   log "failures (new build): ${FAIL_STEPS-abandon retry}"

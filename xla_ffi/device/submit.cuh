@@ -212,38 +212,67 @@ DFCCL_DEV void SubmitTombstones(const SubmitParams& p, TaskDesc& d, int64_t n) {
   if (d.match == kMatchIdentity) d.epoch = IdentityTag(d.key_hash, d.seq);
 }
 
-// One thread, after SubmitTake and GridDependencyWait (the previous start's count
-// is written), a start of a group spanning processes (p.book > 0; protocol "run"
-// in device/task.h): the execution's launch id into the task (the handler's, or
-// inside a command buffer the initialize stage's word), the start counted in its
-// program's line, and the tombstones the line asks for submitted before it.
-// Returns true when more were owed than one start submits (the rest stays owed;
-// the caller fails this start's task, which would pair with a left-behind run).
-DFCCL_DEV bool SubmitBook(const SubmitParams& p, TaskDesc& d) {
+// A start's program line as it was before the start (protocol "run"), read by
+// SubmitBookRead before GridDependencyWait, so its latency overlaps SubmitTake's
+// and the previous kernel's end rather than following them.  That read is safe
+// because every writer of the line and of run_word makes its stores visible
+// before it exits and none lets a dependent grid start earlier: a submit kernel
+// fences before it exits (SubmitBookFence, or its publish's release), and so does
+// RunWordKernel; the host writes a line only before the execution's thunks run.
+struct BookRead {
+  uint4 w[3];
+  int64_t owed;
+  uint32_t word;
+};
+
+// One thread, any time before SubmitBook (no dependency on the stream's kernels).
+DFCCL_DEV BookRead SubmitBookRead(const SubmitParams& p) {
+  BookRead b;
   DeviceShared* dev = p.dev;
   const int line = p.book - 1;
-  RunSlot* g = &dev->run_slot[line];
   static_assert(sizeof(RunSlot) == 48 && offsetof(RunSlot, taken) == 40, "RunSlot: three 16-byte words");
-  const uint4 w0 = LdVolVec(g), w1 = LdVolVec(reinterpret_cast<const uint4*>(g) + 1),
-              w2 = LdVolVec(reinterpret_cast<const uint4*>(g) + 2);
-  const int64_t owed = LdVol(&dev->run_owed[line]);
-  const uint32_t run = p.run != 0 ? p.run : LdVol(&dev->run_word);
+  const uint4* g = reinterpret_cast<const uint4*>(&dev->run_slot[line]);
+  b.w[0] = LdVolVec(g);
+  b.w[1] = LdVolVec(g + 1);
+  b.w[2] = LdVolVec(g + 2);
+  b.owed = LdVol(&dev->run_owed[line]);
+  b.word = p.run != 0 ? p.run : LdVol(&dev->run_word);
+  return b;
+}
+
+// One thread, after SubmitTake and GridDependencyWait, a start of a group spanning
+// processes (p.book > 0; protocol "run" in device/task.h): the execution's launch
+// id into the task (the handler's, or inside a command buffer the initialize
+// stage's word), the start counted in its program's line (as SubmitBookRead read
+// it), and the tombstones the line asks for submitted before it.  Returns true
+// when more were owed than one start submits (the rest stays owed; the caller
+// fails this start's task, which would pair with a left-behind run).
+DFCCL_DEV bool SubmitBook(const SubmitParams& p, TaskDesc& d, const BookRead& b) {
   RunSlot s;
-  reinterpret_cast<uint4*>(&s)[0] = w0;
-  reinterpret_cast<uint4*>(&s)[1] = w1;
-  reinterpret_cast<uint4*>(&s)[2] = w2;
-  int64_t n = RunSlotStart(s, owed, run);
+  reinterpret_cast<uint4*>(&s)[0] = b.w[0];
+  reinterpret_cast<uint4*>(&s)[1] = b.w[1];
+  reinterpret_cast<uint4*>(&s)[2] = b.w[2];
+  const uint32_t run = b.word;
+  int64_t n = RunSlotStart(s, b.owed, run);
   const bool behind = n > kMaxTombstones;
   if (behind) {
     s.taken -= n - kMaxTombstones;
     n = kMaxTombstones;
   }
+  uint4* g = reinterpret_cast<uint4*>(&p.dev->run_slot[p.book - 1]);
   StVolVec(g, reinterpret_cast<const uint4*>(&s)[0]);
-  StVolVec(reinterpret_cast<uint4*>(g) + 1, reinterpret_cast<const uint4*>(&s)[1]);
-  StVolVec(reinterpret_cast<uint4*>(g) + 2, reinterpret_cast<const uint4*>(&s)[2]);
+  StVolVec(g + 1, reinterpret_cast<const uint4*>(&s)[1]);
+  StVolVec(g + 2, reinterpret_cast<const uint4*>(&s)[2]);
   d.run = run;
   if (n > 0) SubmitTombstones(p, d, n);
   return behind;
+}
+
+// The line's stores visible before the kernel exits (SubmitBookRead): for a
+// kernel that leaves without a release after SubmitBook.  By then they were long
+// acknowledged, so the fence waits for nothing.
+DFCCL_DEV void SubmitBookFence(const SubmitParams& p) {
+  if (p.book > 0) __threadfence();
 }
 
 }  // namespace dfccl::gpu

@@ -15,9 +15,11 @@ namespace {
 __global__ void SubmitKernel(SubmitParams p) {
   const uint64_t t_enter = p.trace ? GlobalTimer() : 0;
   TaskDesc d;
+  BookRead book{};
+  if (p.book > 0) book = SubmitBookRead(p);  // (in flight with SubmitTake's atomic)
   SubmitTake(p, d);
   GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
-  const bool behind = p.book > 0 && SubmitBook(p, d);  // (protocol "run": tombstones first)
+  const bool behind = p.book > 0 && SubmitBook(p, d, book);  // (protocol "run": tombstones first)
   const uint64_t call = p.stage.state ? SubmitStage(p, d) : 0;
   if (behind) d.invalid = PackStatus(kStatusLeftBehind, d.rank, d.rank);
   SubmitMatch(p, d);
@@ -33,7 +35,11 @@ __global__ void SubmitKernel(SubmitParams p) {
 }
 
 // The execution's launch id for its captured starts (protocol "run" in device/task.h).
-__global__ void RunWordKernel(DeviceShared* dev, uint32_t run) { StVol(&dev->run_word, run); }
+// Fenced: the next submit kernel may read the word before its GridDependencyWait (SubmitBookRead).
+__global__ void RunWordKernel(DeviceShared* dev, uint32_t run) {
+  StVol(&dev->run_word, run);
+  __threadfence();
+}
 
 // dst[0:n) = src[0:n) by the whole grid; src read past L1 (another agent wrote it).
 __device__ void GridCopy(char* dst, const char* src, int64_t n) {
