@@ -277,10 +277,10 @@ def test_cuda_module_contract_without_a_gpu():
 
 def test_cuda_module_targets_and_their_state_type():
   """The CUDA module's FFI table: the targets core.py lowers to, each a handler or a dict of XLA's
-  stages; the starts of groups spanning processes (`_x`) have an instantiate stage (their
-  attributes decoded once per executable into a state) and an initialize stage, and that state's
-  type is in types() with the id and info XLA's type registration takes (backend.py registers it
-  before the targets)."""
+  stages; a program's execution book (`dfccl_book`, one per program with groups spanning
+  processes) has an instantiate stage (its list of starts decoded once per executable into a
+  state) and an initialize stage, and that state's type is in types() with the id and info XLA's
+  type registration takes (backend.py registers it before the targets)."""
   import importlib
   try:
     m = importlib.import_module("jax_dfccl._dfccl_cuda")
@@ -288,11 +288,10 @@ def test_cuda_module_targets_and_their_state_type():
     pytest.skip("the CUDA backend is not built")
   regs = m.registrations()
   assert set(regs) == {f"dfccl_{n}{s}" for n in ("start", "done", "collective") for s in ("", "_host")} | {
-      "dfccl_start_x", "dfccl_collective_x"}
-  for name in ("dfccl_start_x", "dfccl_collective_x"):
-    assert set(regs[name]) == {"instantiate", "initialize", "execute"}, name
+      "dfccl_book"}
+  assert set(regs["dfccl_book"]) == {"instantiate", "initialize", "execute"}
   types = m.types()
-  assert set(types) == {"dfccl_x_site"} and set(types["dfccl_x_site"]) == {"type_id", "type_info"}
+  assert set(types) == {"dfccl_program_book"} and set(types["dfccl_program_book"]) == {"type_id", "type_info"}
 
 
 def test_assigning_an_entry_takes_effect_in_the_runtime():

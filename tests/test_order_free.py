@@ -302,3 +302,46 @@ def test_waits_run_in_program_order(mesh8):
   np.testing.assert_array_equal(np.asarray(yc).reshape(8, 8), np.tile(np.arange(8.0), (8, 1)))
   from jax_dfccl._src import order
   assert not order._ORDER  # lowering let go of the finished trace's values
+
+
+def test_program_book_lists_every_start_spanning_processes(mesh8, monkeypatch):
+  """A program lowered for CUDA whose groups span processes has one ``dfccl_book`` call (XLA's
+  initialize stage of that one call books every execution: protocol "run"), listing each start
+  of such a group by key and call site with its group table, the tables without repeats; the
+  program's first start takes the call's result as its partition-id operand (so XLA keeps the
+  call and orders it first), the others the constant; the starts themselves have no stage.
+  (Lowered without a GPU; a mesh of one process stands in for one spanning processes.)"""
+  import re
+  from jax_dfccl._src import core as dcore
+  monkeypatch.setattr(dcore, "_spans_processes", lambda ctx, mesh: "cuda" in ctx.module_context.platforms)
+
+  def body(y):
+    y = dc.psum(y, "x", key="a") * 0.5
+    y = jax.lax.fori_loop(0, 3, lambda i, v: dc.psum(v, "x", key="b") * 0.5, y)
+    h = dc.all_gather_start(y, "x", key="c")
+    y = dc.psum(y, "x", key="a") + dc.done(h)[:y.shape[0]]
+    return y
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  txt = f.trace(jnp.ones((N, 16))).lower(lowering_platforms=("cuda",)).as_text()
+  calls = re.findall(r"custom_call @(dfccl_\w+)", txt)
+  assert calls.count("dfccl_book") == 1 and calls[0] == "dfccl_book", calls
+  starts = [c for c in calls if c in ("dfccl_collective", "dfccl_start")]
+  assert len(starts) == 4 and not any(c.endswith("_x") for c in calls), calls
+  book = re.search(r"(%\S+) = stablehlo.custom_call @dfccl_book\(\) \{.*?mhlo.backend_config = \{(.*?)\}, ", txt)
+  assert book, txt
+  cfg = book.group(2)
+
+  def arr(name, text=cfg):
+    m = re.search(r"\b" + name + r" = (?:dense<\[?([-\d, ]*)\]?>|(-?\d+) :)", text)
+    return [int(v) for v in (m.group(1) or m.group(2)).split(",")]
+
+  start_calls = re.findall(r"custom_call @dfccl_(?:collective|start)\(.*", txt)
+  assert arr("sites") == [arr("site", c)[0] for c in start_calls], (cfg, start_calls)
+  hashes = arr("key_hashes")
+  assert hashes == [arr("key_hash", c)[0] for c in start_calls]
+  assert len(set(hashes)) == 3 and hashes[0] == hashes[3], hashes
+  assert arr("tables") == [0] and arr("group_sizes") == [N], cfg  # (one table: dense<0> for all four)
+  assert arr("groups") == list(range(N)) and arr("groups_at") == [0, N] and arr("device_ids_at") == [0, N]
+  # The first start's partition id is the book's result; no other custom call takes it.
+  assert len(re.findall(re.escape(book.group(1)) + r"\b", txt)) == 2, txt
