@@ -11,8 +11,9 @@
 #     costs   tools/ffi_stage_probe/costs.py (what XLA's FFI stages cost per call on the host)
 #     bench   start/done against blocking, both builds (mp_worker.py --case bench_async)
 #     soak    tests/gpu/soak_worker.py, one GPU and two processes under MPS (SOAK_N instances, 10000)
-#     stall   the two-process soak with small_slots=2 (SOAK_S2_N instances, 2000), both builds (this
-#             tree's worker), a stalled rank printing jax_dfccl.pending() after 20 s (--watch)
+#     stall   the two-process soak with small_slots=2 (SOAK_S2_N instances, 2000; STALL_CONFIG: the
+#             config entries, default small_slots=2), both builds (this tree's worker), a stalled rank
+#             printing jax_dfccl.pending() after 20 s (--watch)
 #     mp      tests/gpu/test_gpu_multiprocess.py (the two- and four-process suite)
 #     pytest  the one-GPU suites
 set -u
@@ -79,11 +80,12 @@ for part in ${AFTER-bench pytest}; do
         left 80 || continue; log "soak two processes small_slots=2 ($b)"
         root=$R; [ $b = base ] && root=$BASE
         PYTHONPATH=$root timeout 70 tools/mps_testbed.sh -n 2 --tail 0 --timeout 60 --out $OUT/stall_$b -- python3 \
-          tests/gpu/soak_worker.py --instances ${SOAK_S2_N:-2000} --seed 1 --config small_slots=2 --watch 20 \
+          tests/gpu/soak_worker.py --instances ${SOAK_S2_N:-2000} --seed 1 --config ${STALL_CONFIG:-small_slots=2} --watch 20 \
           > $OUT/stall_$b.log 2>&1
         echo "stall $b rc=$?" | tee -a $L
         grep -h "^RESULT" $OUT/stall_$b/rank*.log | cut -c1-300 | tee -a $L
         grep -h -A30 "^STALLED" $OUT/stall_$b/rank*.log | cut -c1-300 | head -60 | tee -a $L
+        grep -h "DEADLINE_EXCEEDED\|ABORTED\|Error: " $OUT/stall_$b/rank*.log | cut -c1-400 | head -6 | tee -a $L
       done ;;
     mp)
       left 100 || continue; log "pytest multiprocess suite"
