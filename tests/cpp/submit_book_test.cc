@@ -82,8 +82,10 @@ struct Stream {
     p.run = handler_run;
     p.book = line + 1;
     TaskDesc d;
+    BookRead book{};  // (read before the sequence number, as the kernels do)
+    if (p.book > 0) book = SubmitBookRead(p);
     SubmitTake(p, d);
-    const bool behind = p.book > 0 && SubmitBook(p, d);
+    const bool behind = p.book > 0 && SubmitBook(p, d, book);
     if (behind) d.invalid = PackStatus(kStatusLeftBehind, d.rank, d.rank);
     SubmitMatch(p, d);
     SubmitPublish(p, d);
