@@ -12,7 +12,7 @@ LLaMA-3-8B pairs first (they carry the 1.15x target).  Per shape, ms per op:
   xla_windowed  the same under --xla_gpu_threshold_for_windowed_einsum_mib=0
                 --xla_gpu_multi_streamed_windowed_einsum=true (XLA flags are
                 process-wide: measured first, in a child process)
-  ours_fused    the fused sm90 GEMM with tile-wise signaling (_dfccl_overlap, bf16 on GPU)
+  ours_fused    the fused sm90 GEMM with tile-wise signaling (in _dfccl_cuda, bf16 on GPU)
   bound         max(t_gemm, bytes moved per rank / 392 GB/s copy-engine rate)
 and, when asked for with --variants:
   ours_lax / ours_dfccl  jax_dfccl's ops on jax.lax / jax_dfccl start-done collectives
@@ -161,7 +161,7 @@ def build(kind, M, N, K, names, it):
 
   def make_fused(bits=0, **cfg):  # config entries and diag bits are read at trace time
     if not ovg.available():
-      raise RuntimeError("fused overlap module not available (needs sm90 GPUs and _dfccl_overlap)")
+      raise RuntimeError("fused overlap ops not available (need sm90 GPUs and _dfccl_cuda built with CUTLASS)")
     import jax_dfccl  # noqa: PLC0415
     with jax_dfccl.configured(**cfg), ovg.fused(True), ovg.diag_mode(bits):
       f = per_shard(lambda x, w: op(x, w, "tp"), (xs, ws), os_)

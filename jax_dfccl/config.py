@@ -174,7 +174,7 @@ class Overlap(_Section):
   _prefix = "overlap_"
   #: GPU (sm90, bfloat16/float16): per-shard ``all_gather_matmul`` /
   #: ``matmul_reduce_scatter`` run the fused tile-signaling GEMM kernels of the
-  #: ``_dfccl_overlap`` extension when it is built (read at trace time; the
+  #: ``_dfccl_cuda`` extension when it is built with them (read at trace time; the
   #: context manager ``jax_dfccl._src.overlap_gpu.fused`` overrides it).
   fused: bool = True
   #: Fused AG+GEMM: move the rows to the peers with the copy engine

@@ -2,7 +2,8 @@
 
 The plan is made on the host from the shape, the mode bits and the SM count only (so every rank of a
 group makes the same one); the extension module exports it, so these run without a GPU wherever
-``_dfccl_overlap`` is built (CI builds it after the CPU tests and runs this file).  The kernels
+``_dfccl_cuda`` is built with the fused ops (``has_overlap``: CI builds it after the CPU tests and runs
+this file).  The kernels
 themselves are tested on a GPU (tests/gpu/test_overlap_gemm.py).
 """
 from __future__ import annotations
@@ -11,7 +12,9 @@ import math
 
 import pytest
 
-ov = pytest.importorskip("jax_dfccl._dfccl_overlap", reason="fused overlap module not built (needs nvcc + CUTLASS)")
+ov = pytest.importorskip("jax_dfccl._dfccl_cuda", reason="CUDA backend not built (needs nvcc)")
+if not ov.has_overlap:
+  pytest.skip("_dfccl_cuda built without the fused overlap ops (needs CUTLASS)", allow_module_level=True)
 from jax_dfccl._src import overlap_gpu as og  # noqa: E402
 
 SMS = 132  # an H200

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the fused overlap kernels (_dfccl_overlap) on a machine with 2
+# GPU check of the fused overlap kernels (in _dfccl_cuda) on a machine with 2
 # NVIDIA GPUs (sm90; the `gemm` step needs one), from the repository root with
 # the built modules in jax_dfccl/.  Everything goes to $OUT; the whole run stays within
 # OVERLAP_BUDGET_S (default 470 s), every step under `timeout`:

@@ -65,27 +65,6 @@ def runtimes() -> dict:
   return load()
 
 
-def _overlap():
-  """The fused overlap ops' module (``_dfccl_overlap``) once loaded, else None.
-
-  Its instances are collectives of the ``cuda`` backend: its stats, pending
-  report, trace records and failures are merged into that backend's, and the
-  configuration is pushed to it (it reads ``timeout_s``, ``trace``,
-  ``trace_capacity``).  It is loaded by the first fused op traced for GPUs
-  (``overlap_gpu.module()``), never here.
-  """
-  from jax_dfccl._src import overlap_gpu  # noqa: PLC0415  (imports jax internals; not needed on CPU)
-  return overlap_gpu.loaded()
-
-
-def _configured_modules() -> list:
-  """Every loaded module that holds ``jax_dfccl.config`` entries: the runtimes, then the fused ops'."""
-  mods = list(load().values())
-  if (ov := _overlap()) is not None:
-    mods.append(ov)
-  return mods
-
-
 def configure(**entries):
   """Sets entries of ``jax_dfccl.config`` by their flat names and pushes them to the runtimes.
 
@@ -121,12 +100,12 @@ def configure(**entries):
     values = {k: Config.coerce(k, v) for k, v in entries.items()}
     for k, v in values.items():
       config._set_flat(k, v)
-    for rt in _configured_modules():
+    for rt in load().values():
       rt.configure(config.as_dict())
   except Exception:
     for k, v in old.items():
       config._set_flat(k, v)
-    for rt in list(_runtimes.values()) + [m for m in (_overlap(),) if m is not None]:
+    for rt in _runtimes.values():
       rt.configure(old)
     raise
 
@@ -227,38 +206,10 @@ STATS_EXTRAS = {
         "host_calls": "start and done handler calls (inside a replayed command buffer none are made)",
         "ranges_exported": "allocations holding this process's XLA buffers shared with other processes",
         "ranges_mapped": "other processes' allocations mapped here (the direct path across processes)",
-        "overlap_channels": "fused overlap ops' channels, one per (device group, key) with buffers (their "
+        "overlap_channels": "fused overlap ops' channels, one per (communicator, key) with buffers (their "
                             "instances are counted in started, completed, failed, pending, instances_live)",
     },
 }
-
-#: Extras this layer adds to a backend module's own ``stats()`` (:func:`merge_overlap_stats`): the
-#: module itself reports the rest of :data:`STATS_EXTRAS`.
-STATS_ADDED = {"cpu": (), "cuda": ("overlap_channels",)}
-
-#: Counters of the fused overlap ops' module added to the ``cuda`` backend's own.
-_OVERLAP_SUMMED = ("started", "completed", "failed", "instances_live", "trace_records")
-_MAX_ERRORS = 256
-
-
-def merge_overlap_stats(cuda: dict, ov: dict | None) -> dict:
-  """The ``cuda`` backend's stats with the fused overlap ops' added (``ov``: the
-  ``_dfccl_overlap`` module's ``stats()``, or None when it is not loaded):
-  their instances in ``started``, ``completed``, ``failed``, ``pending`` and
-  ``instances_live``, their trace records in ``trace_records``, their error
-  messages after the runtime's in ``errors`` (the newest 256), and the extra
-  ``overlap_channels``."""
-  out = dict(cuda)
-  out["overlap_channels"] = 0
-  if ov is None:
-    return out
-  for k in _OVERLAP_SUMMED:
-    out[k] = cuda[k] + ov[k]
-  out["pending"] = out["started"] - out["completed"] - out["failed"]
-  out["errors"] = (list(cuda["errors"]) + list(ov["errors"]))[-_MAX_ERRORS:]
-  out["overlap_channels"] = ov["channels"]
-  return out
-
 
 def stats() -> dict:
   """Returns the runtimes' counters per backend: ``{'cpu': {...}, 'cuda': {...}}``.
@@ -286,9 +237,10 @@ def stats() -> dict:
   ==================  ==========================================================
 
   On GPUs the fused overlap ops' instances (``all_gather_matmul``,
-  ``matmul_reduce_scatter``) are counted in the ``cuda`` backend's ``started``,
-  ``completed``, ``failed``, ``pending`` and ``instances_live``
-  (:func:`merge_overlap_stats`).
+  ``matmul_reduce_scatter``) are collectives of the same runtime, counted in the
+  ``cuda`` backend's ``started``, ``completed``, ``failed``, ``pending`` and
+  ``instances_live``, their trace records in ``trace_records``, their failures in
+  ``errors``.
 
   The configuration a runtime holds is its module's ``config()`` (see
   :func:`runtime_config`), not part of ``stats()``.
@@ -309,11 +261,7 @@ def stats() -> dict:
     >>> jax_dfccl.stats()["cpu"]["completed"] - before  # one task per rank
     8
   """
-  out = {p: dict(rt.stats()) for p, rt in load().items()}
-  if "cuda" in out:
-    ov = _overlap()
-    out["cuda"] = merge_overlap_stats(out["cuda"], dict(ov.stats()) if ov is not None else None)
-  return out
+  return {p: dict(rt.stats()) for p, rt in load().items()}
 
 
 def runtime_config() -> dict:
@@ -347,8 +295,6 @@ def pending(wait_ms: int = 1000) -> str:
   parts = []
   for p, rt in load().items():
     r = rt.pending(wait_ms)
-    if p == "cuda" and (ov := _overlap()) is not None:
-      r = (r or "") + ov.pending(wait_ms)  # the fused ops' instances (one line each)
     if r:
       parts.append(f"[{p}]\n{r}")
   return "\n".join(parts) if parts else "no collective in flight\n"
@@ -358,10 +304,7 @@ def trace_records() -> dict:
   """The runtimes' trace records per backend: ``{'cpu': [...], 'cuda': [...]}``, each
   ``(device, key, seq, event, t_ns)``; the ``cuda`` list includes the fused overlap ops'
   (events ``start``, ``run``, ``finish``, ``error`` from host timestamps)."""
-  out = {p: list(rt.trace_records()) for p, rt in load().items()}
-  if "cuda" in out and (ov := _overlap()) is not None:
-    out["cuda"].extend(ov.trace_records())
-  return out
+  return {p: list(rt.trace_records()) for p, rt in load().items()}
 
 
 def raise_if_failed():
@@ -387,7 +330,7 @@ def raise_if_failed():
   Example:
     >>> jax_dfccl.raise_if_failed()  # nothing failed
   """
-  for rt in _configured_modules():
+  for rt in load().values():
     rt.raise_if_failed()
 
 
@@ -408,5 +351,5 @@ def reset():
     >>> jax_dfccl.stats()["cpu"]["pending"]
     0
   """
-  for rt in _configured_modules():
+  for rt in load().values():
     rt.reset()

@@ -47,7 +47,7 @@ that the transfer of one block overlaps the GEMM of the next:
   while the next chunk is multiplied. An all-reduce has an unavoidable tail (every
   rank needs every other rank's last partial), here the psum of one chunk.
 
-On NVIDIA GPUs with the ``_dfccl_overlap`` extension built, the per-shard
+On NVIDIA GPUs with the fused ops built into ``_dfccl_cuda`` (CUTLASS), the per-shard
 ``all_gather_matmul`` / ``matmul_reduce_scatter`` on bfloat16/float16 instead run
 one fused sm90 GEMM with tile-wise signaling each (same schedule order and numerics contract; see
 :mod:`jax_dfccl._src.overlap_gpu`); everything else uses the schedule above.

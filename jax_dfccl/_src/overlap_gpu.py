@@ -1,4 +1,4 @@
-"""Fused GPU kernels for the per-shard overlap ops (extension ``_dfccl_overlap``).
+"""Fused GPU kernels for the per-shard overlap ops (in extension ``_dfccl_cuda`` when built with CUTLASS).
 
 On NVIDIA GPUs (sm90) ``all_gather_matmul`` and ``matmul_reduce_scatter`` of
 :mod:`jax_dfccl._src.overlap` lower to one custom call each that runs a CUTLASS
@@ -12,21 +12,22 @@ sm90 GEMM with tile-wise signaling (see xla_ffi/overlap/):
   finished tile (input dtype) into its owner's receive buffer; the own block is
   computed last and adds the received partials in its epilogue (f32).
 
-Used when: the default backend is GPU (sm90), the module imports,
+Used when: the default backend is GPU (sm90), ``_dfccl_cuda`` has them (``has_overlap``),
 ``jax_dfccl.config.overlap.fused`` (default True; ``fused(False)`` turns it off
 inside a block), dtype bfloat16/float16,
 2..8 ranks, and K, N multiples of 8 (RS: rows divisible by the ranks). Anything
 else keeps the XLA-dot + collective schedule. Nothing here imports the
 extension on CPU.
 
-Each op instance is a collective like the others: named (device group, key,
-sequence) -- the key names the kind, shapes and dtype (``_key``), each call on
-a rank takes the next sequence number of its (group, key) --, counted in
+Each op instance is a collective of the GPU runtime like the others
+(xla_ffi/runtime/overlap_path.h): named (communicator, key, sequence) -- the
+key names the kind, shapes and dtype (``_key``), each call on a rank takes the
+next sequence number of its (group, key) --, counted in
 ``jax_dfccl.stats()["cuda"]``, listed by ``jax_dfccl.pending()``, recorded in
 the trace, and bounded by ``jax_dfccl.config.timeout_s`` (read at run time): a
 peer that never arrives fails it with ``DEADLINE_EXCEEDED`` naming the key,
 the sequence number and the missing ranks, raised by ``jax_dfccl.raise_if_failed()``
-and the device's next fused call (docs/design/overlap.md).  ``overlap_copy_engine`` (AG rows moved by the copy engine instead
+and the device's next collective call (docs/design/overlap.md).  ``overlap_copy_engine`` (AG rows moved by the copy engine instead
 of the SM push kernel), ``overlap_cta_fence`` (RS: one system fence per CTA
 and tile) ``overlap_rs_copy_engine_min_bytes`` (RS partial blocks at least
 that large moved by the copy engine), ``overlap_cluster_m`` (the GEMM's
@@ -115,29 +116,31 @@ def _gpu() -> bool:
 
 
 def module():
-  """The registered ``_dfccl_overlap`` module, or None (no GPU / not built)."""
+  """The ``_dfccl_cuda`` module when it holds the fused ops (``has_overlap``: built
+  with CUTLASS) and the GPUs are sm90, else None.
+
+  ``jax_dfccl._src.backend.load()`` loads, configures and registers it: its
+  ``registrations()`` include the fused targets (``dfccl_overlap_ag``,
+  ``dfccl_overlap_rs``), and their instances' stats, pending report, trace
+  records and failures are the runtime's own.
+  """
   with _lock:
     if not _mod:
       mod = None
       if _gpu():
+        from jax_dfccl._src import backend  # noqa: PLC0415
         try:
-          from jax_dfccl import _dfccl_overlap as mod  # noqa: PLC0415
+          cuda = backend.load().get("cuda")
         except ImportError:
-          mod = None
-        if mod is not None:
-          mod.configure(_config().as_dict())  # timeout_s, trace, trace_capacity (then backend.configure's)
-          for name, capsule in mod.registrations().items():
-            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+          cuda = None
+        if cuda is not None and getattr(cuda, "has_overlap", False):
+          mod = cuda
       _mod.append(mod)
     return _mod[0]
 
 
 def loaded():
-  """The ``_dfccl_overlap`` module if it was loaded already, else None (loads nothing).
-
-  ``jax_dfccl._src.backend`` merges its stats, pending report, trace records and
-  failures into the ``cuda`` backend's and pushes ``jax_dfccl.config`` to it.
-  """
+  """The module :func:`module` found, if it was looked for already, else None (loads nothing)."""
   return _mod[0] if _mod else None
 
 
@@ -182,7 +185,7 @@ def profile(on: bool, no_comm: bool = False):
   """
   mod = module()
   if mod is None:
-    raise RuntimeError("jax_dfccl fused overlap module not available (needs sm90 GPUs and _dfccl_overlap)")
+    raise RuntimeError("jax_dfccl fused overlap ops not available (need sm90 GPUs and _dfccl_cuda built with CUTLASS)")
   mod._set_diag(bool(no_comm), bool(on))
 
 

@@ -39,7 +39,7 @@ SHAPES = [(96, 272, 136), (328, 528, 200), (600, 1040, 1000), (1100, 264, 8), (1
 def _og():
   from jax_dfccl._src import overlap_gpu as og
   if not og.available():
-    pytest.skip("fused overlap module not available (needs sm90 GPUs and _dfccl_overlap)")
+    pytest.skip("fused overlap ops not available (need sm90 GPUs and _dfccl_cuda built with CUTLASS)")
   return og
 
 

@@ -75,7 +75,7 @@ def _ref(kind, x, w):
 
 
 def test_fused_module_available():
-  assert og.available(), "jax_dfccl._dfccl_overlap did not import/register on this GPU machine"
+  assert og.available(), "the fused ops of jax_dfccl._dfccl_cuda (has_overlap) did not load/register on this GPU machine"
 
 
 # (kind, global M, N, K): tile multiples, odd multiples of 8, several tiles, K < 64
@@ -387,25 +387,23 @@ def test_fused_ops_counted_in_stats():
   f, args, _, (x, w) = _fused_ag(256, 512, 128)
   jax.block_until_ready(f(*args))  # compiled, channel set up
   mod = og.loaded()
-  assert mod is not None
-  before, mod_before = dc.stats()["cuda"], dict(mod.stats())
+  assert mod is not None and mod.has_overlap  # the fused ops are the CUDA runtime's (_dfccl_cuda)
+  before = dc.stats()["cuda"]
   calls = 3
   for _ in range(calls):
     out = f(*args)
   jax.block_until_ready(out)
-  after, mod_after = dc.stats()["cuda"], dict(mod.stats())
+  after = dc.stats()["cuda"]
   ref = _ref("ag", x, w)
   _close(out, ref, jnp.bfloat16, "ag counted")
   # One instance per rank and call (2 ranks), all completed: the stream's done word precedes the
-  # program's end, and stats() reads it.  Exact in the module's own counts; the cuda backend's
-  # merged counts grow by at least as much (its runtime may count earlier collectives meanwhile).
-  assert mod_after["started"] - mod_before["started"] == 2 * calls
-  assert mod_after["completed"] - mod_before["completed"] == 2 * calls
-  assert mod_after["failed"] == mod_before["failed"] and mod_after["pending"] == 0
-  assert after["started"] - before["started"] >= 2 * calls
-  assert after["completed"] - before["completed"] >= 2 * calls
+  # program's end, and stats() reads it (the proxy's poll, or stats() itself).  Nothing else runs
+  # meanwhile: exact.
+  assert after["started"] - before["started"] == 2 * calls
+  assert after["completed"] - before["completed"] == 2 * calls
+  assert after["failed"] == before["failed"] and after["pending"] == before["pending"]
   assert after["pending"] == after["started"] - after["completed"] - after["failed"]
-  assert after["overlap_channels"] == mod_after["channels"] >= 1
+  assert after["overlap_channels"] >= 1
   assert set(after) == backend_keys()
   og.check()
 

@@ -1,5 +1,8 @@
 // nanobind module _dfccl_cuda: the extension-module contract of
-// docs/architecture.md (registrations, configure, stats, trace_records, reset).
+// docs/architecture.md (registrations, configure, stats, trace_records, reset),
+// and, when built with CUTLASS (DFCCL_HAS_OVERLAP; attribute has_overlap), the
+// fused overlap ops' targets (ffi/overlap_handlers.h) and their plan and
+// diagnostics functions.
 // Every function that takes the runtime's lock releases the GIL while it runs in
 // the runtime: the lock may be held by a thread inside a CUDA call that waits for
 // the device (the proxy relaunching the daemon, a handler's first call), and a
@@ -18,6 +21,11 @@
 
 #include "ffi/cuda_handlers.h"
 #include "runtime/runtime.h"
+#ifdef DFCCL_HAS_OVERLAP
+#include "ffi/overlap_handlers.h"
+#include "overlap/plan.h"
+#include "overlap/profile.h"
+#endif
 
 namespace nb = nanobind;
 using dfccl::gpu::Runtime;
@@ -52,6 +60,12 @@ NB_MODULE(_dfccl_cuda, m) {
     d["dfccl_start_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartHostCuda));
     d["dfccl_done_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneHostCuda));
     d["dfccl_collective_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveHostCuda));
+#ifdef DFCCL_HAS_OVERLAP
+    // The fused overlap ops (runtime/overlap_path.h): registered by
+    // jax_dfccl._src.overlap_gpu where the GPUs are sm90.
+    d["dfccl_overlap_ag"] = nb::capsule(reinterpret_cast<void*>(&dfccl::overlap::OverlapAgCuda));
+    d["dfccl_overlap_rs"] = nb::capsule(reinterpret_cast<void*>(&dfccl::overlap::OverlapRsCuda));
+#endif
     return d;
   });
   m.def("types", [] {
@@ -133,4 +147,33 @@ NB_MODULE(_dfccl_cuda, m) {
 
   m.def("pending", [](int wait_ms) { return Runtime::Get().Pending(wait_ms); }, nb::arg("wait_ms") = 1000,
         nb::call_guard<nb::gil_scoped_release>(), "Report of the collectives in flight");
+
+#ifdef DFCCL_HAS_OVERLAP
+  m.attr("has_overlap") = true;
+  // The plan of a fused launch (overlap/plan.h): tests and benchmarks.
+  m.def(
+      "plan",
+      [](int nranks, int rows, int n, int k, int avail, int cluster_ctas, int32_t mode, const std::string& kind) {
+        using namespace dfccl::overlap;  // PlanLaunch refuses any other kind (-1)
+        const int32_t kd = kind == "ag" ? kAllGatherGemm : kind == "rs" ? kGemmReduceScatter : -1;
+        const LaunchPlan p = PlanLaunch(kd, nranks, rows, n, k, avail, cluster_ctas, mode);
+        nb::dict d;
+        d["tile_n"] = p.tile_n; d["cluster_m"] = p.cluster_m; d["tiles"] = p.tiles; d["units"] = p.units;
+        d["sk_units"] = p.sk_units; d["sk_tiles"] = p.sk_tiles; d["grid"] = p.grid; d["pdl"] = p.pdl;
+        d["m_fast"] = p.raster.m_fast; d["group_n"] = p.raster.group_n; d["tma_store"] = p.tma_store;
+        d["pingpong"] = p.pingpong;
+        return d;
+      },
+      nb::arg("nranks"), nb::arg("rows"), nb::arg("n"), nb::arg("k"), nb::arg("avail"), nb::arg("cluster_ctas"),
+      nb::arg("mode"), nb::arg("kind"));
+  // Diagnostics of the fused ops (benchmarks/overlap_diag.py; overlap/profile.h).
+  m.def("_set_diag", &dfccl::overlap::SetDiag, nb::arg("no_comm"), nb::arg("profile"));
+  m.def("_profile_results", [] {
+    nb::list out;
+    for (auto& [k, ms] : dfccl::overlap::ProfileResults()) out.append(nb::make_tuple(nb::str(k.c_str()), ms));
+    return out;
+  });
+#else
+  m.attr("has_overlap") = false;  // built without CUTLASS: no fused overlap ops
+#endif
 }

@@ -1,7 +1,7 @@
 // The FFI boundary's one error conversion (the contract is in dfccl/check.h):
 // a dfccl::Status or a thrown dfccl::Error becomes an ffi::Error with the same
 // code and message; any other exception is kInternal.  Every handler of every
-// backend (ffi/cpu_handlers.cc, ffi/cuda_handlers.cc, overlap/handlers.cc)
+// backend (ffi/cpu_handlers.cc, ffi/cuda_handlers.cc, ffi/overlap_handlers.cc)
 // returns through FfiStatus / FfiGuard.
 #pragma once
 

@@ -18,7 +18,7 @@
 namespace dfccl::overlap {
 
 // Loads the kernel variants on the current device and sets their shared-memory
-// size.  Called when a device is first used (handlers.cc): with lazy module
+// size.  Called when a device is first used (ffi/overlap_handlers.cc): with lazy module
 // loading the first launch of a kernel loads it, which waits for the whole
 // device to be idle -- including a side stream's wait kernel that spins until
 // this very GEMM has made progress (RS copy engine): a deadlock until the wait

@@ -13,7 +13,7 @@ cudaError_t LaunchPush(const PushLaunch& a, cudaStream_t stream);
 cudaError_t LaunchReadyWait(const SideSync& s, cudaStream_t stream);
 cudaError_t LaunchSignal(const SideSync& s, cudaStream_t stream);
 
-// One instantiation per element type; handlers.cc holds the dispatch table.
+// One instantiation per element type; ffi/overlap_handlers.cc holds the dispatch table.
 cudaError_t LaunchGemmBF16(const GemmLaunch& l, cudaStream_t stream);
 cudaError_t LaunchGemmF16(const GemmLaunch& l, cudaStream_t stream);
 

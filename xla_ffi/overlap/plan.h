@@ -2,7 +2,7 @@
 // launch is cut into work (gemm_sched.cuh), decided on the host from the shape, the `mode` bits and the
 // device alone -- so every rank of a group makes the same plan, and with it the
 // same tile grid (the RS flags are one per tile of it).  Host code only; also
-// exported by the extension module (`_dfccl_overlap.plan()`, tests and
+// exported by the extension module (`_dfccl_cuda.plan()`, tests and
 // benchmarks, no GPU needed).
 #pragma once
 

@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "overlap/handlers.h"
 #include "overlap/protocol.h"
 
 namespace dfccl::overlap {

@@ -1,6 +1,7 @@
-// Host-side internals of the fused overlap ops shared by handlers.cc and
-// profile.cc: the CUDA error check, the device guard, and the diagnostics: the
-// no_comm and profile switches (SetDiag in handlers.h), CUDA-event timings of
+// Host-side internals of the fused overlap ops shared by their handlers
+// (ffi/overlap_handlers.cc) and profile.cc: the CUDA error check, the device
+// guard, and the diagnostics: the no_comm and profile switches (SetDiag),
+// CUDA-event timings of
 // kernels and side-stream transfers, handler wall time, and the device
 // timeline of each profiled launch (protocol.h kTlWords), collected and
 // cleared by ProfileResults().  Diagnostics cost nothing unless profiling.
@@ -13,6 +14,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "dfccl/check.h"
 #include "runtime/driver.h"
@@ -21,6 +24,15 @@
 
 namespace dfccl::overlap {
 using gpu::DeviceGuard;  // runtime/driver.h
+
+// Diagnostics (module functions _set_diag, _profile_results): no_comm (fused
+// GEMM without waits or remote stores; results invalid) and profile (CUDA-event
+// time of every fused GEMM kernel and side-stream transfer, plus the device
+// timeline of every launch summarized per launch; collected and cleared by
+// ProfileResults: (op key|gemm[_nocomm] / |push / |copy / |host / |tl_<what>,
+// ms); tl_* are described at Summarize in profile.cc).
+void SetDiag(bool no_comm, bool profile);
+std::vector<std::pair<std::string, float>> ProfileResults();
 }  // namespace dfccl::overlap
 
 namespace dfccl::overlap::prof {

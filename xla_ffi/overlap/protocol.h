@@ -68,12 +68,12 @@
 //    launch failure when its results are awaited; the CUDA context of that
 //    GPU is lost, so the process must restart to use it): no rank consumes a
 //    partial result.  The key, sequence and ranks come from the host
-//    (handlers.cc PollChannel): it applies the same bound to each instance
-//    from the moment its rank's stream reached it (ready word), names the
-//    ranks whose ready word never reached the sequence, and writes `error`
-//    itself, so that every waiter of the channel traps; the message goes to
-//    stats()["errors"], stderr, raise_if_failed() and the device's next fused
-//    call (DEADLINE_EXCEEDED).  This trades the process's GPU state for never
+//    (runtime/overlap_path.cc PollChannel): it applies the same bound to each
+//    instance from the moment its rank's stream reached it (ready word), names
+//    the ranks whose ready word never reached the sequence, and writes `error`
+//    itself, so that every waiter of the channel traps; the group's
+//    communicator records the message (stats()["errors"], stderr,
+//    raise_if_failed() and the device's next call: DEADLINE_EXCEEDED).  This trades the process's GPU state for never
 //    returning garbage; the bound (config.timeout_s, the one user timeout)
 //    trips only when a peer never arrives, where the alternative is a hang.
 //    A waiter reads `error` (host memory) only every kErrorPollEvery polls,
@@ -109,7 +109,7 @@ enum Mode : int32_t {
   kModeMailboxOnly = 8,
   kModeClusterM2 = 16,
   kModeNoSplit = 32,
-  kModeClusterAuto = 64,  // config overlap_cluster_m=0: the host picks 1x1 or 2x1 per launch (handlers.cc)
+  kModeClusterAuto = 64,  // config overlap_cluster_m=0: the host picks 1x1 or 2x1 per launch (plan.cc)
   kModeNoPdl = 128,       // config overlap_pdl=False: the GEMM launches without programmatic serialization
   // config overlap_tile_n: bits 8..9 hold 0 (the host picks per shape) or
   // 1 + the index of the forced width in kTileNs.

@@ -2,11 +2,12 @@
 // pools, flags, credits, mailboxes, the daemon path's match table), the copy of
 // its view on each local rank's device (what kernels take: DeviceHandle), its
 // set-up and exchange across processes, and the record of its instances'
-// failures for both paths.
+// failures for every path.
 //
 // Matching itself stays with each path: the daemon path matches on the device
 // (the match table, device/match.cuh), the copy-engine path on the host
-// (CopyEnginePath::Join over `live`).  An instance (key_hash, seq) fails in one
+// (CopyEnginePath::Join over `live`), the fused ops in their kernels (their
+// channel's mailbox and flags, OverlapPath).  An instance (key_hash, seq) fails in one
 // place whatever its path: Fail() records it and makes it the error of the
 // group's local devices; Failed() looks it up.
 //
@@ -60,7 +61,7 @@ class Communicator {
   // Rank r's device copy of the view (on its device; null for another process's rank).
   DeviceHandle* device_handle(int r) const { return dev_copy[r]; }
 
-  // Failures, both paths.  Fail records the instance's failure and makes `msg`
+  // Failures, every path.  Fail records the instance's failure and makes `msg`
   // the error of the group's local devices (thrown once by their next handler call).
   void Fail(uint64_t key_hash, uint64_t seq, ErrorCode code, const std::string& msg);
   bool Failed(uint64_t key_hash, uint64_t seq) const;

@@ -1,9 +1,10 @@
 // What every part of the GPU host runtime shares: the runtime lock, the
 // configuration (and its atomic copies for the lock-free hot path), the devices
 // (struct Device: what is per GPU), the communicators by group, the process's
-// device ids, key names, the error log, the copy-engine mover and the IPC server.
+// device ids, key names, the error log, the host's trace records, the
+// copy-engine mover and the IPC server.
 //
-// Owner: Runtime (runtime.h) holds the one Context; the communicators, both
+// Owner: Runtime (runtime.h) holds the one Context; the communicators, the
 // paths and the proxy hold a reference to it.
 // Lock: `mu` guards everything here but the atomics, `by_ordinal` (lock-free
 // device lookup of the done handlers), `times` and the CopyEngine/Ipc objects'
@@ -18,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +46,8 @@ struct Site;
 
 static_assert(kMaxDaemonBlocks == kMaxBlocks, "config.h's block limit is the daemon's");
 inline constexpr size_t kMaxErrors = 256;  // errors kept for stats()["errors"], newest last
+
+inline constexpr size_t kMaxHostTrace = 65536;  // trace records kept on the host (the fused ops'), newest last
 
 inline constexpr uint64_t kCeTicket = uint64_t{1} << 63;  // tickets of the copy-engine ring carry this bit
 
@@ -90,6 +94,16 @@ struct Device {
   // Anything else (a CUDA error, a broken invariant) stays until reset().
   bool error_once = false;
   int64_t completed = 0, failed = 0;                       // tasks seen done by the proxy (stats())
+  int64_t fused_started = 0;  // fused ops' instances started (OverlapPath; the other paths count their rings)
+};
+
+// A trace record the host writes (the fused ops': OverlapPath), beside the
+// daemon's device rings; event is a static string (start, run, finish, error).
+struct HostTraceRec {
+  int device;
+  uint64_t key_hash, seq;
+  const char* event;
+  uint64_t t_ns;  // host clock, ns since the epoch
 };
 
 // Copies device memory out on the device's private stream and waits for it
@@ -155,6 +169,7 @@ struct Context {
   std::map<int, int64_t> global_of;
   std::unordered_map<uint64_t, std::string> key_names;
   std::vector<std::string> errors;
+  std::deque<HostTraceRec> host_trace;  // while cfg.trace, at most kMaxHostTrace
   Proxy* proxy = nullptr;  // started by the first device (GetDevice)
   CopyEngine ce;
   Ipc ipc;

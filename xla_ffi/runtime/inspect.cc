@@ -1,9 +1,11 @@
 // Runtime::Pending: a readable report of every collective in flight (who
 // started it, whose stream reached it, what the daemon and the copy engines
-// are doing), for `jax_dfccl.pending()` while a program seems stuck.  The
-// runtime lock is tried for `wait_ms` only; device words are read on the
-// device's private stream, which never waits on XLA's streams.  It reads the
-// devices, both paths' rings and the communicators' match tables under the lock.
+// are doing; the fused ops' instances with the ranks each waits for), for
+// `jax_dfccl.pending()` while a program seems stuck.  The runtime lock is
+// tried for `wait_ms` only; device words are read on the device's private
+// stream, which never waits on XLA's streams.  It reads the devices, both
+// rings, the fused ops' channels and the communicators' match tables under
+// the lock.
 #include <cstddef>
 #include <cstring>
 #include <sstream>
@@ -97,6 +99,7 @@ std::string Runtime::Pending(int wait_ms) {
            static_cast<int32_t>(d.host->ce_done[t % kCeRing] - g) >= 0);
     }
   }
+  overlap_.Describe(os, now);  // the fused ops' instances in flight, with the ranks each waits for
   os << "copy engine: " << ctx_.ce.Describe() << "\n";
   if (ctx_.ipc.started()) os << "IPC: " << ctx_.ipc.Describe() << "\n";
   return os.str();

@@ -18,6 +18,7 @@
 #include "runtime/copy_engine_path.h"
 #include "runtime/daemon_path.h"
 #include "runtime/driver.h"
+#include "runtime/overlap_path.h"
 
 namespace dfccl::gpu {
 
@@ -64,9 +65,11 @@ void Proxy::ProxyLoop() {
           if (d->error.ok()) { d->error = Status{ErrorCode::kInternal, ex.what()}; d->has_error = true; }
         }
       }
+      overlap_.Poll(now);  // the fused ops' completions and deadline (no CUDA call: host-mapped words)
       if (std::string e = ctx_.ce.error(); !e.empty())
         for (auto& [ord, d] : ctx_.devices)
           if (d->error.ok()) { d->error = Status{ErrorCode::kInternal, e}; d->has_error = true; }
+      busy = overlap_.Busy();
       for (auto& [ord, d] : ctx_.devices) {
         const DaemonPath::PerDevice& q = daemon_.Of(*d);
         const CopyEnginePath::PerDevice& cq = ce_path_.Of(*d);

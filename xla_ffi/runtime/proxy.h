@@ -1,5 +1,6 @@
 // The proxy thread ("dfccl-proxy"): polls every device's ticket rings (the
-// daemon path's records and completions, the copy-engine path's completions),
+// daemon path's records and completions, the copy-engine path's completions)
+// and the fused-op path's channels (OverlapPath::Poll: completions, deadline),
 // launches and relaunches the daemon (and grows its grid for a large task),
 // runs the watchdog (timeouts, peer processes that exited) and hands failures
 // to the path that owns the instance.
@@ -23,10 +24,12 @@ namespace dfccl::gpu {
 
 class DaemonPath;
 class CopyEnginePath;
+class OverlapPath;
 
 class Proxy {
  public:
-  Proxy(Context& ctx, DaemonPath& daemon, CopyEnginePath& ce) : ctx_(ctx), daemon_(daemon), ce_path_(ce) {}
+  Proxy(Context& ctx, DaemonPath& daemon, CopyEnginePath& ce, OverlapPath& overlap)
+      : ctx_(ctx), daemon_(daemon), ce_path_(ce), overlap_(overlap) {}
   void Start();  // the thread, once (the first device starts it); under mu
   void Stop();   // at exit: takes mu, then joins the thread
 
@@ -50,6 +53,7 @@ class Proxy {
   Context& ctx_;
   DaemonPath& daemon_;
   CopyEnginePath& ce_path_;
+  OverlapPath& overlap_;
   std::thread thread_;
   bool stop_ = false;
 };

@@ -105,6 +105,10 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   // After a kernel trapped (a failure inside a command buffer) the CUDA context is
   // gone: the device's counters count as 0 and the reason joins the errors.
   std::vector<std::string> unreadable;
+  // The fused ops' instances: counted per device (Device::fused_started,
+  // completed, failed) once their done words were looked at, in flight on
+  // their channels, traced on the host.
+  overlap_.Poll(Clock::now());
   const auto read = [&](Device& dv, void* dst, const void* src, size_t n) {
     try {
       CopyOut(dv, dst, src, n);
@@ -118,7 +122,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   for (auto& [ord, d] : ctx_.devices) {
     daemon_.PollRecords(*d, Clock::now());  // every record written before a done the caller saw
     const DaemonPath::PerDevice& q = daemon_.Of(*d);
-    started += q.seen + ce_path_.Of(*d).ce_next;
+    started += q.seen + ce_path_.Of(*d).ce_next + d->fused_started;
     std::vector<TaskRun> runs(kTaskRing);
     if (q.oldest < q.seen) read(*d, runs.data(), d->dev->run, sizeof(TaskRun) * kTaskRing);
     for (uint64_t t = q.oldest; t < q.seen; ++t) {
@@ -158,6 +162,8 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     running += proxy_.Alive(*d) ? 1 : 0;
   }
   live += static_cast<double>(pending_instances.size());
+  live += static_cast<double>(overlap_.Live());
+  trace_records += static_cast<double>(ctx_.host_trace.size());
   for (auto& [name, c] : ctx_.comms) {
     dev_bytes += c->bytes;
     live += c->live.size();
@@ -212,6 +218,7 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
   s["host_calls"] = static_cast<double>(ctx_.times.starts + ctx_.times.dones);
   s["ranges_exported"] = static_cast<double>(ctx_.ipc.exported());  // allocations shared with other processes
   s["ranges_mapped"] = static_cast<double>(ctx_.ipc.mapped());      // other processes' allocations mapped here
+  s["overlap_channels"] = static_cast<double>(overlap_.channels());  // fused ops' (communicator, key) channels
   if (errors) {
     *errors = ctx_.errors;
     for (auto& e : ctx_.ipc.errors()) errors->push_back(e);
@@ -250,7 +257,13 @@ std::vector<TraceOut> Runtime::Trace() {
                              r.event < kNumTraceEvents ? kNames[r.event] : "?", r.t_ns});
     }
   }
-  std::sort(out.begin(), out.end(), [](const TraceOut& a, const TraceOut& b) { return a.t_ns < b.t_ns; });
+  overlap_.Poll(Clock::now());
+  for (const HostTraceRec& r : ctx_.host_trace) {  // the fused ops' (host clock)
+    auto k = ctx_.key_names.find(r.key_hash);
+    out.push_back(TraceOut{r.device, k != ctx_.key_names.end() ? k->second : std::to_string(r.key_hash), r.seq,
+                           r.event, r.t_ns});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const TraceOut& a, const TraceOut& b) { return a.t_ns < b.t_ns; });
   return out;
 }
 
@@ -260,6 +273,7 @@ std::vector<TraceOut> Runtime::Trace() {
 void Runtime::Reset() {
   std::lock_guard lk(ctx_.mu);
   ctx_.errors.clear();
+  ctx_.host_trace.clear();
   for (auto& [ord, d] : ctx_.devices) {
     d->error = Status{};
     d->error_once = false;
@@ -281,6 +295,7 @@ void Runtime::RaiseIfFailed() {
   auto lk = ctx_.HandlerLock();
   const auto now = Clock::now();
   for (auto& [ord, d] : ctx_.devices) proxy_.PollDevice(*d, now);
+  overlap_.Poll(now);
   for (auto& [ord, d] : ctx_.devices)
     if (!d->error.ok()) ctx_.ThrowDeviceError(*d);
 }

@@ -1,15 +1,18 @@
 // The GPU host runtime's facade: the entry points of the FFI handlers
 // (ffi/cuda_handlers.cc) and of the module's functions (bindings/cuda_module.cc).
 // It owns the shared context (context.h: the lock, the configuration, the
-// devices, the communicators), the two paths and the proxy thread:
+// devices, the communicators), the three paths and the proxy thread:
 //
 // Daemon path (every collective below the copy-engine sizes, daemon_path.h):
 // one kernel launch per call after a call site's first, matched on the device.
 // Copy-engine path (the *_host targets, copy_engine_path.h): matched on the
 // host, moved by the mover thread (runtime/copy_engine.h).
+// Fused-op path (the dfccl_overlap_* targets, overlap_path.h): fused
+// GEMM+communication kernels that synchronize the ranks themselves; the host
+// keeps their channels, counts and deadline.
 // Communicator (communicator.h): a group's memory, set-up, exchange across
-// processes and the failure record of its instances, for both paths.
-// Proxy (proxy.h): completions, the daemon's (re)launch, the watchdog.
+// processes and the failure record of its instances, for every path.
+// Proxy (proxy.h): completions, the daemon's (re)launch, the watchdog (all three paths).
 //
 // Lock: the facade's own functions take Context::mu themselves (configure,
 // stats, trace, reset, the exchange across processes; pending() only tries it);
@@ -32,6 +35,7 @@
 #include "runtime/context.h"
 #include "runtime/copy_engine_path.h"
 #include "runtime/daemon_path.h"
+#include "runtime/overlap_path.h"
 #include "runtime/proxy.h"
 
 namespace dfccl::gpu {
@@ -51,9 +55,11 @@ class Runtime {
 
   // The handlers' paths (their functions throw dfccl::Error; the FFI boundary,
   // ffi/error.h, converts it): the daemon path (Prepare, Submit, Finish) and the
-  // copy-engine path (StartHost, DoneHost: the *_host targets, matched on the host).
+  // copy-engine path (StartHost, DoneHost: the *_host targets, matched on the host),
+  // the fused-op path (Begin, Commit: the dfccl_overlap_* targets).
   DaemonPath& daemon() { return daemon_; }
   CopyEnginePath& copy_engine() { return ce_path_; }
+  OverlapPath& overlap() { return overlap_; }
   // Across processes (jax_dfccl.initialize): global device id <-> local ordinal, and a
   // group's memory exchanged by CUDA IPC (Python moves the blobs through the KV store).
   void SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids);
@@ -87,7 +93,8 @@ class Runtime {
   Context ctx_;
   CopyEnginePath ce_path_{ctx_};
   DaemonPath daemon_{ctx_, proxy_};  // (proxy_ is bound here, used once the runtime is built)
-  Proxy proxy_{ctx_, daemon_, ce_path_};
+  OverlapPath overlap_{ctx_};
+  Proxy proxy_{ctx_, daemon_, ce_path_, overlap_};
 };
 
 }  // namespace dfccl::gpu
