@@ -278,10 +278,10 @@ def test_cuda_module_contract_without_a_gpu():
 
 def test_cuda_module_targets_and_their_state_type():
   """The CUDA module's FFI table: the targets core.py lowers to, each a handler or a dict of XLA's
-  stages; a program's execution book (`dfccl_book`, one per program with groups spanning
-  processes) has an instantiate stage (its list of starts decoded once per executable into a
-  state) and an initialize stage, and that state's type is in types() with the id and info XLA's
-  type registration takes (backend.py registers it before the targets)."""
+  stages; the starts of groups spanning processes (`_x`) have an instantiate stage (their
+  attributes decoded once per executable into a state) and an initialize stage, and that state's
+  type is in types() with the id and info XLA's type registration takes (backend.py registers it
+  before the targets)."""
   import importlib
   try:
     m = importlib.import_module("jax_dfccl._dfccl_cuda")
@@ -291,10 +291,11 @@ def test_cuda_module_targets_and_their_state_type():
   # The fused overlap ops' targets are there when the module was built with them (CUTLASS).
   fused = {"dfccl_overlap_ag", "dfccl_overlap_rs"} if m.has_overlap else set()
   assert set(regs) == {f"dfccl_{n}{s}" for n in ("start", "done", "collective") for s in ("", "_host")} | {
-      "dfccl_book"} | fused
-  assert set(regs["dfccl_book"]) == {"instantiate", "initialize", "execute"}
+      "dfccl_start_x", "dfccl_collective_x"} | fused
+  for name in ("dfccl_start_x", "dfccl_collective_x"):
+    assert set(regs[name]) == {"instantiate", "initialize", "execute"}, name
   types = m.types()
-  assert set(types) == {"dfccl_program_book"} and set(types["dfccl_program_book"]) == {"type_id", "type_info"}
+  assert set(types) == {"dfccl_x_site"} and set(types["dfccl_x_site"]) == {"type_id", "type_info"}
 
 
 def test_assigning_an_entry_takes_effect_in_the_runtime():

@@ -502,65 +502,6 @@ def _spans_processes(ctx, mesh) -> bool:
   return len({d.process_index for d in mesh.devices.flat}) > 1
 
 
-class _ProgramBook:
-  """The program's ``dfccl_book`` call (CUDA, groups spanning processes), kept with the module
-  being lowered (its ``cached_primitive_lowerings``, under `_BOOK`), not in the process: the
-  starts it lists so far, and their group tables without repeats."""
-
-  def __init__(self, op):
-    self.op = op
-    self.starts: list[tuple[int, int, int]] = []  # (key_hash, site, table)
-    self.tables: dict[tuple, int] = {}            # (group_size, groups, device_ids) -> index
-
-  def add(self, key_hash, site, groups, dev_ids) -> None:
-    t = (int(groups.shape[1]), tuple(int(g) for g in groups.reshape(-1)), tuple(int(d) for d in dev_ids))
-    self.starts.append((int(key_hash), int(site), self.tables.setdefault(t, len(self.tables))))
-
-  def attributes(self) -> dict:
-    tables = list(self.tables)
-    at = lambda parts: np.cumsum([0] + [len(p) for p in parts], dtype=np.int64)  # noqa: E731
-    return {
-        "key_hashes": np.asarray([s[0] for s in self.starts], np.int64),
-        "sites": np.asarray([s[1] for s in self.starts], np.int64),
-        "tables": np.asarray([s[2] for s in self.starts], np.int32),
-        "group_sizes": np.asarray([t[0] for t in tables], np.int32),
-        "groups": np.asarray([g for t in tables for g in t[1]], np.int32),
-        "groups_at": at([t[1] for t in tables]),
-        "device_ids": np.asarray([d for t in tables for d in t[2]], np.int64),
-        "device_ids_at": at([t[2] for t in tables]),
-    }
-
-  def write(self) -> None:
-    """The call's attributes (the FFI's ``mhlo.backend_config`` dictionary) with every start so far."""
-    self.op.attributes["mhlo.backend_config"] = ir.DictAttr.get(
-        {k: mlir.ir_attribute(v) for k, v in self.attributes().items()})
-
-
-_BOOK = ("jax_dfccl", "program book")  # its key in ModuleContext.cached_primitive_lowerings
-
-
-def _book(ctx, key_hash, site, groups, dev_ids):
-  """Lists a start of a group spanning processes in its program's execution book (protocol "run",
-  xla_ffi/device/task.h): one ``dfccl_book`` call per program, whose stages book every execution
-  (one XLA stage call per execution and program, not per start: each costs 1-3 µs on the host).
-  The program's first such start emits the call here and takes its result (a zero) as its
-  partition id operand, which orders the call before it; later starts add themselves to its list.
-  Returns that operand for the first start, else None."""
-  cache = ctx.module_context.cached_primitive_lowerings
-  book = cache.get(_BOOK)
-  if book is not None:
-    book.add(key_hash, site, groups, dev_ids)
-    book.write()
-    return None
-  rule = jax.ffi.ffi_lowering("dfccl_book", has_side_effect=True)
-  probe = _ProgramBook(None)
-  probe.add(key_hash, site, groups, dev_ids)
-  (pid,) = rule(ctx.replace(avals_in=[], avals_out=[_PID_AVAL]), **probe.attributes())
-  probe.op = pid.owner
-  cache[_BOOK] = probe
-  return pid
-
-
 def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm, site,
                     target="dfccl_start", aliases=None, mode="varying"):
   del mode  # the manual-axis types of input and output (abstract eval and AD only)
@@ -589,16 +530,15 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   aliases = dict({0: 1} if aliases is None else aliases)
   if init:  # operand 2 (after x and the partition id) is the output's initial value
     aliases[2] = 0
-  pid = None
   if route == "host":
     target += "_host"
   elif _spans_processes(ctx, mesh):
-    # Listed in the program's execution book, which XLA's initialize stage books every
-    # execution of the program with (docs/design/execution_identity.md, "GPUs").
-    pid = _book(ctx, key_hash, site, groups, device_ids(mesh))
+    # The same handlers with XLA's initialize stage, which books every execution of the program
+    # for the execution identity across processes (docs/design/execution_identity.md, "GPUs").
+    target += "_x"
   rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)
   sub = ctx.replace(avals_in=[ctx.avals_in[0], _PID_AVAL, *ctx.avals_in[1:]])
-  return rule(sub, x, _partition_id_operand(ctx) if pid is None else pid, *init,
+  return rule(sub, x, _partition_id_operand(ctx), *init,
               kind=np.int32(_tables()['KIND'][OPS[op].kind]), reduce_op=np.int32(_tables()['REDUCE'][reduce]),
               key=key, key_hash=np.int64(key_hash), site=np.int64(site),
               group_size=np.int32(groups.shape[1]), groups=groups.reshape(-1),

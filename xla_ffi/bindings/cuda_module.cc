@@ -49,14 +49,17 @@ NB_MODULE(_dfccl_cuda, m) {
     d["dfccl_start"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
     d["dfccl_done"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneCuda));
     d["dfccl_collective"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveCuda));
-    // Programs with groups spanning processes: their execution book, one call per
-    // program with an instantiate and an initialize stage (protocol "run" in
-    // device/task.h; a dict of stages), lowered by core.py.
-    nb::dict book;
-    book["instantiate"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclBookInstantiateCuda));
-    book["initialize"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclBookInitializeCuda));
-    book["execute"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclBookCuda));
-    d["dfccl_book"] = book;
+    // Groups spanning processes: the same handlers with an instantiate and an initialize
+    // stage (protocol "run" in device/task.h; a dict of stages), chosen at lowering (core.py).
+    auto with_stages = [](void* execute) {
+      nb::dict st;
+      st["instantiate"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclInstantiateCuda));
+      st["initialize"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclInitializeCuda));
+      st["execute"] = nb::capsule(execute);
+      return st;
+    };
+    d["dfccl_start_x"] = with_stages(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartCuda));
+    d["dfccl_collective_x"] = with_stages(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveCuda));
     d["dfccl_start_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclStartHostCuda));
     d["dfccl_done_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclDoneHostCuda));
     d["dfccl_collective_host"] = nb::capsule(reinterpret_cast<void*>(&dfccl::gpu::DfcclCollectiveHostCuda));
@@ -71,9 +74,9 @@ NB_MODULE(_dfccl_cuda, m) {
   m.def("types", [] {
     nb::dict d;  // the FFI types of the targets' states (registered before the targets)
     nb::dict x;
-    x["type_id"] = nb::capsule(dfccl::gpu::ProgramBookTypeId());
-    x["type_info"] = nb::capsule(dfccl::gpu::ProgramBookTypeInfo());
-    d["dfccl_program_book"] = x;
+    x["type_id"] = nb::capsule(dfccl::gpu::XSiteTypeId());
+    x["type_info"] = nb::capsule(dfccl::gpu::XSiteTypeInfo());
+    d["dfccl_x_site"] = x;
     return d;
   });
   m.def("set_device_ids", [](std::vector<std::pair<int64_t, int>> ids) { Runtime::Get().SetDeviceIds(ids); },

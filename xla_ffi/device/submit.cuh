@@ -242,7 +242,7 @@ DFCCL_DEV BookRead SubmitBookRead(const SubmitParams& p) {
 
 // One thread, after SubmitTake and GridDependencyWait, a start of a group spanning
 // processes (p.book > 0; protocol "run" in device/task.h): the execution's launch
-// id into the task (the handler's, or inside a command buffer the book's initialize
+// id into the task (the handler's, or inside a command buffer the initialize
 // stage's word), the start counted in its program's line (as SubmitBookRead read
 // it), and the tombstones the line asks for submitted before it.  Returns true
 // when more were owed than one start submits (the rest stays owed; the caller

@@ -138,14 +138,14 @@
 //               carries its execution's launch id (XLA's RunId; TaskDesc::run):
 //               the handler's, outside a command buffer (SubmitParams::run); inside
 //               one, DeviceShared::run_word, which the initialize stage of the
-//               program's book call (dfccl_book) wrote on XLA's stream before its
-//               thunks (a one-thread kernel).  A start of a group spanning processes
+//               execution's first start wrote on XLA's stream before its thunks
+//               (a one-thread kernel).  A start of a group spanning processes
 //               (SubmitParams::book > 0) reads its program's line of the key as
 //               its kernel begins (every writer of a line fences before it exits,
 //               so the stream's previous kernel's count is there) and, once the
 //               stream's earlier kernels are complete, counts itself in it
 //               (DeviceShared::run_slot, dfccl/execution.h RunSlotStart; the host
-//               opens the line and writes its call sites at that initialize stage,
+//               opens the line and writes its call sites at XLA's initialize stage,
 //               and adds to run_owed what the device's failures say is owed): when
 //               its process ran an execution that started the key fewer times than
 //               the program does (the execution failed before those starts), it

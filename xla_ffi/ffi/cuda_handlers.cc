@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <array>
-#include <deque>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -218,112 +217,73 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer /*out_i
   });
 }
 
-// The program's execution book (protocol "run" in device/task.h): one dfccl_book
-// call per program whose collectives have groups spanning processes (core.py lowers
-// it with the program's first such start, which takes its result as its partition
-// id operand, and lists every such start in its attributes).  XLA's instantiate
-// stage decodes the list once per executable into this state; per GPU each start's
-// key book is found at the program's first execution there.  XLA shares one state
-// between the devices that run the thunk (they may call concurrently).
-struct ProgramBook {
+// What XLA's instantiate stage makes once per executable for a daemon-path start of
+// a group spanning processes (targets dfccl_start_x, dfccl_collective_x): the
+// attributes the initialize stage needs, decoded once, and per GPU the key's book
+// (found at the site's first initialize on that GPU).  XLA shares one state between
+// the devices that run the thunk (they may call concurrently).
+struct XSite {
   static ffi::TypeId id;
-  struct Start {
-    int64_t key_hash, site;
-    int32_t table;
-  };
-  struct Table {  // a start's group table, as dfccl_start's attributes give it
-    int32_t group_size = 0;
-    std::vector<int32_t> groups;
-    std::vector<int64_t> device_ids;
-  };
-  std::vector<Start> starts;
-  std::vector<Table> tables;
+  int32_t kind = 0, reduce_op = 0, group_size = 0;
+  int64_t site = 0, key_hash = 0;
+  std::string key;
+  std::vector<int32_t> groups, perm;
+  std::vector<int64_t> device_ids;
   static constexpr int kMaxOrdinals = DaemonPath::kMaxOrdinals;
+  static constexpr uintptr_t kNoBook = 1;  // a group inside this process: nothing to book
+  std::array<std::atomic<uintptr_t>, kMaxOrdinals> books{};  // 0: not looked up yet
 
-  // Per start, its key's book on this GPU (null: a group inside this process).
-  const std::vector<KeyRuns*>& BooksOf(int32_t ordinal) {
+  StartAttrs Attrs() const {
+    return StartAttrs{kind, reduce_op, key, key_hash, site, group_size, ffi::Span<const int32_t>(groups),
+                      ffi::Span<const int64_t>(device_ids), ffi::Span<const int32_t>(perm)};
+  }
+  KeyRuns* BookOf(int32_t ordinal) {
     DFCCL_CHECK(ordinal >= 0 && ordinal < kMaxOrdinals, "dfccl: GPU ordinal " << ordinal << " out of range");
-    if (const auto* b = books_[ordinal].load(std::memory_order_acquire)) return *b;
-    std::lock_guard lk(mu_);
-    if (const auto* b = books_[ordinal].load(std::memory_order_relaxed)) return *b;
-    std::vector<KeyRuns*>& out = found_.emplace_back();
-    for (const Start& st : starts) {
-      const Table& t = tables[st.table];
-      const StartAttrs a{0, 0, "(the program's book)", st.key_hash, st.site, t.group_size,
-                         ffi::Span<const int32_t>(t.groups), ffi::Span<const int64_t>(t.device_ids),
-                         ffi::Span<const int32_t>()};
+    uintptr_t b = books[ordinal].load(std::memory_order_acquire);
+    if (b == 0) {  // (two devices' threads may both look up: the runtime's lookup is idempotent)
+      const StartAttrs a = Attrs();
       const int32_t pid = PartitionOf(a, ordinal);
+      DFCCL_CHECK(pid >= 0, "dfccl: GPU " << ordinal << " is not in collective '" << key << "'");
       int32_t rank = 0;
-      out.push_back(pid < 0 ? nullptr
-                            : Runtime::Get().daemon().BookOf(ordinal, GroupOf(a, pid, &rank),
-                                                             static_cast<uint64_t>(st.key_hash)));
+      KeyRuns* kr = Runtime::Get().daemon().BookOf(ordinal, GroupOf(a, pid, &rank), static_cast<uint64_t>(key_hash));
+      b = kr ? reinterpret_cast<uintptr_t>(kr) : kNoBook;
+      books[ordinal].store(b, std::memory_order_release);
     }
-    books_[ordinal].store(&out, std::memory_order_release);
-    return out;
+    return b == kNoBook ? nullptr : reinterpret_cast<KeyRuns*>(b);
   }
-
- private:
-  std::mutex mu_;
-  std::deque<std::vector<KeyRuns*>> found_;  // (stable addresses)
-  std::array<std::atomic<const std::vector<KeyRuns*>*>, kMaxOrdinals> books_{};
 };
-ffi::TypeId ProgramBook::id = {};
-const XLA_FFI_TypeInfo kProgramBookInfo = ffi::MakeTypeInfo<ProgramBook>();
+ffi::TypeId XSite::id = {};
+const XLA_FFI_TypeInfo kXSiteInfo = ffi::MakeTypeInfo<XSite>();
 
-// Attributes (core.py): per start key_hashes, sites, tables (its group table's
-// index); per group table group_sizes, groups and device_ids concatenated, with
-// groups_at and device_ids_at the offsets (one more than tables).
-ffi::ErrorOr<std::unique_ptr<ProgramBook>> BookInstantiateImpl(
-    ffi::Span<const int64_t> key_hashes, ffi::Span<const int64_t> sites, ffi::Span<const int32_t> table_of,
-    ffi::Span<const int32_t> group_sizes, ffi::Span<const int32_t> groups, ffi::Span<const int64_t> groups_at,
-    ffi::Span<const int64_t> device_ids, ffi::Span<const int64_t> device_ids_at) {
-  auto b = std::make_unique<ProgramBook>();
-  const size_t n = key_hashes.size(), t = group_sizes.size();
-  auto bad = [] { return ffi::ErrorOr<std::unique_ptr<ProgramBook>>(ffi::Error::InvalidArgument(
-                      "dfccl: malformed program book (dfccl_book attributes)")); };
-  if (sites.size() != n || table_of.size() != n || groups_at.size() != t + 1 || device_ids_at.size() != t + 1)
-    return bad();
-  for (size_t i = 0; i < t; ++i) {
-    const int64_t g0 = groups_at[i], g1 = groups_at[i + 1], d0 = device_ids_at[i], d1 = device_ids_at[i + 1];
-    if (g0 < 0 || g1 < g0 || g1 > static_cast<int64_t>(groups.size()) || d0 < 0 || d1 < d0 ||
-        d1 > static_cast<int64_t>(device_ids.size()))
-      return bad();
-    b->tables.push_back(ProgramBook::Table{group_sizes[i], std::vector<int32_t>(groups.begin() + g0, groups.begin() + g1),
-                                           std::vector<int64_t>(device_ids.begin() + d0, device_ids.begin() + d1)});
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (table_of[i] < 0 || static_cast<size_t>(table_of[i]) >= t) return bad();
-    b->starts.push_back(ProgramBook::Start{key_hashes[i], sites[i], table_of[i]});
-  }
-  return ffi::ErrorOr<std::unique_ptr<ProgramBook>>(std::move(b));
+ffi::ErrorOr<std::unique_ptr<XSite>> InstantiateImpl(StartAttrs a) {
+  auto st = std::make_unique<XSite>();
+  st->kind = a.kind;
+  st->reduce_op = a.reduce_op;
+  st->group_size = a.group_size;
+  st->site = a.site;
+  st->key_hash = a.key_hash;
+  st->key = std::string(a.key);
+  st->groups.assign(a.groups.begin(), a.groups.end());
+  st->perm.assign(a.perm.begin(), a.perm.end());
+  st->device_ids.assign(a.device_ids.begin(), a.device_ids.end());
+  return ffi::ErrorOr<std::unique_ptr<XSite>>(std::move(st));
 }
 
-// Its initialize stage: XLA calls it once per execution, before any of the
-// program's thunks runs (failed executions too; for thunks inside command buffers
-// too), with the execution's stream (not capturing)
-// (measured: benchmarks/results/ffi_stages_2026-12-06_h100.json).  It opens or
-// keeps each start's line of its key's book (protocol "run" in device/task.h) and,
-// the execution's first on this GPU, writes its launch id on the stream for the
-// starts XLA replays from command buffers.  One call per execution and program:
-// XLA's stage call costs 1-3 us on the host (tools/ffi_stage_probe/costs.py), so
-// the starts themselves have no stage.
-ffi::Error BookInitializeImpl(ProgramBook* b, cudaStream_t stream, int32_t ordinal, ffi::RunId run) {
+// Their initialize stage: XLA calls it once per execution for every such start of
+// the program, before any of its thunks runs (failed executions too), also for
+// starts inside command buffers, with the execution's stream (not capturing)
+// (measured: benchmarks/results/ffi_stages_2026-12-06_h100.json).  It opens the
+// program's line of the key's book (protocol "run" in device/task.h) and, the
+// execution's first on this GPU, writes its launch id on the stream for the starts
+// XLA replays from command buffers.  No attributes are decoded here (the state
+// holds them): this runs for every start of every execution.
+ffi::Error InitializeImpl(XSite* st, cudaStream_t stream, int32_t ordinal, ffi::RunId run, ffi::RemainingArgs,
+                          ffi::RemainingRets) {
   return FfiGuard([&] {
     const uint32_t r = RunOf(run);
     if (r == 0) return;  // XLA without collective parameters: no launch id
-    const std::vector<KeyRuns*>& books = b->BooksOf(ordinal);
-    for (size_t i = 0; i < books.size(); ++i)
-      if (books[i] != nullptr) Runtime::Get().daemon().Plan(ordinal, *books[i], r, b->starts[i].site);
+    if (KeyRuns* book = st->BookOf(ordinal)) Runtime::Get().daemon().Plan(ordinal, *book, r, st->site);
     Runtime::Get().daemon().BeginExecution(ordinal, stream, r);
-  });
-}
-
-// Its execute stage: the partition id operand of the program's first such start
-// (0: the CUDA handlers find their partition from the device), so XLA keeps the
-// call and orders it before that start.  A memset: capturable into command buffers.
-ffi::Error BookImpl(cudaStream_t stream, ffi::Result<ffi::AnyBuffer> pid) {
-  return FfiGuard([&] {
-    DFCCL_CHECK_CUDA(cudaMemsetAsync(pid->untyped_data(), 0, pid->size_bytes(), stream), "dfccl: the program's book");
   });
 }
 
@@ -381,25 +341,15 @@ ffi::Error DoneHostImpl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer out
       .Ret<ffi::AnyBuffer>()           /* result */          \
       .Attrs<DoneAttrs>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclBookInstantiateCuda, BookInstantiateImpl,
-                              ffi::Ffi::BindInstantiate()
-                                  .Attr<ffi::Span<const int64_t>>("key_hashes")
-                                  .Attr<ffi::Span<const int64_t>>("sites")
-                                  .Attr<ffi::Span<const int32_t>>("tables")
-                                  .Attr<ffi::Span<const int32_t>>("group_sizes")
-                                  .Attr<ffi::Span<const int32_t>>("groups")
-                                  .Attr<ffi::Span<const int64_t>>("groups_at")
-                                  .Attr<ffi::Span<const int64_t>>("device_ids")
-                                  .Attr<ffi::Span<const int64_t>>("device_ids_at"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclBookInitializeCuda, BookInitializeImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclInstantiateCuda, InstantiateImpl, ffi::Ffi::BindInstantiate().Attrs<StartAttrs>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclInitializeCuda, InitializeImpl,
                               ffi::Ffi::BindInitialize()
-                                  .Ctx<ffi::State<ProgramBook>>()
+                                  .Ctx<ffi::State<XSite>>()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  .Ctx<ffi::RunId>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclBookCuda, BookImpl,
-                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ret<ffi::AnyBuffer>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+                                  .Ctx<ffi::RunId>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartCuda, StartImpl, DFCCL_START_BINDING, {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveCuda, CollectiveImpl, DFCCL_COLLECTIVE_BINDING,
                               {ffi::Traits::kCmdBufferCompatible});
@@ -408,7 +358,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclStartHostCuda, StartHostImpl, DFCCL_START_BIN
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclCollectiveHostCuda, CollectiveHostImpl, DFCCL_COLLECTIVE_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DfcclDoneHostCuda, DoneHostImpl, DFCCL_DONE_BINDING);
 
-void* ProgramBookTypeId() { return &ProgramBook::id; }
-void* ProgramBookTypeInfo() { return const_cast<XLA_FFI_TypeInfo*>(&kProgramBookInfo); }
+void* XSiteTypeId() { return &XSite::id; }
+void* XSiteTypeInfo() { return const_cast<XLA_FFI_TypeInfo*>(&kXSiteInfo); }
 
 }  // namespace dfccl::gpu

@@ -286,7 +286,7 @@ KeyRuns* DaemonPath::BookOf(int ordinal, const std::vector<int64_t>& group, uint
   return spans && ordinal >= 0 ? RunsOf(ordinal, group, key_hash) : nullptr;
 }
 
-// Protocol "run", from the initialize stage of the program's book: the program's line of the key on this
+// Protocol "run", from XLA's initialize stage: the program's line of the key on this
 // GPU opened (at its first execution) and its call sites written; both before any
 // of the execution's thunks runs, so before any start reads the line.
 void DaemonPath::Plan(int ordinal, KeyRuns& kr, uint32_t run, int64_t site) {

@@ -97,13 +97,13 @@ class DaemonPath {
   void Submit(cudaStream_t stream, const Site& site, const void* in, void* out, int64_t* ticket_out, bool blocking,
               uint32_t run, const void* init = nullptr);
   // The execution book of `key_hash` for the group `group` on GPU `ordinal` (protocol
-  // "run"), which the initialize stage of its programs' book call fills; null for a group inside this
+  // "run"), which XLA's initialize stage of its starts fills; null for a group inside this
   // process.  No Context lock.
   KeyRuns* BookOf(int ordinal, const std::vector<int64_t>& group, uint64_t key_hash);
-  // XLA's initialize stage of the program's book, for a start of the key in execution `run` (call site `site`):
+  // XLA's initialize stage of a start of the key in execution `run` (call site `site`):
   // the program's line on the device opened, its call sites written (runtime/run_book.h).
   void Plan(int ordinal, KeyRuns& kr, uint32_t run, int64_t site);
-  // XLA's initialize stage of the program's book: the execution's first on this GPU writes
+  // XLA's initialize stage of such a start: the execution's first on this GPU writes
   // its launch id into DeviceShared::run_word on `stream`, before the execution's
   // thunks (its captured starts read it there).
   void BeginExecution(int ordinal, cudaStream_t stream, uint32_t run);
@@ -134,8 +134,8 @@ class DaemonPath {
   std::mutex runs_mu_;  // runs_, slots_ (taken after a KeyRuns::mu, never before)
   std::map<std::tuple<int, std::vector<int64_t>, uint64_t>, std::unique_ptr<KeyRuns>> runs_;  // (ordinal, group, key)
   std::map<int, RunSlots> slots_;    // per ordinal: the free lines of DeviceShared::run_slot
-  // Per ordinal: the launch id last written to run_word (read without a lock: XLA calls a
-  // book's initialize stage once per program and execution, several books' the first writes it).
+  // Per ordinal: the launch id last written to run_word (read without a lock: XLA calls the
+  // initialize stage once per start and execution, the first of them writes it).
   std::array<std::atomic<uint32_t>, kMaxOrdinals> begun_{};
   std::array<std::atomic<DeviceShared*>, kMaxOrdinals> dev_{};  // per ordinal, once set up (no lock after)
 };

@@ -7,15 +7,14 @@
 // The submit kernels count, per (device, key) and program, the starts of each
 // execution in a device line (dfccl/execution.h RunLine, DeviceShared::run_slot),
 // in stream order, inside XLA's command buffers too: the launch id of a replayed
-// start is the one the program book's initialize stage wrote for its execution
+// start is the one the initialize stage wrote for its execution
 // (DeviceShared::run_word).  The first start of a later execution closes the
 // earlier ones: what they did not start — the program's most starts of the key
 // in one execution, at least one per call site — becomes tombstones.
 //
 // What the device cannot know the host tells it here, from XLA's initialize stage
-// of the program's book call (dfccl_book; called once per execution, before any of
-// the program's thunks runs, failed executions included, with every start of the
-// program): which program an execution belongs
+// (called once per execution for every start of the program, before any of its
+// thunks runs, failed executions included): which program an execution belongs
 // to (the launch ids of one program are consecutive; CompareRuns), so each
 // program gets its own line (a slot of the device's table), opened at the
 // program's first execution with that launch id; and the program's call sites of
@@ -74,8 +73,8 @@ class RunBook {
     RunSlot init{};       // the line to write
   };
 
-  // The book's initialize stage, for a start of the key (call site `site`) in
-  // execution `run`: once per execution and site, before any of the execution's thunks runs.
+  // XLA's initialize stage of a start of the key (call site `site`) in execution
+  // `run`: once per execution and site, before any of the execution's thunks runs.
   // `slots`: where a new program's line comes from (may be null for a program
   // that has a line: SlotOf(run) >= 0).
   Change Plan(uint32_t run, int64_t site, RunSlots* slots) {
