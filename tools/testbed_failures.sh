@@ -14,7 +14,7 @@
 #   buffer): the retry replays the recorded psum; rank 1's failed run traps its context.
 # chaos: random failures before or after a psum on both ranks, 24 runs, outside command buffers
 #   (mp_worker.py --case chaos_retry): no run may return another run's sum.
-# chain: the testbed's chain of 4 KiB psums (mp_worker.py --case bench --sizes 4096).
+# chain: the testbed's chain of 4 KiB psums (mp_worker.py --case bench --sizes 4096 CHAIN_ARGS, e.g. --profile).
 # forced: the forced one-GPU chain (benchmarks/collectives.py, a group of one through the runtime).
 # gemm: the fused GEMM alone against XLA's dot (benchmarks/overlap_gemm.py, GEMM_ARGS).
 # memcheck: the abandon case under compute-sanitizer memcheck (MEMCHECK_ARGS: fewer sizes and runs).
@@ -83,7 +83,7 @@ for step in $steps; do
     chain)
       lim=$(fits 60 150) || { skip chain; continue; }
       log "chain: 4 KiB psums across the two processes"
-      tb chain "$lim" -- $W --case bench --sizes 4096 ;;
+      tb chain "$lim" -- $W --case bench --sizes 4096 ${CHAIN_ARGS:-} ;;
     forced)
       lim=$(fits 60 150) || { skip forced; continue; }
       log "forced one-GPU chain"
