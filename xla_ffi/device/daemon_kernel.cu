@@ -382,6 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   __shared__ uint32_t fail;
   __shared__ uint64_t t_inline;  // start of the inline budget (p.inline_ns; device/wait.cuh Elapsed)
   __shared__ uint64_t stamps[kLaneStamps];
+  __shared__ __align__(16) RunSlot line;  // the program's line of the book (thread 0 plans it, thread 32 stores it)
   const int tid = threadIdx.x;
   const uint64_t t_enter = p.trace && tid == 0 ? GlobalTimer() : 0;
   uint64_t t_matched = 0, t_lane = 0;
@@ -405,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   // With tracing on, an identity task takes its ticket first too: the trace's
   // stream events live in its ring entry.
   if (tid == 0) {
-    if (p.book > 0 && SubmitBook(p, sd, book))  // (protocol "run": tombstones first)
+    if (p.book > 0 && SubmitBookPlan(p, sd, book, &line))  // (protocol "run": tombstones first)
       sd.invalid = PackStatus(kStatusLeftBehind, sd.rank, sd.rank);
     ticketless = sd.match == kMatchIdentity && !p.trace;
     if (ticketless) go = !sd.invalid && sd.lanes <= kMaxLanes;
@@ -416,6 +417,12 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     t_inline = GlobalTimer();
   }
   __syncthreads();
+  // The line stored and fenced by a thread with no other store yet: its fence
+  // overlaps thread 0's claim at the peer (SubmitBookFence).
+  if (tid == 32 && p.book > 0) {
+    SubmitBookStore(p, line);
+    SubmitBookFence(p);
+  }
   if (p.trace && tid == 0) t_lane = GlobalTimer();
   if (go) {
     while (true) {
@@ -447,7 +454,6 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   if (ticketless) {
     if (completed) {
       atomicAdd(&p.dev->identity_done, 1ull);
-      SubmitBookFence(p);  // (no publish follows: its release would have fenced the line)
       return;
     }
     // Left to the daemon (slotted, or failed): a ticket now, the state so far.

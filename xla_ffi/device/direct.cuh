@@ -151,12 +151,15 @@ DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word, uint64_t map_gen
   const uint64_t va = word & ((uint64_t{1} << kXTagShift) - 1);
   const int tag = static_cast<int>(word >> kXTagShift);
   if (table == nullptr || tag == 0) return reinterpret_cast<char*>(va);
-  const XRange* x = table + tag;
-  const uint64_t local = LdAcquireSys(&x->local_base);
-  if (local == 0) return nullptr;
-  const uint64_t base = LdVol(&x->remote_base), size = LdVol(&x->size);
+  // Both halves at once (one round trip to host memory): an entry is written once,
+  // local_base last, so any field still 0 means "not yet" (runtime/ipc.cc Publish).
+  static_assert(sizeof(XRange) == 32 && offsetof(XRange, local_base) == 16, "XRange: two 16-byte halves");
+  const uint4 h0 = LdVolVec(table + tag), h1 = LdVolVec(reinterpret_cast<const char*>(table + tag) + 16);
+  const uint64_t base = (static_cast<uint64_t>(h0.y) << 32) | h0.x, size = (static_cast<uint64_t>(h0.w) << 32) | h0.z;
+  const uint64_t local = (static_cast<uint64_t>(h1.y) << 32) | h1.x, gen = (static_cast<uint64_t>(h1.w) << 32) | h1.z;
+  if (local == 0 || gen == 0) return nullptr;
   if (va < base || va - base >= size) return nullptr;
-  if (LdVol(&x->gen) > map_gen) {
+  if (gen > map_gen) {
     if (newer) *newer = true;
     return nullptr;
   }

@@ -285,8 +285,9 @@ DFCCL_TASK_HD int XTagOut(int32_t direct) { return (direct >> 13) & (kMaxXRanges
 DFCCL_TASK_HD uint64_t XAddr(const void* p, int tag) {
   return reinterpret_cast<uint64_t>(p) | (static_cast<uint64_t>(tag) << kXTagShift);
 }
-// One entry of an owner process's range table in a peer (device memory, written
-// by the peer's serving thread: local_base last; 0: not mapped).
+// One entry of an owner process's range table in a peer (pinned host memory the
+// GPUs read, written once by the peer's serving thread, local_base last; 0: not
+// mapped; runtime/ipc.h).
 struct XRange {
   uint64_t remote_base;  // the range in its owner's address space
   uint64_t size;

@@ -60,10 +60,7 @@ Ipc::~Ipc() {
     if (e.fd >= 0) close(e.fd);
   for (auto& [name, t] : tables_) {
     for (auto& [tag, m] : t.maps) Vmm::Unmap(m);
-    for (auto& [ord, c] : t.dev) {
-      cudaFree(c.table);
-      cudaStreamDestroy(c.stream);
-    }
+    if (t.shared) cudaFreeHost(t.shared);
   }
   for (int fd : {listen_fd_, wake_[0], wake_[1]})
     if (fd >= 0) close(fd);
@@ -193,22 +190,23 @@ Ipc::Table& Ipc::TableOf(const std::string& peer) {
   return tables_.emplace(peer, std::move(t)).first->second;
 }
 
-// tables_mu_ held.  Into each device copy, two copies on its own stream: the
-// entry with local_base 0, then local_base (a lane that sees it sees the rest).
+// tables_mu_ held.  Into the table the lanes read, by plain stores: an entry is
+// written once (tags are never reused) and its local_base last; a retired entry
+// only loses its local_base.  A lane reads the entry's two 16-byte halves at once
+// and takes it only when local_base, gen and the range are all there
+// (device/direct.cuh XLocal), so no store order across PCIe is needed.
 void Ipc::Publish(Table& t, int tag) {
-  XRange e = t.entries[tag];
-  const uint64_t local = e.local_base;
-  e.local_base = 0;
-  for (auto& [ord, c] : t.dev) {
-    DeviceGuard guard(ord);
-    cudaError_t r = cudaMemcpyAsync(&c.table[tag], &e, sizeof(e), cudaMemcpyHostToDevice, c.stream);
-    if (r == cudaSuccess) r = cudaStreamSynchronize(c.stream);
-    if (r == cudaSuccess && local != 0)
-      r = cudaMemcpyAsync(&c.table[tag].local_base, &local, sizeof(local), cudaMemcpyHostToDevice, c.stream);
-    if (r == cudaSuccess) r = cudaStreamSynchronize(c.stream);
-    DFCCL_CHECK_CODE(r == cudaSuccess, ErrorCode::kInternal, "dfccl: writing a range table on GPU " << ord << ": "
-                                                             << cudaGetErrorString(r));
+  if (t.shared == nullptr) return;  // no local GPU reads it yet (AddPeer copies the entries)
+  const XRange& e = t.entries[tag];
+  XRange& s = t.shared[tag];
+  if (e.local_base == 0) {
+    std::atomic_ref<uint64_t>(s.local_base).store(0, std::memory_order_release);
+    return;
   }
+  std::atomic_ref<uint64_t>(s.remote_base).store(e.remote_base, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(s.size).store(e.size, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(s.gen).store(e.gen, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(s.local_base).store(e.local_base, std::memory_order_release);
 }
 
 const XRange* Ipc::AddPeer(const std::string& peer, int ordinal) {
@@ -218,18 +216,18 @@ const XRange* Ipc::AddPeer(const std::string& peer, int ordinal) {
   {
     std::lock_guard tl(tables_mu_);
     Table& t = TableOf(peer);
-    DevCopy& c = t.dev[ordinal];
-    if (c.table == nullptr) {
+    if (t.shared == nullptr) {
       DeviceGuard guard(ordinal);
-      DFCCL_CHECK_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking), "dfccl: range table stream");
       void* p = nullptr;
-      DFCCL_CHECK_CUDA(cudaMalloc(&p, sizeof(XRange) * kMaxXRanges), "dfccl: range table");
-      DFCCL_CHECK_CUDA(cudaMemcpyAsync(p, t.entries.data(), sizeof(XRange) * kMaxXRanges, cudaMemcpyHostToDevice,
-                                       c.stream), "dfccl: range table");
-      DFCCL_CHECK_CUDA(cudaStreamSynchronize(c.stream), "dfccl: range table");
-      c.table = static_cast<XRange*>(p);
+      DFCCL_CHECK_CUDA(cudaHostAlloc(&p, sizeof(XRange) * kMaxXRanges, cudaHostAllocMapped | cudaHostAllocPortable),
+                       "dfccl: range table");
+      std::memcpy(p, t.entries.data(), sizeof(XRange) * kMaxXRanges);
+      t.shared = static_cast<XRange*>(p);
     }
-    table = c.table;
+    DeviceGuard guard(ordinal);
+    void* dp = nullptr;
+    DFCCL_CHECK_CUDA(cudaHostGetDevicePointer(&dp, t.shared, 0), "dfccl: range table");
+    table = static_cast<XRange*>(dp);
   }
   if (peers_.find(peer) == peers_.end()) {
     peers_[peer] = Connect(peer);

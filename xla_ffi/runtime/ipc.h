@@ -13,8 +13,13 @@
 //  peer     a thread per process (Serve) maps each range it receives
 //           (cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap,
 //           cuMemSetAccess for every local GPU) and publishes it in the owner's
-//           range table (XRange[kMaxXRanges] in device memory, local_base last);
-//           a retired tag is unpublished first, then unmapped.
+//           range table (XRange[kMaxXRanges] in pinned host memory the GPUs
+//           read: plain stores, local_base last); a retired tag is unpublished
+//           first, then unmapped.  No stream operation: a copy into device
+//           memory waited behind a stream whose kernel waited for that very
+//           mapping (streams share CUDA_DEVICE_MAX_CONNECTIONS hardware queues;
+//           measured: the serving thread held 20 s in the copy, the collective
+//           timed out), so publishing must not depend on the GPU's queues.
 //  device   a lane reads the owner's tagged address from the mailbox and waits
 //           (preemptible, like a late peer) until the tag's entry covers it.
 //           Each mapping has a generation (XRange::gen, counted by gen()), each
@@ -60,8 +65,9 @@ class Ipc {
   // sight); 0 for a null p.  Throws dfccl::Error.
   int Tag(const void* p, int ordinal);
   // The range table of the process listening at `peer`, as GPU `ordinal`'s lanes
-  // read it (a copy in its device memory: a table in host memory cost the lanes
-  // ~1 us per word read); from now on this process's ranges are sent there too.
+  // read it (pinned host memory, one table per peer for every local GPU: a lane
+  // reads an entry in one round trip, ~1 us, device/direct.cuh XLocal); from now
+  // on this process's ranges are sent there too.
   const XRange* AddPeer(const std::string& peer, int ordinal);
   // Mappings made so far (every XRange::gen is at most this): a kernel launched
   // now may read each of them (DaemonParams::map_gen).
@@ -78,20 +84,16 @@ class Ipc {
     uint64_t size = 0, id = 0;
     int tag = 0, fd = -1;
   };
-  struct DevCopy {                 // what the lanes of one local GPU read (its device memory)
-    XRange* table = nullptr;
-    cudaStream_t stream = nullptr;  // the serving thread's copies into it
-  };
   struct Table {
     std::vector<XRange> entries;       // the host's copy
-    std::map<int, DevCopy> dev;        // by local GPU ordinal
+    XRange* shared = nullptr;          // what the lanes read (pinned, mapped, portable; written by Publish)
     std::map<int, Vmm::Mapping> maps;  // by tag
   };
   struct Msg;
   void SendTo(const std::string& peer, int type, int tag, uint64_t base, uint64_t size, int fd);
   int Connect(const std::string& peer);
   Table& TableOf(const std::string& peer);  // tables_mu_ held
-  void Publish(Table& t, int tag);          // tables_mu_ held: entry tag into every device copy (local_base last)
+  void Publish(Table& t, int tag);          // tables_mu_ held: entry tag into the shared table (local_base last)
   void Serve();
   void OnMessage(const Msg& m, int fd);  // tables_mu_ held
   void ImportError(const std::string& e);
