@@ -9,7 +9,8 @@
 #   FAIL_STEPS  (default "abandon retry"): tools/testbed_failures.sh steps, this tree only.
 #   AFTER       (default "bench pytest"), this tree only unless said:
 #     costs   tools/ffi_stage_probe/costs.py (what XLA's FFI stages cost per call on the host)
-#     bench   start/done against blocking, both builds (mp_worker.py --case bench_async)
+#     bench   start/done against blocking, both builds (mp_worker.py --case bench_async; BENCH_SIZES
+#             bytes per rank, default 4096,1048576,4194304; BENCH_FORMS a subset of the forms)
 #     soak    tests/gpu/soak_worker.py, one GPU and two processes under MPS (SOAK_N instances, 10000)
 #     stall   the two-process soak with small_slots=2 (SOAK_S2_N instances, 2000; STALL_CONFIG: the
 #             config entries, default small_slots=2), both builds (this tree's worker), a stalled rank
@@ -51,7 +52,7 @@ fi
 bench() {  # $1: package root, $2: name
   log "bench_async $2"
   PYTHONPATH=$1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout 130 tools/mps_testbed.sh -n 2 --tail 0 --timeout 110 \
-    --out $OUT/ba_$2 -- python3 tests/gpu/mp_worker.py --case bench_async --sizes 4096,1048576,4194304 > $OUT/ba_$2.log 2>&1
+    --out $OUT/ba_$2 -- python3 tests/gpu/mp_worker.py --case bench_async --sizes ${BENCH_SIZES:-4096,1048576,4194304} ${BENCH_FORMS:+--forms $BENCH_FORMS} > $OUT/ba_$2.log 2>&1
   echo "bench_async $2 rc=$?" | tee -a $L
   grep -h "^ROW" $OUT/ba_$2/rank*.log | sed "s/^/$2 /" | tee -a $L
   grep -h "^RESULT" $OUT/ba_$2/rank*.log | grep -o '"ok": [a-z]*' | tr '\n' ' ' | tee -a $L; echo | tee -a $L

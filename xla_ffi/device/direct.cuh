@@ -151,13 +151,28 @@ DFCCL_DEV char* XLocal(const CommDev* cm, int p, uint64_t word, uint64_t map_gen
   const uint64_t va = word & ((uint64_t{1} << kXTagShift) - 1);
   const int tag = static_cast<int>(word >> kXTagShift);
   if (table == nullptr || tag == 0) return reinterpret_cast<char*>(va);
-  // Both halves at once (one round trip to host memory): an entry is written once,
-  // local_base last, so any field still 0 means "not yet" (runtime/ipc.cc Publish).
+  // An entry is written once, local_base last, so a field still 0 means "not yet"
+  // (runtime/ipc.cc Publish): both halves read at once, no order needed.
   static_assert(sizeof(XRange) == 32 && offsetof(XRange, local_base) == 16, "XRange: two 16-byte halves");
-  const uint4 h0 = LdVolVec(table + tag), h1 = LdVolVec(reinterpret_cast<const char*>(table + tag) + 16);
-  const uint64_t base = (static_cast<uint64_t>(h0.y) << 32) | h0.x, size = (static_cast<uint64_t>(h0.w) << 32) | h0.z;
-  const uint64_t local = (static_cast<uint64_t>(h1.y) << 32) | h1.x, gen = (static_cast<uint64_t>(h1.w) << 32) | h1.z;
-  if (local == 0 || gen == 0) return nullptr;
+  auto read = [](const XRange* e, uint64_t (&f)[4]) {
+    const uint4 h0 = LdVolVec(e), h1 = LdVolVec(reinterpret_cast<const char*>(e) + 16);
+    f[0] = (static_cast<uint64_t>(h0.y) << 32) | h0.x;  // remote_base
+    f[1] = (static_cast<uint64_t>(h0.w) << 32) | h0.z;  // size
+    f[2] = (static_cast<uint64_t>(h1.y) << 32) | h1.x;  // local_base
+    f[3] = (static_cast<uint64_t>(h1.w) << 32) | h1.z;  // gen
+    return f[1] != 0 && f[2] != 0 && f[3] != 0;
+  };
+  uint64_t f[4];
+  if (!read(table + tag, f)) {  // a miss in this GPU's cache: the published table (host memory), into the cache
+    const XRange* shared = reinterpret_cast<const XRange*>(LdVol(&table[0].remote_base));
+    if (!read(shared + tag, f)) return nullptr;
+    XRange* c = const_cast<XRange*>(table + tag);
+    StVolVec(c, make_uint4(static_cast<uint32_t>(f[0]), static_cast<uint32_t>(f[0] >> 32), static_cast<uint32_t>(f[1]),
+                           static_cast<uint32_t>(f[1] >> 32)));
+    StVolVec(reinterpret_cast<char*>(c) + 16, make_uint4(static_cast<uint32_t>(f[2]), static_cast<uint32_t>(f[2] >> 32),
+                                                          static_cast<uint32_t>(f[3]), static_cast<uint32_t>(f[3] >> 32)));
+  }
+  const uint64_t base = f[0], size = f[1], local = f[2], gen = f[3];
   if (va < base || va - base >= size) return nullptr;
   if (gen > map_gen) {
     if (newer) *newer = true;

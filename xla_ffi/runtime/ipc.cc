@@ -60,6 +60,7 @@ Ipc::~Ipc() {
     if (e.fd >= 0) close(e.fd);
   for (auto& [name, t] : tables_) {
     for (auto& [tag, m] : t.maps) Vmm::Unmap(m);
+    for (auto& [ord, c] : t.cache) cudaFree(c);
     if (t.shared) cudaFreeHost(t.shared);
   }
   for (int fd : {listen_fd_, wake_[0], wake_[1]})
@@ -190,11 +191,11 @@ Ipc::Table& Ipc::TableOf(const std::string& peer) {
   return tables_.emplace(peer, std::move(t)).first->second;
 }
 
-// tables_mu_ held.  Into the table the lanes read, by plain stores: an entry is
-// written once (tags are never reused) and its local_base last; a retired entry
-// only loses its local_base.  A lane reads the entry's two 16-byte halves at once
-// and takes it only when local_base, gen and the range are all there
-// (device/direct.cuh XLocal), so no store order across PCIe is needed.
+// tables_mu_ held.  Into the shared table, by plain stores: an entry is written
+// once (tags are never reused) and its local_base last; a retired entry only
+// loses its local_base.  A lane reads an entry's two 16-byte halves at once and
+// takes it only when local_base, gen and size are all there (device/direct.cuh
+// XLocal), so no store order across PCIe is needed.
 void Ipc::Publish(Table& t, int tag) {
   if (t.shared == nullptr) return;  // no local GPU reads it yet (AddPeer copies the entries)
   const XRange& e = t.entries[tag];
@@ -216,18 +217,32 @@ const XRange* Ipc::AddPeer(const std::string& peer, int ordinal) {
   {
     std::lock_guard tl(tables_mu_);
     Table& t = TableOf(peer);
+    DeviceGuard guard(ordinal);
     if (t.shared == nullptr) {
-      DeviceGuard guard(ordinal);
       void* p = nullptr;
       DFCCL_CHECK_CUDA(cudaHostAlloc(&p, sizeof(XRange) * kMaxXRanges, cudaHostAllocMapped | cudaHostAllocPortable),
                        "dfccl: range table");
       std::memcpy(p, t.entries.data(), sizeof(XRange) * kMaxXRanges);
       t.shared = static_cast<XRange*>(p);
     }
-    DeviceGuard guard(ordinal);
-    void* dp = nullptr;
-    DFCCL_CHECK_CUDA(cudaHostGetDevicePointer(&dp, t.shared, 0), "dfccl: range table");
-    table = static_cast<XRange*>(dp);
+    XRange*& cache = t.cache[ordinal];
+    if (cache == nullptr) {  // (set-up: the only copy into it the host ever makes)
+      void* shared = nullptr;
+      DFCCL_CHECK_CUDA(cudaHostGetDevicePointer(&shared, t.shared, 0), "dfccl: range table");
+      void* p = nullptr;
+      DFCCL_CHECK_CUDA(cudaMalloc(&p, sizeof(XRange) * kMaxXRanges), "dfccl: range table cache");
+      std::vector<XRange> init(kMaxXRanges, XRange{});
+      init[0].remote_base = reinterpret_cast<uint64_t>(shared);  // entry 0 (no tag) says where the table is
+      cudaStream_t st = nullptr;
+      DFCCL_CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "dfccl: range table cache");
+      cudaError_t r = cudaMemcpyAsync(p, init.data(), sizeof(XRange) * kMaxXRanges, cudaMemcpyHostToDevice, st);
+      if (r == cudaSuccess) r = cudaStreamSynchronize(st);
+      cudaStreamDestroy(st);
+      if (r != cudaSuccess) cudaFree(p);
+      DFCCL_CHECK_CUDA(r, "dfccl: range table cache");
+      cache = static_cast<XRange*>(p);
+    }
+    table = cache;
   }
   if (peers_.find(peer) == peers_.end()) {
     peers_[peer] = Connect(peer);
