@@ -1,0 +1,57 @@
+// The NVSHMEM engine under the transport contract of transport/transport.cuh
+// (docs/design/scale-out.md §5.1): ranks are PEs, a rank's region is one
+// symmetric allocation (nvshmem_malloc: the same offsets on every PE, which the
+// contract's `dst_off` and `signal_off` are).  Compiled only into the NVSHMEM
+// module (relocatable device code, linked with NVSHMEM's device library:
+// CMakeLists.txt), never into _dfccl_cuda, which loads without NVSHMEM.
+//
+// Mapping of the contract:
+//   Put       nvshmem_putmem_signal_nbi(dst, src, bytes, sig, add, NVSHMEM_SIGNAL_ADD, pe):
+//             NVSHMEM orders the signal after the bytes (a PE that sees the add sees them).
+//   PutValue  a system-scope fence (this thread's earlier reads and writes), nvshmem_fence
+//             (its earlier puts to the PE), then nvshmem_uint64_p.
+//   Signal    an acquire load of the own word (peers' signal operations land there).
+//   Flush     nvshmem_quiet, which has no bound of its own: its bound is the host's
+//             watchdog (the caller's timeout), as the contract allows for engines.
+//   DeadMask  the host's liveness report in local memory (scale-out.md §8).
+#pragma once
+
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include "transport/transport.cuh"
+
+namespace dfccl::gpu {
+
+struct NvshmemTransport {
+  int rank = 0, nranks = 0;
+  char* region = nullptr;           // the symmetric region (this PE's address of it)
+  const uint64_t* dead = nullptr;   // the host's dead-rank mask (local; null: none)
+  int pe[kTransportMaxRanks] = {};  // rank -> PE (a communicator is a subset of the PEs)
+
+  DFCCL_DEV int Rank() const { return rank; }
+  DFCCL_DEV int Ranks() const { return nranks; }
+  DFCCL_DEV char* Local(uint64_t off) { return region + off; }
+  DFCCL_DEV uint64_t DeadMask() const { return dead ? LdVol(dead) : 0ull; }
+
+  DFCCL_DEV bool Put(int peer, uint64_t dst_off, const void* src, uint32_t bytes, uint64_t signal_off, uint64_t add) {
+    if (DeadMask() >> peer & 1ull) return false;
+    nvshmem_putmem_signal_nbi(region + dst_off, src, bytes, reinterpret_cast<uint64_t*>(region + signal_off), add,
+                              NVSHMEM_SIGNAL_ADD, pe[peer]);
+    return true;
+  }
+  DFCCL_DEV bool PutValue(int peer, uint64_t off, uint64_t v) {
+    if (DeadMask() >> peer & 1ull) return false;
+    FenceAcqRelSys();
+    nvshmem_fence();
+    nvshmem_uint64_p(reinterpret_cast<uint64_t*>(region + off), v, pe[peer]);
+    return true;
+  }
+  DFCCL_DEV uint64_t Signal(uint64_t off) { return LdAcquireSys(reinterpret_cast<const uint64_t*>(Local(off))); }
+  DFCCL_DEV bool Flush(uint64_t) {
+    nvshmem_quiet();
+    return true;
+  }
+};
+
+}  // namespace dfccl::gpu

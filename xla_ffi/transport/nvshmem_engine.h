@@ -1,0 +1,62 @@
+// NVSHMEM as the engine under the cross-host transport (docs/design/scale-out.md
+// §2.3, §5.1): its set-up from the host, and a check of the transport and of
+// protocol C (transport/announce.cuh) over it, run by every PE at once.
+//
+// Set-up is NVSHMEM's unique-id bootstrap: PE 0 makes the id (UniqueId), the
+// job's key-value store carries it (jax_dfccl/_src/nvshmem.py, through
+// jax.distributed, as XLA's own NVSHMEM path does), every PE calls Init with it.
+// Outside any execution, never inside a command buffer's recording.  One PE per
+// process (and per GPU, apart from the one-GPU MPS testbed, where NVSHMEM runs
+// several PEs on one GPU).
+//
+// Built only where NVSHMEM's headers and device library are found
+// (CMakeLists.txt: the pip wheel nvidia-nvshmem-cu13 or NVSHMEM_HOME), as the
+// module _dfccl_nvshmem; the rest of the extension loads without it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dfccl::nvshm {
+
+// NVSHMEM's version as "major.minor.patch": the headers this module was built
+// with, and the host library loaded (they must agree: Init refuses otherwise).
+std::string BuiltVersion();
+std::string LoadedVersion();
+
+// PE 0's part of the bootstrap: the unique id, as bytes (128).
+std::string UniqueId();
+// Every PE: joins the job of `nranks` PEs as `rank` (nvshmemx_init_attr with the
+// unique id); throws dfccl::Error naming what failed.  Returns the init status
+// ("FULL_MPG", "LIMITED_MPG", "NOT_INITIALIZED", or "STATUS_n").
+std::string Init(const std::string& uid, int rank, int nranks);
+void Finalize();
+bool Initialized();
+
+// The check (every PE calls it with the same spec; collective).
+struct CheckSpec {
+  int blocks = 40;        // blocks of `per_block` instances, each block in rank-specific orders
+  int per_block = 8;      // at most the cap (8)
+  int msg_bytes = 64;     // each rank's message, a multiple of 8, at most 256
+  int slots = 3;          // receive slots (fewer than per_block: the reserve is granted)
+  int mismatch_every = 5; // every k-th instance has another signature on the last rank (0: none)
+  int pingpong = 2000;    // round trips PE 0 <-> PE 1 (0: none)
+  uint64_t seed = 1;
+  double timeout_s = 10;  // the protocol's timeout (a deadlock shows as failures past it)
+  bool store = true;      // also over StoreTransport on nvshmem_ptr's peer addresses, where every peer has one
+};
+struct CheckRun {         // one transport's figures on this PE
+  std::string transport;  // "nvshmem" or "store"
+  std::string skipped;    // why it did not run ("" : it ran)
+  int64_t ok = 0;         // instances whose sums equal the reference
+  int64_t failed_as_expected = 0;  // mismatches failed with the status and ranks expected
+  int64_t wrong = 0;      // sums that differ, or failures otherwise than expected
+  bool cap_refused = false;  // the (I+1)-th start was refused at once (kStatusNoEntry)
+  std::string first_error;   // the first wrong outcome, described
+  double seconds = 0;        // the instances' phase
+  std::vector<double> round_trip_us;  // PE 0: the ping-pong's round trips
+};
+std::vector<CheckRun> Check(const CheckSpec& spec);
+
+}  // namespace dfccl::nvshm
