@@ -16,6 +16,7 @@
 #             config entries, default small_slots=2), both builds (this tree's worker), a stalled rank
 #             printing jax_dfccl.pending() after 20 s (--watch)
 #     mp      tests/gpu/test_gpu_multiprocess.py (the two- and four-process suite)
+#     nvshmem tests/gpu/test_nvshmem_transport.py (protocol C over NVSHMEM, 2 and 4 processes)
 #     pytest  the one-GPU suites
 set -u
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
@@ -94,6 +95,12 @@ for part in ${AFTER-bench pytest}; do
         tests/gpu/test_gpu_multiprocess.py > $OUT/pytest_mp.log 2>&1
       echo "pytest mp rc=$?" | tee -a $L; tail -4 $OUT/pytest_mp.log | tee -a $L
       grep -h "^FAILED\|^ERROR" $OUT/pytest_mp.log | head -10 | tee -a $L ;;
+    nvshmem)
+      left 100 || continue; log "pytest NVSHMEM transport"
+      PYTHONPATH=$R timeout $((BUDGET - SECONDS - 5)) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts= \
+        tests/gpu/test_nvshmem_transport.py --basetemp=$OUT/nvshmem > $OUT/pytest_nvshmem.log 2>&1
+      echo "pytest nvshmem rc=$?" | tee -a $L; tail -4 $OUT/pytest_nvshmem.log | tee -a $L
+      grep -h "^RESULT" $OUT/nvshmem/*/nv*/rank*.log 2>/dev/null | cut -c1-700 | tee -a $L ;;
     pytest)
       left 60 || continue; log "pytest one-GPU suites"
       PYTHONPATH=$R timeout $((BUDGET - SECONDS - 5)) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts= -x \
