@@ -39,7 +39,8 @@ keep() {  # $1: base|new|exp, $2: step
   (cd $dir && OUT=$o FAIL_BUDGET_S=120 FORCED_TAG=${CARD:-gpu}_one_gpu_forced_${tag}_$n GEMM_TAG=${CARD:-gpu}_${tag}_$n \
      PYTHONPATH=$dir bash tools/testbed_failures.sh $2 > $o.log 2>&1)
   grep -h "rc=\|^|" $o.log | cut -c1-300 | head -20 | tee -a $L
-  grep -ho '"[a-z_]*donated_us": [0-9.]*' $o/logs/chain/rank*.log 2>/dev/null | tr '\n' ' ' | tee -a $L; echo | tee -a $L
+  { cat $o/logs/chain/rank*.log 2>/dev/null || tar xzf $o/logs.tgz -O --wildcards '*chain/rank*.log' 2>/dev/null; } |
+    grep -o '"[a-z_]*donated_us": [0-9.]*' | tr '\n' ' ' | tee -a $L; echo | tee -a $L
 }
 for step in ${KEEP_STEPS-chain forced gemm}; do
   for b in ${KEEP_BUILDS:-base new}; do left 90 && keep $b $step; done
