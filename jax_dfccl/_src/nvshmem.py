@@ -121,7 +121,7 @@ def finalize() -> None:
 
 def check_transport(blocks: int = 40, per_block: int = 8, msg_bytes: int = 64, slots: int = 3,
                     mismatch_every: int = 5, pingpong: int = 2000, seed: int = 1, timeout_s: float = 10.0,
-                    store: bool = True) -> list[dict]:
+                    store: bool = True, ranks_per_host: int = 0, delay_us: float = 0.0) -> list[dict]:
   """Protocol C over NVSHMEM (and over direct stores where every PE has a peer address) on
   every process at once (collective, after :func:`initialize`).
 
@@ -130,11 +130,14 @@ def check_transport(blocks: int = 40, per_block: int = 8, msg_bytes: int = 64, s
   rank's ``msg_bytes`` message, checked on the device against the reference; every key
   divisible by ``mismatch_every`` has another signature on the last rank, which every rank
   must fail naming it; the (cap+1)-th start refused at once; then ``pingpong`` round trips of
-  an 8-byte put with a signal between processes 0 and 1.
+  an 8-byte put with a signal between processes 0 and 1.  A test setting simulates hosts: with
+  ``ranks_per_host`` > 0, consecutive processes form a "host", and each put to another host
+  waits ``delay_us`` first (the network's latency).
 
   Returns:
     One dict per transport: ``transport``, ``skipped`` (why not run, or ""), ``ok`` (sums equal to
     the reference), ``failed_as_expected``, ``wrong``, ``cap_refused``, ``first_error``,
     ``seconds``, ``round_trip_us`` (process 0).
   """
-  return load().check(blocks, per_block, msg_bytes, slots, mismatch_every, pingpong, seed, timeout_s, store)
+  return load().check(blocks, per_block, msg_bytes, slots, mismatch_every, pingpong, seed, timeout_s, store,
+                      ranks_per_host, delay_us)

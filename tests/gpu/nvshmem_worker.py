@@ -32,6 +32,8 @@ def main() -> int:
   ap.add_argument("--slots", type=int, default=3)
   ap.add_argument("--pingpong", type=int, default=2000)
   ap.add_argument("--seed", type=int, default=1)
+  ap.add_argument("--ranks-per-host", type=int, default=0, help="consecutive processes form a simulated host")
+  ap.add_argument("--delay-us", type=float, default=0.0, help="each put to another simulated host waits this long")
   args = ap.parse_args()
   jax.distributed.initialize(os.environ["DFCCL_TESTBED_COORD"], int(os.environ["DFCCL_TESTBED_NPROC"]),
                              int(os.environ["DFCCL_TESTBED_RANK"]))
@@ -47,7 +49,8 @@ def main() -> int:
   out["init_s"] = round(time.perf_counter() - t0, 3)
   out["nvshmem"] = nv.load().loaded_version()
   runs = nv.check_transport(blocks=args.blocks, msg_bytes=args.msg_bytes, slots=args.slots, pingpong=args.pingpong,
-                            seed=args.seed)
+                            seed=args.seed, ranks_per_host=args.ranks_per_host, delay_us=args.delay_us)
+  out["ranks_per_host"], out["delay_us"] = args.ranks_per_host, args.delay_us
   total = args.blocks * 8
   mismatches = total // 5
   out["expected"] = {"ok": total - mismatches, "failed_as_expected": mismatches}

@@ -27,14 +27,16 @@ def _available():
   return nvshmem.available()
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_protocol_c_over_nvshmem_between_processes(tmp_path, n):
+# (processes, processes per simulated host, µs each put to another host waits first)
+@pytest.mark.parametrize("n,per_host,delay_us", [(2, 0, 0), (4, 0, 0), (2, 1, 5), (4, 2, 5)])
+def test_protocol_c_over_nvshmem_between_processes(tmp_path, n, per_host, delay_us):
   ok, why = _available()
   if not ok:
     pytest.skip(why)
   out = tmp_path / f"nv{n}"
   cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", str(n), "--timeout", "150", "--out", str(out), "--",
-         sys.executable, str(ROOT / "tests/gpu/nvshmem_worker.py"), "--blocks", "40", "--pingpong", "500"]
+         sys.executable, str(ROOT / "tests/gpu/nvshmem_worker.py"), "--blocks", "40", "--pingpong", "500",
+         "--ranks-per-host", str(per_host), "--delay-us", str(delay_us)]
   p = subprocess.run(cmd, capture_output=True, text=True, timeout=210, cwd=ROOT)
   results = []
   for r in range(n):
@@ -45,3 +47,7 @@ def test_protocol_c_over_nvshmem_between_processes(tmp_path, n):
   for r in results:
     nv = next(x for x in r["runs"] if x["transport"] == "nvshmem")
     assert nv["ok"] == r["expected"]["ok"] and nv["failed_as_expected"] == r["expected"]["failed_as_expected"]
+  if per_host == 1:  # processes 0 and 1 on two simulated hosts: each leg of a round trip waits delay_us
+    for run in results[0]["runs"]:
+      if not run["skipped"]:
+        assert run["round_trip_us"]["median"] >= 2 * delay_us, run

@@ -40,7 +40,7 @@ NB_MODULE(_dfccl_nvshmem, m) {
   m.def(
       "check",
       [](int blocks, int per_block, int msg_bytes, int slots, int mismatch_every, int pingpong, uint64_t seed,
-         double timeout_s, bool store) {
+         double timeout_s, bool store, int ranks_per_host, double delay_us) {
         nv::CheckSpec s;
         s.blocks = blocks;
         s.per_block = per_block;
@@ -51,6 +51,8 @@ NB_MODULE(_dfccl_nvshmem, m) {
         s.seed = seed;
         s.timeout_s = timeout_s;
         s.store = store;
+        s.ranks_per_host = ranks_per_host;
+        s.delay_us = delay_us;
         std::vector<nv::CheckRun> runs;
         {
           nb::gil_scoped_release nogil;
@@ -74,6 +76,6 @@ NB_MODULE(_dfccl_nvshmem, m) {
       },
       nb::arg("blocks") = 40, nb::arg("per_block") = 8, nb::arg("msg_bytes") = 64, nb::arg("slots") = 3,
       nb::arg("mismatch_every") = 5, nb::arg("pingpong") = 2000, nb::arg("seed") = 1, nb::arg("timeout_s") = 10.0,
-      nb::arg("store") = true,
+      nb::arg("store") = true, nb::arg("ranks_per_host") = 0, nb::arg("delay_us") = 0.0,
       "Protocol C over each transport on every PE at once (collective): one dict per transport");
 }

@@ -27,8 +27,8 @@
 namespace dfccl::nvshm {
 namespace {
 
-using gpu::NvshmemTransport;
-using gpu::StoreTransport;
+using NvshmemTransport = gpu::DelayedTransport<gpu::NvshmemTransport>;
+using StoreTransport = gpu::DelayedTransport<gpu::StoreTransport>;
 namespace ann = gpu::ann;
 
 #define NV_CUDA(call) DFCCL_CHECK_CUDA(call, "dfccl nvshmem")
@@ -280,6 +280,8 @@ std::vector<CheckRun> Check(const CheckSpec& spec) {
               "dfccl nvshmem: msg_bytes must be a multiple of 8 in 8.." << kSlotBytes);
   DFCCL_CHECK(spec.slots >= 2 && spec.slots <= ann::kMaxSlots, "dfccl nvshmem: slots must be 2.." << ann::kMaxSlots);
   DFCCL_CHECK(spec.pingpong >= 0 && spec.pingpong <= kMaxRoundTrips, "dfccl nvshmem: pingpong at most " << kMaxRoundTrips);
+  DFCCL_CHECK(spec.ranks_per_host >= 0 && spec.delay_us >= 0 && spec.delay_us < 1e6,
+              "dfccl nvshmem: ranks_per_host >= 0 and 0 <= delay_us < 1 s");
   const int me = nvshmem_my_pe(), n = nvshmem_n_pes();
   DFCCL_CHECK(n <= gpu::kTransportMaxRanks, "dfccl nvshmem: more than " << gpu::kTransportMaxRanks << " PEs");
   ann::Geometry g{n, 8, 2 * n * kTasks + 32, kTasks, spec.slots, kSlotBytes};
@@ -304,8 +306,11 @@ std::vector<CheckRun> Check(const CheckSpec& spec) {
     NV_CUDA(cudaDeviceSynchronize());
     nvshmem_barrier_all();
     cudaError_t launched = cudaSuccess;
+    const uint64_t delay_ns = static_cast<uint64_t>(spec.delay_us * 1e3);
     if (!store) {
       NvshmemTransport t;
+      t.ranks_per_host = spec.ranks_per_host;
+      t.delay_ns = delay_ns;
       t.rank = me;
       t.nranks = n;
       t.region = region;
@@ -314,6 +319,8 @@ std::vector<CheckRun> Check(const CheckSpec& spec) {
       launched = cudaGetLastError();
     } else {
       StoreTransport t;
+      t.ranks_per_host = spec.ranks_per_host;
+      t.delay_ns = delay_ns;
       t.rank = me;
       t.nranks = n;
       for (int p = 0; p < n; ++p) {

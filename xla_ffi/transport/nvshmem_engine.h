@@ -45,6 +45,8 @@ struct CheckSpec {
   uint64_t seed = 1;
   double timeout_s = 10;  // the protocol's timeout (a deadlock shows as failures past it)
   bool store = true;      // also over StoreTransport on nvshmem_ptr's peer addresses, where every peer has one
+  int ranks_per_host = 0; // a test setting: consecutive PEs form a "host" (0: one host) ...
+  double delay_us = 0;    // ... and each put to another host waits this long first (DelayedTransport)
 };
 struct CheckRun {         // one transport's figures on this PE
   std::string transport;  // "nvshmem" or "store"

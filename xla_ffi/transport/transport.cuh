@@ -101,4 +101,34 @@ struct StoreTransport {
   DFCCL_DEV bool Flush(uint64_t) { return true; }
 };
 
+// A test setting over any transport: ranks grouped into "hosts" (ranks_per_host
+// consecutive ranks each), and every put or value to a rank of another host
+// issued only after delay_ns more (the network's latency, simulated on one host:
+// docs/design/scale-out.md §6).  The sending thread waits meanwhile, as the host
+// shim's sender does (tests/cpp/transport_shim.h), so one thread's puts to remote
+// ranks follow each other.  ranks_per_host 0 or delay_ns 0: no delay.
+template <class T>
+struct DelayedTransport : T {
+  int ranks_per_host = 0;
+  uint64_t delay_ns = 0;
+
+  DFCCL_DEV bool Remote(int peer) const {
+    return ranks_per_host > 0 && peer / ranks_per_host != this->Rank() / ranks_per_host;
+  }
+  DFCCL_DEV void Delay(int peer) const {
+    if (delay_ns == 0 || !Remote(peer)) return;
+    const uint64_t t0 = GlobalTimer();
+    while (!Elapsed(t0, delay_ns)) {
+    }
+  }
+  DFCCL_DEV bool Put(int peer, uint64_t dst_off, const void* src, uint32_t bytes, uint64_t signal_off, uint64_t add) {
+    Delay(peer);
+    return T::Put(peer, dst_off, src, bytes, signal_off, add);
+  }
+  DFCCL_DEV bool PutValue(int peer, uint64_t off, uint64_t v) {
+    Delay(peer);
+    return T::PutValue(peer, off, v);
+  }
+};
+
 }  // namespace dfccl::gpu
