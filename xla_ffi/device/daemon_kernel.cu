@@ -419,6 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   __syncthreads();
   // The line stored and fenced by a thread with no other store yet: its fence
   // overlaps thread 0's claim at the peer (SubmitBookFence).
+  static_assert(kThreads > 32, "thread 32 stores the book line");
   if (tid == 32 && p.book > 0) {
     SubmitBookStore(p, line);
     SubmitBookFence(p);

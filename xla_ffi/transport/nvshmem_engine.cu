@@ -70,6 +70,13 @@ struct Checker {
   KResult* r;
   int me, n;
 
+  // Waits (device/wait.cuh, the signal policy) until ready(), progressing the
+  // protocol meanwhile (peers may need this rank's credits, releases, verdicts).
+  template <class Ready>
+  __device__ bool Await(Ready ready) {
+    return gpu::SpinWait<gpu::SignalWait>([&] { return ready() || (a.Progress(), ready()); }, s.timeout_ns) ==
+           gpu::WaitEnd::kReady;
+  }
   __device__ void Wrong(uint32_t what, uint64_t key, uint32_t status, uint64_t ranks) {
     if (r->wrong++ == 0) {
       r->err_what = what;
@@ -82,12 +89,9 @@ struct Checker {
   __device__ bool Barrier(int b) {
     for (int q = 0; q < n; ++q)
       if (q != me) t.Put(q, s.extra + kScratch, t.Local(s.extra + kScratch), 8, s.extra + kBar, 1);
-    const uint64_t want = static_cast<uint64_t>(b + 1) * (n - 1), t0 = gpu::GlobalTimer();
-    while (t.Signal(s.extra + kBar) < want) {
-      a.Progress();
-      if (gpu::GlobalTimer() - t0 > s.timeout_ns) return Wrong(6, b, 0, 0), false;
-    }
-    return true;
+    const uint64_t want = static_cast<uint64_t>(b + 1) * (n - 1);
+    if (Await([&] { return t.Signal(s.extra + kBar) >= want; })) return true;
+    return Wrong(6, b, 0, 0), false;
   }
   __device__ void Run() {
     const uint64_t tstart = gpu::GlobalTimer();
@@ -170,8 +174,8 @@ struct Checker {
     for (int k = 1; k <= s.pingpong; ++k) {
       const uint64_t t0 = gpu::GlobalTimer();
       if (me == 0) t.Put(peer, s.extra + kPpData, src, 8, s.extra + kPpSig, 1);
-      while (t.Signal(s.extra + kPpSig) < static_cast<uint64_t>(k))
-        if (gpu::GlobalTimer() - t0 > s.timeout_ns) return Wrong(5, 0xFFFF, 0, 0);
+      if (gpu::WaitSignal(t, s.extra + kPpSig, static_cast<uint64_t>(k), s.timeout_ns) != gpu::WaitEnd::kReady)
+        return Wrong(5, 0xFFFF, 0, 0);
       if (me == 1) t.Put(peer, s.extra + kPpData, src, 8, s.extra + kPpSig, 1);
       else if (k - 1 < kMaxRoundTrips) r->rt_ns[k - 1] = static_cast<double>(gpu::GlobalTimer() - t0);
     }
@@ -187,14 +191,7 @@ __global__ void CheckKernel(T t, ann::Layout l, ann::Config c, KSpec s, KResult*
   if (!ck.Barrier(0)) return;
   ck.Run();
   if (!ck.Barrier(1)) return;  // (peers may still need this rank's credits and releases)
-  const uint64_t t0 = gpu::GlobalTimer();
-  while (!a.Empty()) {  // table, tasks, slots and mailboxes empty at the end
-    a.Progress();
-    if (gpu::GlobalTimer() - t0 > s.timeout_ns) {
-      ck.Wrong(7, 0, 0, 0);
-      break;
-    }
-  }
+  if (!ck.Await([&] { return a.Empty(); })) ck.Wrong(7, 0, 0, 0);  // table, tasks, slots, mailboxes empty
   if (!ck.Barrier(2)) return;
   ck.PingPong();
   t.Flush(0);
@@ -209,9 +206,10 @@ std::string Describe(const KResult& r) {
   static const char* what[] = {"", "a sum differs from the reference", "failed otherwise than expected",
                                "completed an instance that must fail", "a start was refused",
                                "not done in time", "a barrier timed out", "table, slots or mailboxes not empty"};
+  char status[256] = "";
+  if (r.err_status) ann::Describe(status, sizeof status, r.err_key, 0, r.err_status, r.err_ranks);
   std::ostringstream os;
-  os << what[r.err_what < 8 ? r.err_what : 0] << " (key " << r.err_key << ", status 0x" << std::hex << r.err_status
-     << ", ranks 0x" << r.err_ranks << std::dec << ")";
+  os << what[r.err_what < 8 ? r.err_what : 0] << " (key " << r.err_key << (r.err_status ? "; " : "") << status << ")";
   return os.str();
 }
 
