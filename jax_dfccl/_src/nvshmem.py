@@ -141,3 +141,18 @@ def check_transport(blocks: int = 40, per_block: int = 8, msg_bytes: int = 64, s
   """
   return load().check(blocks, per_block, msg_bytes, slots, mismatch_every, pingpong, seed, timeout_s, store,
                       ranks_per_host, delay_us)
+
+
+def native_collective(op: str, sizes: list[int], iters: int = 20, reps: int = 5) -> list[dict]:
+  """NVSHMEM's own collective ``op`` on a CUDA stream of this process's PE: the peer this
+  library's collectives are measured against (collective, after :func:`initialize`).
+
+  ``op``: ``"psum"`` (``nvshmemx_float_sum_reduce_on_stream``), ``"all_gather"`` (fcollect) or
+  ``"all_to_all"`` (alltoall), float32 on every PE; ``sizes``: each PE's input in bytes. Each size
+  is checked once against the exact reference, then timed: ``iters`` calls back to back between
+  CUDA events, ``reps`` times.
+
+  Returns:
+    One dict per size: ``bytes``, ``exact``, ``max_err``, ``us`` (per call, one per rep).
+  """
+  return load().native(op, [int(s) for s in sizes], iters, reps)

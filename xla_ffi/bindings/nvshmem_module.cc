@@ -78,4 +78,30 @@ NB_MODULE(_dfccl_nvshmem, m) {
       nb::arg("mismatch_every") = 5, nb::arg("pingpong") = 2000, nb::arg("seed") = 1, nb::arg("timeout_s") = 10.0,
       nb::arg("store") = true, nb::arg("ranks_per_host") = 0, nb::arg("delay_us") = 0.0,
       "Protocol C over each transport on every PE at once (collective): one dict per transport");
+  m.def(
+      "native",
+      [](const std::string& op, std::vector<int64_t> bytes, int iters, int reps) {
+        nv::NativeSpec s;
+        s.op = op;
+        s.bytes = std::move(bytes);
+        s.iters = iters;
+        s.reps = reps;
+        std::vector<nv::NativeRow> rows;
+        {
+          nb::gil_scoped_release nogil;
+          rows = nv::Native(s);
+        }
+        nb::list out;
+        for (const nv::NativeRow& r : rows) {
+          nb::dict d;
+          d["bytes"] = r.bytes;
+          d["exact"] = r.exact;
+          d["max_err"] = r.max_err;
+          d["us"] = r.us;
+          out.append(d);
+        }
+        return out;
+      },
+      nb::arg("op"), nb::arg("bytes"), nb::arg("iters") = 20, nb::arg("reps") = 5,
+      "NVSHMEM's own collective `op` (psum, all_gather, all_to_all) on a stream, checked and timed (collective)");
 }

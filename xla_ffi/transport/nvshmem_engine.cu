@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -352,6 +353,94 @@ std::vector<CheckRun> Check(const CheckSpec& spec) {
   }
   cudaFree(dres);
   return runs;
+}
+
+namespace {
+
+// Exact in float32: small integers (input of PE r at element i).
+float NativeVal(int r, int64_t i) { return static_cast<float>((r + 1) * 16 + static_cast<int>(i % 13)); }
+
+// One call of `op` on `st` (src, dst symmetric; nel: each PE's input elements).
+void NativeCall(const std::string& op, float* dst, const float* src, size_t nel, int n, cudaStream_t st) {
+  int rc = 0;
+  if (op == "psum") rc = nvshmemx_float_sum_reduce_on_stream(NVSHMEM_TEAM_WORLD, dst, src, nel, st);
+  else if (op == "all_gather") rc = nvshmemx_float_fcollect_on_stream(NVSHMEM_TEAM_WORLD, dst, src, nel, st);
+  else rc = nvshmemx_float_alltoall_on_stream(NVSHMEM_TEAM_WORLD, dst, src, nel / n, st);
+  DFCCL_CHECK_CODE(rc == 0, ErrorCode::kInternal, "dfccl nvshmem: NVSHMEM's " << op << " of " << nel * 4
+                   << " bytes returned " << rc);
+}
+
+}  // namespace
+
+std::vector<NativeRow> Native(const NativeSpec& spec) {
+  DFCCL_CHECK(g_init, "dfccl nvshmem: Native before Init");
+  DFCCL_CHECK(spec.op == "psum" || spec.op == "all_gather" || spec.op == "all_to_all",
+              "dfccl nvshmem: op must be psum, all_gather or all_to_all, got '" << spec.op << "'");
+  DFCCL_CHECK(spec.iters >= 1 && spec.reps >= 1, "dfccl nvshmem: iters and reps must be >= 1");
+  const int me = nvshmem_my_pe(), n = nvshmem_n_pes();
+  int64_t most = 0;
+  for (int64_t b : spec.bytes) {
+    DFCCL_CHECK(b > 0 && b % (spec.op == "all_to_all" ? 4 * n : 4) == 0,
+                "dfccl nvshmem: " << b << " bytes: a positive multiple of " << (spec.op == "all_to_all" ? 4 * n : 4));
+    most = std::max(most, b);
+  }
+  const size_t out_bytes = static_cast<size_t>(most) * (spec.op == "all_gather" ? n : 1);
+  float* src = static_cast<float*>(nvshmem_malloc(static_cast<size_t>(most)));  // collective
+  float* dst = static_cast<float*>(nvshmem_malloc(out_bytes));
+  DFCCL_CHECK_CODE(src != nullptr && dst != nullptr, ErrorCode::kResourceExhausted,
+                   "dfccl nvshmem: nvshmem_malloc of " << most + out_bytes << " bytes failed (NVSHMEM_SYMMETRIC_SIZE)");
+  cudaStream_t st = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  NV_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  NV_CUDA(cudaEventCreate(&e0));
+  NV_CUDA(cudaEventCreate(&e1));
+  std::vector<NativeRow> rows;
+  for (int64_t b : spec.bytes) {
+    const size_t nel = static_cast<size_t>(b) / 4, out_el = spec.op == "all_gather" ? nel * n : nel;
+    std::vector<float> h(nel), got(out_el), want(out_el);
+    for (size_t i = 0; i < nel; ++i) h[i] = NativeVal(me, static_cast<int64_t>(i));
+    for (size_t i = 0; i < out_el; ++i) {
+      if (spec.op == "psum") {
+        float s = 0;
+        for (int q = 0; q < n; ++q) s += NativeVal(q, static_cast<int64_t>(i));
+        want[i] = s;
+      } else if (spec.op == "all_gather") {
+        want[i] = NativeVal(static_cast<int>(i / nel), static_cast<int64_t>(i % nel));
+      } else {  // block q of the output: PE q's block `me`
+        const size_t per = nel / n, q = i / per;
+        want[i] = NativeVal(static_cast<int>(q), static_cast<int64_t>(me * per + i % per));
+      }
+    }
+    NV_CUDA(cudaMemcpyAsync(src, h.data(), static_cast<size_t>(b), cudaMemcpyHostToDevice, st));
+    NV_CUDA(cudaMemsetAsync(dst, 0, out_el * 4, st));
+    nvshmemx_barrier_all_on_stream(st);
+    NativeCall(spec.op, dst, src, nel, n, st);
+    NV_CUDA(cudaMemcpyAsync(got.data(), dst, out_el * 4, cudaMemcpyDeviceToHost, st));
+    NV_CUDA(cudaStreamSynchronize(st));
+    NativeRow row;
+    row.bytes = b;
+    for (size_t i = 0; i < out_el; ++i) row.max_err = std::max(row.max_err, static_cast<double>(std::abs(got[i] - want[i])));
+    row.exact = row.max_err == 0;
+    for (int r = -1; r < spec.reps; ++r) {  // (r = -1: warm-up)
+      nvshmemx_barrier_all_on_stream(st);
+      NV_CUDA(cudaEventRecord(e0, st));
+      for (int k = 0; k < spec.iters; ++k) NativeCall(spec.op, dst, src, nel, n, st);
+      NV_CUDA(cudaEventRecord(e1, st));
+      NV_CUDA(cudaEventSynchronize(e1));
+      float ms = 0;
+      NV_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 0) row.us.push_back(ms * 1e3 / spec.iters);
+    }
+    rows.push_back(row);
+  }
+  nvshmemx_barrier_all_on_stream(st);
+  NV_CUDA(cudaStreamSynchronize(st));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+  nvshmem_free(dst);
+  nvshmem_free(src);
+  return rows;
 }
 
 }  // namespace dfccl::nvshm

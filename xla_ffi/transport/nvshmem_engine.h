@@ -61,4 +61,25 @@ struct CheckRun {         // one transport's figures on this PE
 };
 std::vector<CheckRun> Check(const CheckSpec& spec);
 
+// NVSHMEM's own collectives on a stream, the peer the library's are measured
+// against (docs/design/scale-out.md §6): every PE calls it with the same spec
+// (collective).  op: "psum" (nvshmemx_float_sum_reduce_on_stream), "all_gather"
+// (fcollect) or "all_to_all" (alltoall), on NVSHMEM_TEAM_WORLD, float32; bytes:
+// each PE's input (all_to_all: a multiple of 4 x PEs).  Each size is checked once
+// against the exact reference, then timed: `iters` calls back to back on one
+// stream between CUDA events, `reps` times.
+struct NativeSpec {
+  std::string op = "psum";
+  std::vector<int64_t> bytes;
+  int iters = 20;
+  int reps = 5;
+};
+struct NativeRow {
+  int64_t bytes = 0;
+  bool exact = false;         // the first call's output equals the reference
+  double max_err = 0;
+  std::vector<double> us;     // per call, one figure per rep
+};
+std::vector<NativeRow> Native(const NativeSpec& spec);
+
 }  // namespace dfccl::nvshm
