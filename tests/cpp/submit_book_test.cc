@@ -82,10 +82,8 @@ struct Stream {
     p.run = handler_run;
     p.book = line + 1;
     TaskDesc d;
-    BookRead book{};  // (read before the sequence number, as the kernels do)
-    if (p.book > 0) book = SubmitBookRead(p);
-    SubmitTake(p, d);
-    const bool behind = p.book > 0 && SubmitBook(p, d, book);
+    SubmitTake(p, d);  // (then the line, after the dependency wait, as the kernels do)
+    const bool behind = p.book > 0 && SubmitBook(p, d, SubmitBookRead(p));
     if (behind) d.invalid = PackStatus(kStatusLeftBehind, d.rank, d.rank);
     SubmitMatch(p, d);
     SubmitPublish(p, d);

@@ -398,15 +398,13 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   // lane reads it): neither depends on the stream's earlier kernels, so with
   // programmatic launch (config.tuning.submit_pdl) both overlap the previous kernel's end.
   constexpr int kCommLines = (sizeof(CommDev) + 127) / 128;
-  BookRead book{};  // (thread 0's; in flight with SubmitTake's atomic)
-  if (tid == 0 && p.book > 0) book = SubmitBookRead(p);
   if (tid == 0) SubmitTake(p, sd);
   else if (tid >= 32 && tid < 32 + kCommLines) PrefetchL1(reinterpret_cast<const char*>(p.task.comm) + 128 * (tid - 32));
   GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
   // With tracing on, an identity task takes its ticket first too: the trace's
   // stream events live in its ring entry.
   if (tid == 0) {
-    if (p.book > 0 && SubmitBookPlan(p, sd, book, &line))  // (protocol "run": tombstones first)
+    if (p.book > 0 && SubmitBookPlan(p, sd, SubmitBookRead(p), &line))  // (protocol "run": tombstones first)
       sd.invalid = PackStatus(kStatusLeftBehind, sd.rank, sd.rank);
     ticketless = sd.match == kMatchIdentity && !p.trace;
     if (ticketless) go = !sd.invalid && sd.lanes <= kMaxLanes;
@@ -417,13 +415,10 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     t_inline = GlobalTimer();
   }
   __syncthreads();
-  // The line stored and fenced by a thread with no other store yet: its fence
-  // overlaps thread 0's claim at the peer (SubmitBookFence).
+  // The line stored by a thread other than thread 0 (its stores overlap thread 0's
+  // first step of the lane).
   static_assert(kThreads > 32, "thread 32 stores the book line");
-  if (tid == 32 && p.book > 0) {
-    SubmitBookStore(p, line);
-    SubmitBookFence(p);
-  }
+  if (tid == 32 && p.book > 0) SubmitBookStore(p, line);
   if (p.trace && tid == 0) t_lane = GlobalTimer();
   if (go) {
     while (true) {

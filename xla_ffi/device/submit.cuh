@@ -213,19 +213,17 @@ DFCCL_DEV void SubmitTombstones(const SubmitParams& p, TaskDesc& d, int64_t n) {
 }
 
 // A start's program line as it was before the start (protocol "run"), read by
-// SubmitBookRead before GridDependencyWait, so its latency overlaps SubmitTake's
-// and the previous kernel's end rather than following them.  That read is safe
-// because every writer of the line and of run_word makes its stores visible
-// before it exits and none lets a dependent grid start earlier: a submit kernel
-// fences before it exits (SubmitBookFence, or its publish's release), and so does
-// RunWordKernel; the host writes a line only before the execution's thunks run.
+// SubmitBookRead after GridDependencyWait: the stream's earlier kernels are then
+// complete and their stores visible (with programmatic launch too), so no writer
+// of the line or of run_word fences for it (a fence per start would stall the
+// thread that makes it, which the lanes' barriers wait for).  The host writes a line only before the execution's thunks run.
 struct BookRead {
   uint4 w[3];
   int64_t owed;
   uint32_t word;
 };
 
-// One thread, any time before SubmitBook (no dependency on the stream's kernels).
+// One thread, after GridDependencyWait.
 DFCCL_DEV BookRead SubmitBookRead(const SubmitParams& p) {
   BookRead b;
   DeviceShared* dev = p.dev;
@@ -265,8 +263,8 @@ DFCCL_DEV bool SubmitBookPlan(const SubmitParams& p, TaskDesc& d, const BookRead
   return behind;
 }
 
-// Any thread: the line SubmitBookPlan made, into the book; then SubmitBookFence
-// before the kernel exits.
+// Any thread: the line SubmitBookPlan made, into the book (the kernel's end makes
+// it visible to the stream's next submit kernel).
 DFCCL_DEV void SubmitBookStore(const SubmitParams& p, const RunSlot& s) {
   uint4* g = reinterpret_cast<uint4*>(&p.dev->run_slot[p.book - 1]);
   StVolVec(g, reinterpret_cast<const uint4*>(&s)[0]);
@@ -282,14 +280,5 @@ DFCCL_DEV bool SubmitBook(const SubmitParams& p, TaskDesc& d, const BookRead& b)
   return behind;
 }
 
-// The line's stores visible before the kernel exits (SubmitBookRead), by the
-// thread that stored them.  A fence waits for every earlier store and atomic of
-// its thread, so it belongs right after the line's stores in a thread that has
-// made no others: the inline submit kernel's thread 32 fences while thread 0
-// claims its cell at the peer, not at the end behind the lane's last stores
-// to the peers (measured: 0.6 us per collective there).
-DFCCL_DEV void SubmitBookFence(const SubmitParams& p) {
-  if (p.book > 0) __threadfence();
-}
 
 }  // namespace dfccl::gpu

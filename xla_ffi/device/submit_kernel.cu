@@ -15,11 +15,9 @@ namespace {
 __global__ void SubmitKernel(SubmitParams p) {
   const uint64_t t_enter = p.trace ? GlobalTimer() : 0;
   TaskDesc d;
-  BookRead book{};
-  if (p.book > 0) book = SubmitBookRead(p);  // (in flight with SubmitTake's atomic)
   SubmitTake(p, d);
-  GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
-  const bool behind = p.book > 0 && SubmitBook(p, d, book);  // (protocol "run": tombstones first)
+  GridDependencyWait();  // the stream's earlier kernels complete: the input is ready, the book's line written
+  const bool behind = p.book > 0 && SubmitBook(p, d, SubmitBookRead(p));  // (protocol "run": tombstones first)
   const uint64_t call = p.stage.state ? SubmitStage(p, d) : 0;
   if (behind) d.invalid = PackStatus(kStatusLeftBehind, d.rank, d.rank);
   SubmitMatch(p, d);
@@ -34,12 +32,9 @@ __global__ void SubmitKernel(SubmitParams p) {
   if (p.wait) WaitDone(p.dev, d.ticket, p.trap, p.trace, p.timeout_ns);
 }
 
-// The execution's launch id for its captured starts (protocol "run" in device/task.h).
-// Fenced: the next submit kernel may read the word before its GridDependencyWait (SubmitBookRead).
-__global__ void RunWordKernel(DeviceShared* dev, uint32_t run) {
-  StVol(&dev->run_word, run);
-  __threadfence();
-}
+// The execution's launch id for its captured starts (protocol "run" in device/task.h);
+// the submit kernels read it after their GridDependencyWait (SubmitBookRead).
+__global__ void RunWordKernel(DeviceShared* dev, uint32_t run) { StVol(&dev->run_word, run); }
 
 // dst[0:n) = src[0:n) by the whole grid; src read past L1 (another agent wrote it).
 __device__ void GridCopy(char* dst, const char* src, int64_t n) {
