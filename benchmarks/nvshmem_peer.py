@@ -4,7 +4,7 @@ One process per rank (``tools/mps_testbed.sh`` on one GPU under MPS, or one per 
 ``jax.distributed``, ``jax_dfccl.initialize()``, NVSHMEM's set-up through the job's key-value
 store (``jax_dfccl._src.nvshmem.initialize``), then per op and size (bytes of each rank's input):
 
-- ours: a donated ``fori_loop`` of ``--iters`` dependent calls (psum: ``psum(y) / n``;
+- ours: a donated ``fori_loop`` of ``--iters`` (100) dependent calls (psum: ``psum(y) / n``;
   all_gather: the gathered array's first block, a local slice copy; all_to_all: shape-preserving),
   per-call median of 5 rounds of 4 executions (``benchmarks.common.donated_time``); one call checked
   against numpy first;
@@ -15,6 +15,11 @@ store (``jax_dfccl._src.nvshmem.initialize``), then per op and size (bytes of ea
 Process 0 prints ``RESULT {json}`` (and writes it to ``--out`` when given)::
 
     tools/mps_testbed.sh -n 2 -- python3 benchmarks/nvshmem_peer.py --sizes 4K,1M,64M --out peer.json
+
+Several processes on one GPU share its SMs: from 4 MiB per rank each daemon runs up to
+``large_max_blocks`` (64) blocks, so 4 processes need ``--config large_max_blocks=32`` (4 x 64 blocks
+do not fit 132 SMs at once; a daemon whose lanes cannot all run stalls until its stall limit,
+``stall_quit_us``, and is relaunched: ~100 ms per collective, measured on an H100).
 """
 from __future__ import annotations
 
@@ -47,7 +52,8 @@ def main() -> int:
   ap = argparse.ArgumentParser()
   ap.add_argument("--sizes", default="4K,64K,1M,16M,64M", help="bytes of each rank's input")
   ap.add_argument("--ops", default="psum,all_gather,all_to_all")
-  ap.add_argument("--iters", type=int, default=20, help="dependent calls per timed loop")
+  ap.add_argument("--iters", type=int, default=100, help="dependent calls per timed loop")
+  ap.add_argument("--config", default=None, help="jax_dfccl.config entries, e.g. large_max_blocks=32")
   ap.add_argument("--out", default=None, help="process 0 writes the result here")
   args = ap.parse_args()
   jax.distributed.initialize(os.environ["DFCCL_TESTBED_COORD"], int(os.environ["DFCCL_TESTBED_NPROC"]),
@@ -61,8 +67,11 @@ def main() -> int:
   from jax_dfccl._src import nvshmem as nv
 
   d.initialize()
+  if args.config:  # e.g. several processes on one GPU: their daemons' blocks must fit its SMs together
+    from benchmarks.common import parse_config
+    d.configure(**parse_config(args.config))
   rank, n = jax.process_index(), jax.process_count()
-  out = {"ranks": n, "device": jax.devices()[0].device_kind, "jax": jax.__version__, "iters": args.iters,
+  out = {"ranks": n, "device": jax.devices()[0].device_kind, "jax": jax.__version__, "iters": args.iters, "config": args.config,
          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv), "rows": []}
   ok, why = nv.available()
   if not ok:

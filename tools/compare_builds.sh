@@ -109,7 +109,7 @@ for part in ${AFTER-bench pytest}; do
         left 100 || continue; log "peer: ours beside NVSHMEM's collectives, $np_ processes"
         PYTHONPATH=$R timeout $((BUDGET - SECONDS - 5)) tools/mps_testbed.sh -n $np_ --tail 0 --timeout $((BUDGET - SECONDS - 10)) \
           --out $OUT/peer$np_ -- python3 benchmarks/nvshmem_peer.py --sizes ${PEER_SIZES:-4K,64K,1M,16M,64M} \
-          --ops ${PEER_OPS:-psum,all_gather,all_to_all} --out $OUT/peer_${CARD:-gpu}_$np_.json > $OUT/peer$np_.log 2>&1
+          --ops ${PEER_OPS:-psum,all_gather,all_to_all} $([ $np_ = 4 ] && echo --config large_max_blocks=32) --out $OUT/peer_${CARD:-gpu}_$np_.json > $OUT/peer$np_.log 2>&1
         echo "peer $np_ rc=$?" | tee -a $L
         grep -h "^ROW" $OUT/peer$np_/rank0.log | cut -c1-300 | tee -a $L
         grep -h "Error\|error:" $OUT/peer$np_/rank*.log | cut -c1-300 | head -6 | tee -a $L
