@@ -35,7 +35,10 @@ for k, v in {"NVSHMEM_REMOTE_TRANSPORT": "none", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFN
              "NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1"}.items():
   os.environ.setdefault(k, v)
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.1")
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_shard_autotuning=false"
+# (the loop bodies have two HLO instructions: XLA keeps such bodies in its command buffers only
+# from a graph size of 1, else their handlers run every iteration)
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_shard_autotuning=false"
+                           " --xla_gpu_graph_min_graph_size=1")
 
 import jax  # noqa: E402
 

@@ -43,6 +43,19 @@ keep() {  # $1: base|new|exp, $2: step
   grep -h "rc=\|^|" $o.log | cut -c1-300 | head -20 | tee -a $L
   { cat $o/logs/chain/rank*.log 2>/dev/null || tar xzf $o/logs.tgz -O --wildcards '*chain/rank*.log' 2>/dev/null; } |
     grep -o '"[a-z_]*donated_us": [0-9.]*' | tr '\n' ' ' | tee -a $L; echo | tee -a $L
+  # CHAIN_ARGS=--profile: the donated chain's device timeline (period, kernels, idle gaps between them)
+  { cat $o/logs/chain/rank0.log 2>/dev/null || tar xzf $o/logs.tgz -O --wildcards '*chain/rank0.log' 2>/dev/null; } |
+    python3 -c '
+import json, sys
+for l in sys.stdin:
+  if l.startswith("RESULT "):
+   for row in json.loads(l[7:]).get("sizes", {}).values():
+    for k, t in row.items():
+      if k.endswith("_timeline") and t:
+        print(k, "period_us", round(t["period_us"], 3))
+        for n, v in t["kernels"].items(): print("  kernel", n, v["count"], round(v["median_us"], 3))
+        for n, v in t["gaps"].items(): print("  gap", n, v["count"], round(v["median_us"], 3))
+' 2>/dev/null | head -40 | tee -a $L
 }
 for step in ${KEEP_STEPS-chain forced gemm}; do
   for b in ${KEEP_BUILDS:-base new}; do left 90 && keep $b $step; done

@@ -398,16 +398,13 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   // lane reads it): neither depends on the stream's earlier kernels, so with
   // programmatic launch (config.tuning.submit_pdl) both overlap the previous kernel's end.
   constexpr int kCommLines = (sizeof(CommDev) + 127) / 128;
-  BookRead book{};  // (thread 0's)
-  if (tid == 0 && p.book > 0 && p.after_previous) book = SubmitBookRead(p);  // (in flight with SubmitTake's atomic)
   if (tid == 0) SubmitTake(p, sd);
   else if (tid >= 32 && tid < 32 + kCommLines) PrefetchL1(reinterpret_cast<const char*>(p.task.comm) + 128 * (tid - 32));
   GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
   // With tracing on, an identity task takes its ticket first too: the trace's
   // stream events live in its ring entry.
   if (tid == 0) {
-    if (p.book > 0 && !p.after_previous) book = SubmitBookRead(p);
-    if (p.book > 0 && SubmitBookPlan(p, sd, book, &line))  // (protocol "run": tombstones first)
+    if (p.book > 0 && SubmitBookPlan(p, sd, SubmitBookRead(p), &line))  // (protocol "run": tombstones first)
       sd.invalid = PackStatus(kStatusLeftBehind, sd.rank, sd.rank);
     ticketless = sd.match == kMatchIdentity && !p.trace;
     if (ticketless) go = !sd.invalid && sd.lanes <= kMaxLanes;

@@ -213,20 +213,20 @@ DFCCL_DEV void SubmitTombstones(const SubmitParams& p, TaskDesc& d, int64_t n) {
 }
 
 // A start's program line as it was before the start (protocol "run"), read by
-// SubmitBookRead once the stream's earlier kernels are complete and their stores
-// visible: at once in a kernel launched without programmatic serialization
-// (SubmitParams::after_previous: it starts after them, and the read is in flight
-// with SubmitTake's atomic), else after GridDependencyWait.  So no writer of the
-// line or of run_word fences for it (a fence per start stalls the thread that
-// makes it, which the lanes' barriers wait for).  The host writes a line only
-// before the execution's thunks run.
+// SubmitBookRead after GridDependencyWait: the stream's earlier kernels are then
+// complete and their stores visible (with programmatic launch too), so no writer
+// of the line or of run_word fences for it (a fence per start would stall the
+// thread that makes it, which the lanes' barriers wait for).  Reading it before
+// the dependency wait where the kernel starts after the previous one anyway (in
+// flight with SubmitTake's atomic) measured slower, not faster (H100:
+// benchmarks/results/keep_2026-12-07_h100_mps_bookread.json).  The host writes a line only before the execution's thunks run.
 struct BookRead {
   uint4 w[3];
   int64_t owed;
   uint32_t word;
 };
 
-// One thread, once the stream's earlier kernels are complete (above).
+// One thread, after GridDependencyWait.
 DFCCL_DEV BookRead SubmitBookRead(const SubmitParams& p) {
   BookRead b;
   DeviceShared* dev = p.dev;

@@ -15,12 +15,9 @@ namespace {
 __global__ void SubmitKernel(SubmitParams p) {
   const uint64_t t_enter = p.trace ? GlobalTimer() : 0;
   TaskDesc d;
-  BookRead book{};
-  if (p.book > 0 && p.after_previous) book = SubmitBookRead(p);  // (in flight with SubmitTake's atomic)
   SubmitTake(p, d);
   GridDependencyWait();  // the stream's earlier kernels complete: the input is ready, the book's line written
-  if (p.book > 0 && !p.after_previous) book = SubmitBookRead(p);
-  const bool behind = p.book > 0 && SubmitBook(p, d, book);  // (protocol "run": tombstones first)
+  const bool behind = p.book > 0 && SubmitBook(p, d, SubmitBookRead(p));  // (protocol "run": tombstones first)
   const uint64_t call = p.stage.state ? SubmitStage(p, d) : 0;
   if (behind) d.invalid = PackStatus(kStatusLeftBehind, d.rank, d.rank);
   SubmitMatch(p, d);
@@ -36,7 +33,7 @@ __global__ void SubmitKernel(SubmitParams p) {
 }
 
 // The execution's launch id for its captured starts (protocol "run" in device/task.h);
-// the submit kernels read it once the stream's earlier kernels are complete (SubmitBookRead).
+// the submit kernels read it after their GridDependencyWait (SubmitBookRead).
 __global__ void RunWordKernel(DeviceShared* dev, uint32_t run) { StVol(&dev->run_word, run); }
 
 // dst[0:n) = src[0:n) by the whole grid; src read past L1 (another agent wrote it).
@@ -150,9 +147,7 @@ cudaError_t LaunchOneBlock(void (*kernel)(P), const P& p, int threads, cudaStrea
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-cudaError_t LaunchSubmit(const SubmitParams& params, cudaStream_t stream, bool pdl) {
-  SubmitParams p = params;
-  p.after_previous = !pdl;
+cudaError_t LaunchSubmit(const SubmitParams& p, cudaStream_t stream, bool pdl) {
   if (p.inline_ns > 0 && p.wait && p.inline_kernel != nullptr)
     return LaunchOneBlock(p.inline_kernel, p, kThreads, stream, pdl);
   return LaunchOneBlock(&SubmitKernel, p, 1, stream, pdl);

@@ -533,8 +533,6 @@ struct SubmitParams {
   StageView stage;       // a start form's staging: the task's buffers are the slot's (stage.state null: XLA's in, out)
   uint32_t run;          // the execution's launch id (protocol "run"; 0: DeviceShared::run_word, inside a command buffer)
   int32_t book;          // 1 + the line of the start's program in DeviceShared::run_slot (protocol "run"); 0: none
-  int32_t after_previous;  // launched without programmatic serialization: the stream's earlier kernels are
-                           // complete when it starts (LaunchSubmit sets it)
   InlineSubmitFn inline_kernel;  // host only: the call site's inline submit kernel (InlineSubmitKernelFor), or null
 };
 
