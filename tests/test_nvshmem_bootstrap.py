@@ -99,3 +99,17 @@ def test_without_the_module_it_says_why(monkeypatch):
   assert not ok and "built without NVSHMEM" in why and "nvidia-nvshmem-cu13" in why
   with pytest.raises(ImportError, match="built without NVSHMEM"):
     nvshmem.load()
+
+
+def test_the_real_module_refuses_collective_calls_before_set_up():
+  """Where the module is built (CI builds it wherever nvcc is), the transport check and NVSHMEM's
+  own collectives called before initialize() raise naming the missing set-up, with no GPU needed."""
+  ok, why = nvshmem.available()
+  if not ok:
+    pytest.skip(why)
+  mod = nvshmem.load()
+  assert not mod.initialized()
+  with pytest.raises(ValueError, match="Native before Init"):
+    nvshmem.native_collective("psum", [4096])
+  with pytest.raises(ValueError, match="Check before Init"):
+    nvshmem.check_transport()
