@@ -219,7 +219,8 @@ DFCCL_DEV void SubmitTombstones(const SubmitParams& p, TaskDesc& d, int64_t n) {
 // thread that makes it, which the lanes' barriers wait for).  Reading it before
 // the dependency wait where the kernel starts after the previous one anyway (in
 // flight with SubmitTake's atomic) measured slower, not faster (H100:
-// benchmarks/results/keep_2026-12-07_h100_mps_bookread.json).  The host writes a line only before the execution's thunks run.
+// benchmarks/results/keep_2026-12-07_h100_mps_bookread.json).  The host writes
+// a line only before the execution's thunks run.
 struct BookRead {
   uint4 w[3];
   int64_t owed;
@@ -282,6 +283,5 @@ DFCCL_DEV bool SubmitBook(const SubmitParams& p, TaskDesc& d, const BookRead& b)
   SubmitBookStore(p, s);
   return behind;
 }
-
 
 }  // namespace dfccl::gpu

@@ -360,14 +360,17 @@ namespace {
 // Exact in float32: small integers (input of PE r at element i).
 float NativeVal(int r, int64_t i) { return static_cast<float>((r + 1) * 16 + static_cast<int>(i % 13)); }
 
+enum class NativeOp { kPsum, kAllGather, kAllToAll };
+const char* const kNativeNames[] = {"psum", "all_gather", "all_to_all"};
+
 // One call of `op` on `st` (src, dst symmetric; nel: each PE's input elements).
-void NativeCall(const std::string& op, float* dst, const float* src, size_t nel, int n, cudaStream_t st) {
+void NativeCall(NativeOp op, float* dst, const float* src, size_t nel, int n, cudaStream_t st) {
   int rc = 0;
-  if (op == "psum") rc = nvshmemx_float_sum_reduce_on_stream(NVSHMEM_TEAM_WORLD, dst, src, nel, st);
-  else if (op == "all_gather") rc = nvshmemx_float_fcollect_on_stream(NVSHMEM_TEAM_WORLD, dst, src, nel, st);
+  if (op == NativeOp::kPsum) rc = nvshmemx_float_sum_reduce_on_stream(NVSHMEM_TEAM_WORLD, dst, src, nel, st);
+  else if (op == NativeOp::kAllGather) rc = nvshmemx_float_fcollect_on_stream(NVSHMEM_TEAM_WORLD, dst, src, nel, st);
   else rc = nvshmemx_float_alltoall_on_stream(NVSHMEM_TEAM_WORLD, dst, src, nel / n, st);
-  DFCCL_CHECK_CODE(rc == 0, ErrorCode::kInternal, "dfccl nvshmem: NVSHMEM's " << op << " of " << nel * 4
-                   << " bytes returned " << rc);
+  DFCCL_CHECK_CODE(rc == 0, ErrorCode::kInternal, "dfccl nvshmem: NVSHMEM's " << kNativeNames[static_cast<int>(op)]
+                   << " of " << nel * 4 << " bytes returned " << rc);
 }
 
 }  // namespace
@@ -377,14 +380,16 @@ std::vector<NativeRow> Native(const NativeSpec& spec) {
   DFCCL_CHECK(spec.op == "psum" || spec.op == "all_gather" || spec.op == "all_to_all",
               "dfccl nvshmem: op must be psum, all_gather or all_to_all, got '" << spec.op << "'");
   DFCCL_CHECK(spec.iters >= 1 && spec.reps >= 1, "dfccl nvshmem: iters and reps must be >= 1");
+  const NativeOp op = spec.op == "psum" ? NativeOp::kPsum : spec.op == "all_gather" ? NativeOp::kAllGather
+                                                                                      : NativeOp::kAllToAll;
   const int me = nvshmem_my_pe(), n = nvshmem_n_pes();
   int64_t most = 0;
   for (int64_t b : spec.bytes) {
-    DFCCL_CHECK(b > 0 && b % (spec.op == "all_to_all" ? 4 * n : 4) == 0,
-                "dfccl nvshmem: " << b << " bytes: a positive multiple of " << (spec.op == "all_to_all" ? 4 * n : 4));
+    DFCCL_CHECK(b > 0 && b % (op == NativeOp::kAllToAll ? 4 * n : 4) == 0,
+                "dfccl nvshmem: " << b << " bytes: a positive multiple of " << (op == NativeOp::kAllToAll ? 4 * n : 4));
     most = std::max(most, b);
   }
-  const size_t out_bytes = static_cast<size_t>(most) * (spec.op == "all_gather" ? n : 1);
+  const size_t out_bytes = static_cast<size_t>(most) * (op == NativeOp::kAllGather ? n : 1);
   float* src = static_cast<float*>(nvshmem_malloc(static_cast<size_t>(most)));  // collective
   float* dst = static_cast<float*>(nvshmem_malloc(out_bytes));
   DFCCL_CHECK_CODE(src != nullptr && dst != nullptr, ErrorCode::kResourceExhausted,
@@ -396,15 +401,15 @@ std::vector<NativeRow> Native(const NativeSpec& spec) {
   NV_CUDA(cudaEventCreate(&e1));
   std::vector<NativeRow> rows;
   for (int64_t b : spec.bytes) {
-    const size_t nel = static_cast<size_t>(b) / 4, out_el = spec.op == "all_gather" ? nel * n : nel;
+    const size_t nel = static_cast<size_t>(b) / 4, out_el = op == NativeOp::kAllGather ? nel * n : nel;
     std::vector<float> h(nel), got(out_el), want(out_el);
     for (size_t i = 0; i < nel; ++i) h[i] = NativeVal(me, static_cast<int64_t>(i));
     for (size_t i = 0; i < out_el; ++i) {
-      if (spec.op == "psum") {
+      if (op == NativeOp::kPsum) {
         float s = 0;
         for (int q = 0; q < n; ++q) s += NativeVal(q, static_cast<int64_t>(i));
         want[i] = s;
-      } else if (spec.op == "all_gather") {
+      } else if (op == NativeOp::kAllGather) {
         want[i] = NativeVal(static_cast<int>(i / nel), static_cast<int64_t>(i % nel));
       } else {  // block q of the output: PE q's block `me`
         const size_t per = nel / n, q = i / per;
@@ -414,7 +419,7 @@ std::vector<NativeRow> Native(const NativeSpec& spec) {
     NV_CUDA(cudaMemcpyAsync(src, h.data(), static_cast<size_t>(b), cudaMemcpyHostToDevice, st));
     NV_CUDA(cudaMemsetAsync(dst, 0, out_el * 4, st));
     nvshmemx_barrier_all_on_stream(st);
-    NativeCall(spec.op, dst, src, nel, n, st);
+    NativeCall(op, dst, src, nel, n, st);
     NV_CUDA(cudaMemcpyAsync(got.data(), dst, out_el * 4, cudaMemcpyDeviceToHost, st));
     NV_CUDA(cudaStreamSynchronize(st));
     NativeRow row;
@@ -424,7 +429,7 @@ std::vector<NativeRow> Native(const NativeSpec& spec) {
     for (int r = -1; r < spec.reps; ++r) {  // (r = -1: warm-up)
       nvshmemx_barrier_all_on_stream(st);
       NV_CUDA(cudaEventRecord(e0, st));
-      for (int k = 0; k < spec.iters; ++k) NativeCall(spec.op, dst, src, nel, n, st);
+      for (int k = 0; k < spec.iters; ++k) NativeCall(op, dst, src, nel, n, st);
       NV_CUDA(cudaEventRecord(e1, st));
       NV_CUDA(cudaEventSynchronize(e1));
       float ms = 0;
