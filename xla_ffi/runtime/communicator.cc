@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -164,7 +165,16 @@ static constexpr size_t kBlobHandles = kBlobSlots * sizeof(int32_t);
 static constexpr size_t kBlobTail = kBlobHandles + kBlobSlots * sizeof(cudaIpcMemHandle_t);
 static constexpr size_t kBlobDirect = kBlobTail + sizeof(int32_t) + sizeof(uint64_t);
 static constexpr size_t kBlobName = kBlobDirect + sizeof(int32_t), kBlobNameBytes = Communicator::kNameBytes;
-static constexpr size_t kBlobBytes = kBlobName + kBlobNameBytes;
+static constexpr size_t kBlobUuid = kBlobName + kBlobNameBytes;  // the rank's GPU (cudaDeviceProp::uuid)
+static constexpr size_t kBlobBytes = kBlobUuid + sizeof(cudaUUID_t);
+
+namespace {
+cudaUUID_t UuidOf(int ordinal) {
+  cudaDeviceProp prop;
+  DFCCL_CUDA(cudaGetDeviceProperties(&prop, ordinal));
+  return prop.uuid;
+}
+}  // namespace
 
 std::string Communicator::Export(int rank) {
   DFCCL_CHECK(rank >= 0 && rank < n && ordinals[rank] >= 0, "dfccl: rank " << rank << " is not local");
@@ -188,6 +198,8 @@ std::string Communicator::Export(int rank) {
   const std::string name = ctx_.ipc.name();
   std::memcpy(&blob[kBlobDirect], &modes, sizeof(modes));
   std::memcpy(&blob[kBlobName], name.data(), name.size());
+  const cudaUUID_t uuid = UuidOf(ordinals[rank]);
+  std::memcpy(&blob[kBlobUuid], &uuid, sizeof(uuid));
   return blob;
 }
 
@@ -232,6 +244,18 @@ void Communicator::Import(const std::vector<std::string>& blobs) {
       opened.push_back(ptr);
       *slots[i] = ptr;
     }
+  }
+  // Processes of this host with a rank on the GPU of a local rank (MPS): the
+  // daemons there share its SMs (Context::SetSharing).
+  for (int a = 0; a < n; ++a) {
+    if (ordinals[a] < 0) continue;
+    const cudaUUID_t mine = UuidOf(ordinals[a]);
+    std::vector<int32_t> others;
+    for (int r = 0; r < n; ++r)
+      if (ordinals[r] < 0 && pids[r] != 0 && std::memcmp(&blobs[r][kBlobUuid], &mine, sizeof(mine)) == 0 &&
+          std::find(others.begin(), others.end(), pids[r]) == others.end())
+        others.push_back(pids[r]);
+    ctx_.SetSharing(ctx_.GetDevice(ordinals[a]), 1 + static_cast<int>(others.size()));
   }
   table = view.table;
   Publish();

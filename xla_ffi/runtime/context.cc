@@ -5,6 +5,7 @@
 // except GetDeviceFast, FlagsFor and ThrowIfFailed's check, the hot path's.
 #include "runtime/context.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -49,6 +50,14 @@ void Context::RecordError(const std::string& message) {
   printed++;
   errors.push_back(message);
   if (errors.size() > kMaxErrors) errors.erase(errors.begin());
+}
+
+void Context::SetSharing(Device& d, int processes) {
+  if (processes <= d.sharing) return;
+  d.sharing = processes;
+  int sms = 0;
+  DFCCL_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d.ordinal));
+  d.worker_cap = std::max(1, sms / processes - 1);  // (its control block takes one more)
 }
 
 Device& Context::GetDevice(int ordinal) {

@@ -82,6 +82,13 @@ struct Device {
   // path (Submit: is a daemon running, is it large enough), hence atomic.
   std::atomic<uint32_t> launch_id{0};
   std::atomic<int> workers{0};
+  // Processes whose ranks run on this GPU, this one included (several under MPS),
+  // as the communicators' exchanges found them (Communicator::Import), and the
+  // worker blocks a daemon here may have: its share of the SMs, so that the
+  // daemons of every such process fit together (each block takes an SM;
+  // a daemon whose lanes cannot all run waits until its stall limit).
+  int sharing = 1;
+  std::atomic<int> worker_cap{kMaxBlocks - 1};
   int pending_large = 0;
   std::atomic<bool> launched{false};
   Clock::time_point next_relaunch, next_peer_check;
@@ -143,6 +150,15 @@ struct Context {
   std::unique_lock<std::timed_mutex> HandlerLock();  // takes mu
   void RecordError(const std::string& message);     // stats()["errors"]
   Device& GetDevice(int ordinal);
+  // The worker blocks of d's daemon for large tasks: cfg.large_workers() within d's
+  // share of the SMs (Device::worker_cap), never below cfg.workers().  Also without mu.
+  int LargeWorkers(const Device& d) const {
+    const int cap = d.worker_cap.load(std::memory_order_relaxed);
+    const int want = large_workers.load(std::memory_order_relaxed);
+    return want < cap ? want : (cap > cfg.workers() ? cap : cfg.workers());
+  }
+  // d is shared by `processes` processes (this one included): its worker cap follows.
+  void SetSharing(Device& d, int processes);
   Device& GetDeviceFast(int ordinal);  // a device already set up (no lock)
   int OrdinalOf(int64_t global) const;  // -1: another process's device
   int64_t GlobalOf(int ordinal) const;  // also without mu (the handlers): the ids are set before any collective

@@ -37,7 +37,8 @@ TaskDesc DaemonPath::SiteDesc(const CollectiveSpec& spec, const Communicator& c,
                    "dfccl: ragged_all_to_all '" << spec.key << "' needs the direct path (peer access between the GPUs)");
   const int pool = (!direct_only && ctx_.cfg.ll && msg_bytes % 16 == 0 && plan0.second * 2 <= small.chunk_bytes) ? 0 : 1;
   const PoolGeom& g = c.view.pool[pool];
-  const int workers = msg_bytes >= ctx_.cfg.large_threshold ? ctx_.cfg.large_workers() : ctx_.cfg.workers();
+  const int workers = msg_bytes >= ctx_.cfg.large_threshold ? ctx_.LargeWorkers(ctx_.GetDevice(c.ordinals[spec.rank]))
+                                                             : ctx_.cfg.workers();
   const bool direct = c.direct && pool == 1;
   const int64_t unit = direct ? DirectUnitBytes(static_cast<int32_t>(spec.kind), msg_bytes, spec.nranks) : msg_bytes;
   auto [lanes, lane_bytes] = LanePlan(unit, g, workers, ctx_.cfg.lane_min_bytes);
@@ -260,11 +261,11 @@ void DaemonPath::Submit(cudaStream_t stream, const Site& site, const void* in, v
   Timed(d, "submit", [&] { return LaunchSubmit(p, stream, ctx_.pdl.load(std::memory_order_relaxed)); });
   // The proxy relaunches a daemon that quit once it sees the record; a call
   // outside a command buffer does it at once (and grows the grid for a large one).
-  if (!p.trap && (!proxy_.Running(d) || (site.large && d.workers < ctx_.large_workers.load(std::memory_order_relaxed)))) {
+  if (!p.trap && (!proxy_.Running(d) || (site.large && d.workers < ctx_.LargeWorkers(d)))) {
     auto lk = ctx_.HandlerLock();
     RelaxedCapture relaxed;
     if (site.large) d.pending_large++;  // released by the proxy when it sees the record
-    if (site.large && proxy_.Running(d) && d.workers < ctx_.cfg.large_workers()) {
+    if (site.large && proxy_.Running(d) && d.workers < ctx_.LargeWorkers(d)) {
       d.host->resize = d.launch_id;  // the running daemon quits; a larger one is queued behind it
       proxy_.Launch(d);
     }

@@ -89,7 +89,7 @@ void Proxy::PollDevice(Device& d, Clock::time_point now) {
   CheckPeersAlive(d, now);
   PollRing(d, cq.ce_info, cq.ce_oldest, cq.ce_next, d.host->ce_done, now);
   if (q.oldest >= q.seen) { d.backoff_us = 20; return; }
-  if (d.pending_large > 0 && Running(d) && d.workers < ctx_.cfg.large_workers()) {
+  if (d.pending_large > 0 && Running(d) && d.workers < ctx_.LargeWorkers(d)) {
     d.host->resize = d.launch_id;  // a large task arrived inside a command buffer: a larger daemon
     Launch(d);
   }
@@ -245,7 +245,7 @@ bool Proxy::Alive(Device& d) { return d.launched && cudaEventQuery(d.ev) == cuda
 void Proxy::Launch(Device& d) {
   DeviceGuard guard(d.ordinal);
   d.launch_id++;
-  d.workers = d.pending_large > 0 ? ctx_.cfg.large_workers() : ctx_.cfg.workers();
+  d.workers = d.pending_large > 0 ? ctx_.LargeWorkers(d) : ctx_.cfg.workers();
   DaemonParams p{};
   p.dev = d.dev;
   p.host = d.host_dev;
