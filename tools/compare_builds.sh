@@ -18,7 +18,8 @@
 #     mp      tests/gpu/test_gpu_multiprocess.py (the two- and four-process suite)
 #     nvshmem tests/gpu/test_nvshmem_transport.py (protocol C over NVSHMEM, 2 and 4 processes)
 #     peer    benchmarks/nvshmem_peer.py: our collectives beside NVSHMEM's own, 2 and 4 processes (PEER_SIZES,
-#             default 4K,64K,1M,16M,64M; PEER_OPS, default psum,all_gather,all_to_all)
+#             default 4K,64K,1M,16M,64M; PEER_OPS, default psum,all_gather,all_to_all; PEER4_CONFIG: config
+#             entries of the 4-process run; PEER_NP: the process counts, default "2 4")
 #     pytest  the one-GPU suites
 set -u
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
@@ -118,11 +119,11 @@ for part in ${AFTER-bench pytest}; do
       echo "pytest nvshmem rc=$?" | tee -a $L; tail -4 $OUT/pytest_nvshmem.log | tee -a $L
       grep -h "^RESULT" $OUT/nvshmem/*/nv*/rank*.log 2>/dev/null | cut -c1-700 | tee -a $L ;;
     peer)
-      for np_ in 2 4; do
+      for np_ in ${PEER_NP:-2 4}; do
         left 100 || continue; log "peer: ours beside NVSHMEM's collectives, $np_ processes"
         PYTHONPATH=$R timeout $((BUDGET - SECONDS - 5)) tools/mps_testbed.sh -n $np_ --tail 0 --timeout $((BUDGET - SECONDS - 10)) \
           --out $OUT/peer$np_ -- python3 benchmarks/nvshmem_peer.py --sizes ${PEER_SIZES:-4K,64K,1M,16M,64M} \
-          --ops ${PEER_OPS:-psum,all_gather,all_to_all} $([ $np_ = 4 ] && echo --config large_max_blocks=32) --out $OUT/peer_${CARD:-gpu}_$np_.json > $OUT/peer$np_.log 2>&1
+          --ops ${PEER_OPS:-psum,all_gather,all_to_all} $([ $np_ = 4 ] && [ -n "${PEER4_CONFIG-}" ] && echo --config $PEER4_CONFIG) --out $OUT/peer_${CARD:-gpu}_$np_.json > $OUT/peer$np_.log 2>&1
         echo "peer $np_ rc=$?" | tee -a $L
         grep -h "^ROW" $OUT/peer$np_/rank0.log | cut -c1-300 | tee -a $L
         grep -h "Error\|error:" $OUT/peer$np_/rank*.log | cut -c1-300 | head -6 | tee -a $L

@@ -134,8 +134,14 @@ DFCCL_DEV uint2 ReduceUnit(const uint2* v, int n) {
 // and tells each sender it consumed them.  Sends and the
 // receive are separate steps (LaneState::p_send: the next peer), so a lane
 // whose cell at one peer is still occupied receives meanwhile.
+// `pre` (identity, may be null): the words of the lane's cells in this rank's
+// credits, read by the caller already (AckPreRead; [p * kIdentityWays + way]),
+// used for the first claim at each peer instead of reading them again.  Words read
+// earlier are an earlier view: a way seen busy is skipped, a stale free one fails
+// its CAS; either is retried on the next pass with words read then.
 template <class Op, class T, class R>
-__device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P) {
+__device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const DaemonParams& P,
+                          const uint64_t* pre = nullptr) {
   const CommDev* cm = d.comm;
   const int lanes = cm->pool[0].lanes;
   const int64_t C = cm->pool[0].chunk_bytes;
@@ -182,7 +188,7 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
         if (threadIdx.x < 32) {
           const int i = threadIdx.x;
           uint64_t words = 0;
-          if (i < ways) words = LdVol(reinterpret_cast<const uint64_t*>(ack(me, p, i)));
+          if (i < ways) words = pre ? pre[p * kIdentityWays + i] : LdVol(reinterpret_cast<const uint64_t*>(ack(me, p, i)));
           const uint32_t consumed = static_cast<uint32_t>(words), sent = static_cast<uint32_t>(words >> 32);
           unsigned free = __ballot_sync(0xffffffffu, i < ways && sent != F && consumed == sent);
           int got = -1;
@@ -309,6 +315,19 @@ __device__ int LaneBodyLL(const TaskDesc& d, LaneState& s, int lane, const Daemo
   }
 }
 
+// Threads [first, first + n * kIdentityWays), identity: the words of lane 0's
+// cells at every peer in this rank's credits (LaneBodyLL's `pre`; the task's
+// static part suffices: its bucket is the call site's), so that the inline
+// kernel reads them while its thread 0 reads the execution book's line.
+DFCCL_DEV void AckPreRead(const TaskDesc& t, int first, uint64_t* pre) {
+  const int i = static_cast<int>(threadIdx.x) - first;
+  if (i < 0 || i >= t.nranks * kIdentityWays) return;
+  const CommDev* cm = t.comm;
+  const int p = i / kIdentityWays, w = i % kIdentityWays;
+  if (p == t.rank || w >= IdentityWays(cm->pool[0].nslots)) return;
+  pre[i] = LdVol(cm->credits[0][t.rank] + PoolCell(t.slot + w, t.nranks, p, cm->pool[0].lanes, 0));
+}
+
 // One thread, protocol "identity": task d failed on this rank (not by a
 // mismatch): every header it wrote at a peer gets signature bits 0, so the
 // peer's lanes fail it too (a consumed header changes too, harmlessly: that
@@ -335,11 +354,11 @@ DFCCL_DEV void MarkIdentityFailed(const TaskDesc& d) {
 // fences the output itself where it must).
 template <class Op, class T, class R, bool kLLOnly>
 __device__ __forceinline__ int RunLaneBody(const TaskDesc& d, LaneState& shared_state, int lane,
-                                           const DaemonParams& P) {
+                                           const DaemonParams& P, const uint64_t* pre = nullptr) {
   if (P.stamps && threadIdx.x == 0) P.stamps[kEvLaneEntered - kEvLaneEntered] = GlobalTimer();
   LaneState s = shared_state;
   int r;
-  if constexpr (kLLOnly) r = LaneBodyLL<Op, T, R>(d, s, lane, P);
+  if constexpr (kLLOnly) r = LaneBodyLL<Op, T, R>(d, s, lane, P, pre);
   else r = d.direct ? LaneBodyDirect<Op, T, R>(d, s, lane, P)
            : d.pool == 0 ? LaneBodyLL<Op, T, R>(d, s, lane, P)
                          : LaneBody<Op, T, R>(d, s, lane, P);

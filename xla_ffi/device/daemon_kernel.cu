@@ -378,11 +378,12 @@ template <class Op, class T, class R>
 __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p) {
   __shared__ TaskDesc sd;
   __shared__ LaneState ss[kMaxLanes];
-  __shared__ int go, ndone, more, ticketless;
+  __shared__ int go, ndone, more, ticketless, use_pre;
   __shared__ uint32_t fail;
   __shared__ uint64_t t_inline;  // start of the inline budget (p.inline_ns; device/wait.cuh Elapsed)
   __shared__ uint64_t stamps[kLaneStamps];
   __shared__ __align__(16) RunSlot line;  // the program's line of the book (thread 0 plans it, thread 32 stores it)
+  __shared__ uint64_t ack_pre[kMaxRanks * kIdentityWays];  // identity: lane 0's credit words (AckPreRead)
   const int tid = threadIdx.x;
   const uint64_t t_enter = p.trace && tid == 0 ? GlobalTimer() : 0;
   uint64_t t_matched = 0, t_lane = 0;
@@ -401,11 +402,19 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   if (tid == 0) SubmitTake(p, sd);
   else if (tid >= 32 && tid < 32 + kCommLines) PrefetchL1(reinterpret_cast<const char*>(p.task.comm) + 128 * (tid - 32));
   GridDependencyWait();  // the stream's earlier kernels complete: the input is ready
+  // An identity task's first claims need lane 0's credit words: warps 1.. read
+  // them while thread 0 reads the book's line (one wait on memory, not two, before
+  // the lane's claim; measured: the chain's book cost).  They are not used when
+  // tombstones went first (their claims at the same cells make the words stale).
+  const bool pre = p.task.match == kMatchIdentity && p.task.nranks > 1;
+  if (pre) AckPreRead(p.task, 32, ack_pre);
   // With tracing on, an identity task takes its ticket first too: the trace's
   // stream events live in its ring entry.
   if (tid == 0) {
+    const uint64_t seq0 = sd.seq;
     if (p.book > 0 && SubmitBookPlan(p, sd, SubmitBookRead(p), &line))  // (protocol "run": tombstones first)
       sd.invalid = PackStatus(kStatusLeftBehind, sd.rank, sd.rank);
+    use_pre = pre && sd.seq == seq0;
     ticketless = sd.match == kMatchIdentity && !p.trace;
     if (ticketless) go = !sd.invalid && sd.lanes <= kMaxLanes;
     else go = SubmitMatch(p, sd) == kMatchSlotted && sd.lanes <= kMaxLanes && sd.pool == 0;
@@ -424,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
     while (true) {
       for (int l = 0; l < sd.lanes; ++l) {
         if (ss[l].finished) continue;  // block-uniform: written by thread 0 between barriers
-        const int r = RunLaneBody<Op, T, R, true>(sd, ss[l], l, P);
+        const int r = RunLaneBody<Op, T, R, true>(sd, ss[l], l, P, l == 0 && use_pre ? ack_pre : nullptr);
         if (tid == 0 && (r & kFailed)) fail = ss[l].fail;  // left unfinished: the daemon completes it failed
         else if (tid == 0 && (r & kDone)) {
           ss[l].finished = 1;
@@ -432,7 +441,10 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
         }
         __syncthreads();
       }
-      if (tid == 0) more = !fail && ndone < sd.lanes && !Elapsed(t_inline, static_cast<uint64_t>(p.inline_ns));
+      if (tid == 0) {
+        more = !fail && ndone < sd.lanes && !Elapsed(t_inline, static_cast<uint64_t>(p.inline_ns));
+        use_pre = 0;  // read once: a later pass reads the words afresh
+      }
       __syncthreads();
       if (!more) break;
     }
