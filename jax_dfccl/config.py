@@ -277,6 +277,14 @@ class TestHooks(_Section):
   fault_start_delay_us: float = 0.0
   fault_compute_delay_us: float = 0.0
 
+  #: Hosts simulated on one machine: every ``processes_per_host`` consecutive
+  #: process indices count as one host (0: every process is on its own machine's
+  #: host).  A GPU group whose ranks are on more than one host is matched by
+  #: announcements (docs/design/announce.md), the way groups spanning machines
+  #: are.  Every process must set the same value; read when a group is set up
+  #: (when the first program using it is lowered).
+  processes_per_host: int = 0
+
 
 @dataclasses.dataclass(repr=False)
 class Config(_Section):
@@ -371,5 +379,6 @@ CPU_ONLY_ENTRIES = frozenset({"trace_capacity", "fault_device", "fault_start_del
 #: The entries read by jax_dfccl.initialize() (the runtime across processes), not by the runtimes.
 INIT_ENTRIES = frozenset({"shm_arena_bytes", "shm_max_instances"})
 
-#: The entries read when a program is traced (by the Python layer), not by the runtimes.
-TRACE_TIME_ENTRIES = frozenset({f for f, (path, _) in FLAT.items() if path == "overlap"} | {"runtime_for_groups_of_one"})
+#: The entries read when a program is traced or lowered (by the Python layer), not by the runtimes.
+TRACE_TIME_ENTRIES = frozenset({f for f, (path, _) in FLAT.items() if path == "overlap"}
+                               | {"runtime_for_groups_of_one", "processes_per_host"})

@@ -186,15 +186,27 @@ def prepare_gpu_group(row, wait: bool = False) -> None:
     rt = backend.runtimes()["cuda"]
     client = _client()
     base = f"{_NS}/{_state['token']}/gpu/{key}"
+    spans_hosts = _spans_hosts(row)
     for r, g in enumerate(row):
       if g in local:
-        client.key_value_set_bytes(f"{base}/{r}", rt.comm_export(row, r))
+        client.key_value_set_bytes(f"{base}/{r}", rt.comm_export(row, r, spans_hosts))
     _state["groups"].add(key)
     if not wait:
       threading.Thread(target=_import, args=(rt, client, base, row, True), daemon=True,
                        name=f"jax_dfccl-import-{key}").start()
       return
   _import(rt, client, base, row)
+
+
+def _spans_hosts(row) -> bool:
+  """Whether the devices of ``row`` (global ids) are on more than one host as
+  ``config.testing.processes_per_host`` groups the processes (the real hosts are
+  one per machine, and a group spanning machines cannot be set up over CUDA IPC)."""
+  per_host = int(config.testing.processes_per_host)
+  if per_host <= 0:
+    return False
+  process = {int(d.id): int(d.process_index) for d in jax.devices()}
+  return len({process[g] // per_host for g in row}) > 1
 
 
 def _import(rt, client, base, row, threaded: bool = False) -> None:

@@ -161,6 +161,19 @@ if case == "parity":
   t0 = time.perf_counter()
   f(x).block_until_ready()
   out["us_per_op_fori_chain"] = (time.perf_counter() - t0) / 100 * 1e6
+  if d.config.testing.processes_per_host:
+    # Each process a host (--config processes_per_host=1): the group is matched by announcements,
+    # where a rank's input is bounded by a receive slot's section (64 KiB): a larger one is refused
+    # naming that, which shows the collectives above took that path.
+    big = np.ones((n, 32768), np.float32)
+    xb = jax.make_array_from_callback(big.shape, NamedSharding(mesh, P("x")), lambda idx: big[idx])
+    err = ""
+    try:
+      smap(lambda v: d.psum(v, "x", key="too_big"))(xb).block_until_ready()
+    except Exception as e:  # noqa: BLE001
+      err = str(e)
+    out["spans_hosts_refusal"] = err[:300]
+    out["ok"] &= "spans hosts" in err
 elif case == "direct":
   # Larger messages across processes: the direct path (each process maps the allocations that hold
   # the other's XLA buffers, runtime/ipc.h), every op at 64 KiB .. 16 MiB per rank against numpy, in a

@@ -41,6 +41,25 @@ cudaError_t LaunchStreamWait(cudaStream_t stream, const uint32_t* addr, uint32_t
 cudaError_t LaunchReduceInto(cudaStream_t stream, DType dtype, ReduceOp reduce, char* out, const char* in,
                              int64_t bytes, int max_blocks);
 
+// Protocol "announce" (device/announce_path.cuh): a communicator spanning hosts,
+// matched by announcements.  One rank's set-up: its geometry, deadlines and the
+// members' regions as this GPU reaches them (regions[rank]: its own, on the
+// current device, zeroed).  AnnounceInit writes its region's initial state and
+// its view (AnnounceViewBytes of device memory at `view`) on `stream`.
+struct AnnounceSetup {
+  int rank = 0, nranks = 0;
+  int depth = 0, entries = 0, tasks = 0, slots = 0;  // ann::Geometry (transport/announce_layout.cuh)
+  uint32_t slot_bytes = 0;                           // the largest message (a member's input)
+  uint32_t group = 0;                                // equal on every rank
+  uint64_t timeout_ns = 0, grace_ns = 0;
+  char* regions[kMaxRanks] = {};
+};
+uint64_t AnnounceRegionBytes(const AnnounceSetup& s);
+size_t AnnounceViewBytes();
+cudaError_t AnnounceInit(const AnnounceSetup& s, void* view, cudaStream_t stream);
+// The view's deadlines (config.timeout_s changed); returns once written.
+cudaError_t AnnounceSetTimeout(void* view, uint64_t timeout_ns, uint64_t grace_ns, cudaStream_t stream);
+
 // Load the side kernels on the current device now (lazy loading would load them
 // at first launch, synchronizing the context while other kernels spin).
 cudaError_t PreloadStreamWait();

@@ -20,6 +20,7 @@
 #include "device/collectives/ppermute.cuh"
 #include "device/collectives/ragged_all_to_all.cuh"
 #include "device/collectives/reduce_scatter.cuh"
+#include "device/announce_path.cuh"
 #include "device/daemon.h"
 #include "device/match.cuh"
 #include "device/submit.cuh"
@@ -66,7 +67,7 @@ using LaneFn = int (*)(const TaskDesc&, LaneState&, int, const DaemonParams&);
 
 __device__ LaneFn SelectLane(const TaskDesc& d) {
   return ForLaneTypes<LaneFn>(d.kind, d.dtype, d.reduce, [&]<class Op, class T, class R>() -> LaneFn {
-    return &RunLane<Op, T, R>;
+    return d.match == kMatchAnnounce ? &AnnounceLane<Op, T, R> : &RunLane<Op, T, R>;
   });
 }
 
@@ -112,7 +113,9 @@ __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t 
   // then the worker's copy may predate it).
   // The slot as this copy of the task has it (with its epoch: a worker runs a
   // task only then); -1: the entry's (an aborted task may have none yet).
-  if (d.match != kMatchIdentity)  // (an identity task has no entry)
+  if (d.match == kMatchAnnounce) {
+    // (no entry: the control warp finishes its handle once the task is done)
+  } else if (d.match != kMatchIdentity)  // (an identity task has no entry)
     Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks,
           d.epoch != 0 ? d.slot : -1, d.pool);
   else if (aborted && d.nranks > 1 && (status & 0xff) != kStatusMismatch && !d.tomb)  // (a tombstone's headers say so)
@@ -241,16 +244,31 @@ __device__ void WorkerLoop(const DaemonParams& P) {
 // changed since the last pass.
 __device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, bool aborts, uint64_t now) {
   DeviceShared* dev = P.dev;
+  AnnouncePass pass;
   for (uint64_t t = lo; t < sub; ++t) {
     const uint32_t e = t % kTaskRing, g = Gen(t);
-    if (LdVol(&dev->done[e]) == g) continue;
     TaskRun* run = &dev->run[e];
-    if (LdVol(&run->aborted)) continue;
+    if (LdVol(&dev->done[e]) == g) {
+      if (LdVol(&run->ann)) AnnounceFinish(run, &dev->desc[e]);  // (protocol "announce")
+      continue;
+    }
+    if (LdVol(&run->aborted)) {
+      if (LdVol(&run->ann)) {  // its members still get this rank's records and releases
+        const AnnounceView* v = LdVol(&dev->desc[e].comm)->ann;
+        DaemonAnnouncer an = AnnouncerOf(v);
+        pass.Progress(v, an);
+      }
+      continue;
+    }
     TaskDesc* dd = &dev->desc[e];
     TaskDesc d;
     for (int i = 0; i < kDescWords; ++i) reinterpret_cast<uint4*>(&d)[i] = LdVolVec(reinterpret_cast<const uint4*>(dd) + i);
     const int phase = LdVol(&run->phase);
     const bool host_abort = aborts && LdVol(&P.host->abort[e]) == g;
+    if (d.match == kMatchAnnounce) {
+      AnnounceStep(run, dd, d, host_abort, pass);
+      continue;
+    }
     uint32_t why = 0;
     int r = phase == 2 ? kMatchSlotted : kMatchArrived;
     if (phase == 0) {
@@ -322,7 +340,8 @@ __device__ void ControlLoop(const DaemonParams& P) {
     if (lane == 0) MatchPending(P, lo, sub, aborts, now);
     __syncwarp();
     if (lane == 0) {
-      while (lo < sub && LdVol(&dev->done[lo % kTaskRing]) == Gen(lo)) ++lo;
+      // (a done task that still holds an Announcer handle is finished by the next pass first)
+      while (lo < sub && LdVol(&dev->done[lo % kTaskRing]) == Gen(lo) && LdVol(&dev->run[lo % kTaskRing].ann) == 0) ++lo;
       StVol(&dev->lo, lo);
     }
     lo = __shfl_sync(0xffffffffu, lo, 0);

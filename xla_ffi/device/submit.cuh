@@ -155,6 +155,8 @@ DFCCL_DEV int SubmitMatch(const SubmitParams& p, TaskDesc& d) {
   if (d.match == kMatchIdentity) {  // (a tombstone's lanes run: they tell the receivers, protocol "run")
     r = d.invalid && !d.tomb ? kMatchFailed : kMatchSlotted;
     why = d.invalid;
+  } else if (d.match == kMatchAnnounce) {  // the control warp starts it in its Announcer (protocol "announce")
+    r = kMatchRetry;
   } else {
     r = d.invalid ? kMatchRetry : Arrive(d, &d, 0u, &why, kSubmitLockBudgetNs);
   }

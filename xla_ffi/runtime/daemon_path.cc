@@ -70,6 +70,15 @@ TaskDesc DaemonPath::SiteDesc(const CollectiveSpec& spec, const Communicator& c,
   t.direct = direct ? 1 : 0;
   t.sig_hash = 0;
   t.key_ctr = key_ctr;
+  if (c.announce) {  // a group spanning hosts (device/task.h, "announce"): each rank sends its whole input
+    const bool blocks = spec.kind == OpKind::kAllToAll || spec.kind == OpKind::kReduceScatter;
+    t.in_bytes = static_cast<uint64_t>(blocks ? msg_bytes * spec.nranks : msg_bytes);
+    DFCCL_CHECK_CODE(t.in_bytes <= c.announce_bytes, ErrorCode::kInvalidArgument,
+                     "dfccl: collective '" << spec.key << "': its group spans hosts, where a rank's input is at most "
+                     << c.announce_bytes << " bytes for now (this one: " << t.in_bytes << ")");
+    t.match = kMatchAnnounce;
+    t.slot = -1;
+  }
   return t;
 }
 
@@ -167,7 +176,8 @@ const Site* DaemonPath::Prepare(int ordinal, const CollectiveSpec& spec, const s
   TaskDesc t = SiteDesc(spec, c, msg_bytes, kc->second);
   // One lane only: a block that runs several lanes in turn is slower than the
   // daemon's blocks in parallel (measured: 64 KiB, 8 lanes, 4x slower on an H200).
-  site->ll = t.pool == 0 && t.lanes == 1;
+  site->announce = t.match == kMatchAnnounce;
+  site->ll = t.pool == 0 && t.lanes == 1 && !site->announce;
   site->tagged = c.cross_process && t.direct && !staged;  // a staged site's slots are tagged once (MakeStage)
   site->identity = t.match == kMatchIdentity;
   // Who sends to this rank: the peer it receives from for ppermute and broadcast
@@ -467,7 +477,17 @@ void DaemonPath::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status
       break;
     case kStatusNoEntry:
       ec = ErrorCode::kResourceExhausted;
-      msg << name << ": no free entry in the match table";
+      if (ti.site->announce)
+        msg << name << ": refused on rank " << a << ", which has its cap of instances of the group in flight";
+      else
+        msg << name << ": no free entry in the match table";
+      break;
+    case kStatusAborted:  // a group spanning hosts: the announcements' deadline (the home's verdict or its own)
+      ec = ErrorCode::kDeadlineExceeded;
+      msg << name << ": timed out after " << ctx_.cfg.timeout_s << " s waiting for rank(s) [";
+      for (int r = 0, k = 0; r < c.n; ++r)
+        if (status >> (24 + r) & 1) msg << (k++ ? ", " : "") << r << " (device " << c.globals[r] << ")";
+      msg << "] (never started it, or their messages did not arrive)";
       break;
     case kStatusLeftBehind:  // device/task.h, "run"
       if (a == ti.site->rank && b != a && ti.site->runs) {  // this start was ahead: its execution pairs further on

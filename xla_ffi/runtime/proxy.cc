@@ -138,6 +138,15 @@ void Proxy::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest,
         continue;
       }
       if (!ti.site || ti.comm->Failed(ti.key_hash, ti.seq)) continue;
+      if (ti.site->announce) {  // its deadline is the device's (the home's verdict names the ranks); this is the backstop
+        const auto backstop = limit + std::chrono::duration<double>(Communicator::AnnounceGraceS() + 2.0);
+        if (now - ti.t <= backstop) continue;
+        why << "no rank decided its end (group spanning hosts: the announcements' deadline passed; daemon "
+            << (Running(d) ? "running" : "stopped") << ")";
+        daemon_.AbortDaemonInstance(*ti.comm, ti.key_hash, ti.seq, ErrorCode::kDeadlineExceeded,
+                                    ti.comm->InstanceName(ti.site->key, ti.seq) + " " + why.str());
+        continue;
+      }
       std::vector<int> missing;
       MatchEntry m{};
       bool found = false;

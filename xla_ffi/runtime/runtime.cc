@@ -55,10 +55,13 @@ std::string Runtime::CanExport(int ordinal, const void* p) {
   return Ipc::CanExport(p);
 }
 
-std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
+std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank, bool spans_hosts) {
   std::lock_guard lk(ctx_.mu);
   auto it = ctx_.comms.find(group);
-  if (it == ctx_.comms.end()) it = ctx_.comms.emplace(group, std::make_unique<Communicator>(ctx_, group, true)).first;
+  if (it == ctx_.comms.end())
+    it = ctx_.comms.emplace(group, std::make_unique<Communicator>(ctx_, group, true, spans_hosts)).first;
+  DFCCL_CHECK(it->second->announce == spans_hosts, "dfccl: the group of devices [" << GroupText(group)
+              << "] was set up " << (spans_hosts ? "within one host" : "as spanning hosts") << " already");
   return it->second->Export(rank);
 }
 
@@ -93,6 +96,9 @@ void Runtime::Configure(const std::map<std::string, double>& kv) {
     ctx_.pdl = ctx_.cfg.submit_pdl;
   }
   ctx_.ce.Configure(CeSettings{ctx_.cfg.copy_engine_chunk_bytes, ctx_.cfg.copy_engine_blocks, ctx_.cfg.copy_engine_push});
+  if (kv.count("timeout_s"))  // groups spanning hosts keep their deadline on the device (protocol "announce")
+    for (auto& [group, c] : ctx_.comms)
+      if (c->announce && c->ready) c->SetAnnounceTimeout();
 }
 
 std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {

@@ -64,7 +64,8 @@ class Runtime {
   // group's memory exchanged by CUDA IPC (Python moves the blobs through the KV store).
   void SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids);
   int64_t GlobalOf(int ordinal) const { return ctx_.GlobalOf(ordinal); }
-  std::string ExportComm(const std::vector<int64_t>& group, int rank);
+  // spans_hosts: its ranks are on more than one host (protocol "announce").
+  std::string ExportComm(const std::vector<int64_t>& group, int rank, bool spans_hosts = false);
   // The direct path across processes (runtime/ipc.h): this process listens at `name`
   // (jax_dfccl.initialize, once every local GPU's XLA memory was found exportable).
   void StartIpc(const std::string& name);
