@@ -19,24 +19,11 @@
 // against one.
 #pragma once
 
+#include "device/announce_view.cuh"
 #include "device/channel.cuh"
 #include "device/submit.cuh"
-#include "transport/announce.cuh"
 
 namespace dfccl::gpu {
-
-// One rank's view of a communicator matched by announcements (its device memory,
-// written once by the host: AnnounceInit in device/announce_setup.cu).
-struct AnnounceView {
-  StoreTransport t;  // the members' regions as this GPU reaches them
-  ann::Layout l;
-  ann::Config c;
-};
-using DaemonAnnouncer = ann::Announcer<StoreTransport>;
-
-DFCCL_DEV DaemonAnnouncer AnnouncerOf(const AnnounceView* v) {
-  return DaemonAnnouncer(const_cast<StoreTransport&>(v->t), v->l, v->c);
-}
 
 // An Announcer failure as a task status: PackStatus's code and two ranks, and
 // the mask of every rank it names in the top byte (kMaxRanks = 8; none named:

@@ -3,7 +3,7 @@
 // view (the members' regions, the layout, the deadlines) written to the device.
 #include <cstddef>
 
-#include "device/announce_path.cuh"
+#include "device/announce_view.cuh"
 #include "device/daemon.h"
 
 namespace dfccl::gpu {
