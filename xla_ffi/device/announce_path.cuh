@@ -44,6 +44,10 @@ struct AnnouncePass {
     if (n < kMax) seen[n++] = v;  // (more communicators than that: advanced on every visit)
     a.Progress();
   }
+  DFCCL_DEV void Progress(const AnnounceView* v) {
+    DaemonAnnouncer a = AnnouncerOf(v);
+    Progress(v, a);
+  }
 };
 
 // Lane 0 of the control warp, a pending (not done, not aborted) task of an
@@ -63,7 +67,7 @@ DFCCL_DEV void AnnounceStep(TaskRun* run, TaskDesc* dd, const TaskDesc& d, bool 
     }
     // A tombstone (protocol "run") sends no data: its instance fails here at once,
     // so the members get a release (their tasks fail at their deadline, naming it).
-    if (d.tomb) an.Abort(h, d.invalid ? d.invalid : PackStatus(kStatusLeftBehind, d.rank, d.rank));
+    if (d.tomb) an.Abort(h, PackStatus(kStatusLeftBehind, d.rank, d.rank));
     h1 = static_cast<uint64_t>(h) + 1;
     StVol(&run->ann, h1);
     StVol(&run->phase, 1);

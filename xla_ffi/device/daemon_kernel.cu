@@ -253,11 +253,7 @@ __device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, b
       continue;
     }
     if (LdVol(&run->aborted)) {
-      if (LdVol(&run->ann)) {  // its members still get this rank's records and releases
-        const AnnounceView* v = LdVol(&dev->desc[e].comm)->ann;
-        DaemonAnnouncer an = AnnouncerOf(v);
-        pass.Progress(v, an);
-      }
+      if (LdVol(&run->ann)) pass.Progress(LdVol(&dev->desc[e].comm)->ann);  // its members still get its records, releases
       continue;
     }
     TaskDesc* dd = &dev->desc[e];

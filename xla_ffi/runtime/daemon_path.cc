@@ -71,8 +71,7 @@ TaskDesc DaemonPath::SiteDesc(const CollectiveSpec& spec, const Communicator& c,
   t.sig_hash = 0;
   t.key_ctr = key_ctr;
   if (c.announce) {  // a group spanning hosts (device/task.h, "announce"): each rank sends its whole input
-    const bool blocks = spec.kind == OpKind::kAllToAll || spec.kind == OpKind::kReduceScatter;
-    t.in_bytes = static_cast<uint64_t>(blocks ? msg_bytes * spec.nranks : msg_bytes);
+    t.in_bytes = static_cast<uint64_t>(spec.in_bytes());  // (the op table's size rule)
     DFCCL_CHECK_CODE(t.in_bytes <= c.announce_bytes, ErrorCode::kInvalidArgument,
                      "dfccl: collective '" << spec.key << "': its group spans hosts, where a rank's input is at most "
                      << c.announce_bytes << " bytes for now (this one: " << t.in_bytes << ")");
