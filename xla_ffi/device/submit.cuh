@@ -107,13 +107,18 @@ DFCCL_DEV void SubmitStageOwner(const SubmitParams& p, const TaskDesc& d, uint64
   StVol(&st->calls, call + 1);
 }
 
-// One thread: a ticket for task d, once its ring entry's previous ticket is complete.
+// One thread: a ticket for task d, once its ring entry's previous ticket is complete
+// and the control warp has finished its announcement handle (protocol "announce":
+// TaskRun::ann is set before the task can complete and cleared after; the entry
+// is not reused while it is held, or its receive slot would never be released).
 DFCCL_DEV void SubmitTicket(const SubmitParams& p, TaskDesc& d) {
   DeviceShared* dev = p.dev;
   const uint64_t t = atomicAdd(&dev->next_ticket, 1ull);
   const uint32_t e = t % kTaskRing, g = Gen(t);
+  const auto reached = DoneWordReached(dev, e, g - 1);
+  const TaskRun* prev = &dev->run[e];
   if (t >= kTaskRing)  // the entry's previous ticket
-    SpinWaitOrTrap<DoneWordWait>(DoneWordReached(dev, e, g - 1), static_cast<uint64_t>(p.timeout_ns), NoAbort{},
+    SpinWaitOrTrap<DoneWordWait>([=] { return reached() && LdVol(&prev->ann) == 0; }, static_cast<uint64_t>(p.timeout_ns), NoAbort{},
                                  [&](WaitEnd) {
                                    printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n",
                                           kTaskRing, static_cast<long long>(p.timeout_ns));
