@@ -57,6 +57,39 @@ def test_groups_spanning_hosts_are_exact_in_any_order(tmp_path, n):
     assert r["started"] >= 24 and "spans hosts" in r["spans_hosts_refusal"], r
 
 
+# The same over NVSHMEM (config.cross_host_transport="nvshmem"): the daemon compiled into
+# _dfccl_nvshmem, each rank's region in NVSHMEM's symmetric heap, several PEs on this GPU under MPS.
+NVSHMEM_HOSTS = ("--config", "processes_per_host=1,cross_host_transport=nvshmem")
+
+
+def _nvshmem_or_skip():
+  from jax_dfccl._src import nvshmem
+  ok, why = nvshmem.available()
+  if not ok:
+    pytest.skip(why)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_groups_spanning_hosts_over_nvshmem_are_exact_in_any_order(tmp_path, n):
+  _nvshmem_or_skip()
+  p, results = _run("parity", tmp_path, n=n, args=NVSHMEM_HOSTS)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], p.stderr[-2000:], results)
+  for r in results:
+    assert r["started"] >= 24 and r["engine"] == "nvshmem", r
+
+
+def test_groups_spanning_hosts_over_nvshmem_name_a_mismatch(tmp_path):
+  _nvshmem_or_skip()
+  p, results = _run("mismatch", tmp_path, timeout=120, args=NVSHMEM_HOSTS)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
+
+
+def test_groups_spanning_hosts_over_nvshmem_name_a_rank_that_never_starts(tmp_path):
+  _nvshmem_or_skip()
+  p, results = _run("timeout", tmp_path, timeout=120, args=NVSHMEM_HOSTS)
+  assert results[0]["ok"], (p.stdout[-3000:], results)
+
+
 def test_groups_spanning_hosts_name_a_rank_that_never_starts(tmp_path):
   p, results = _run("timeout", tmp_path, timeout=120, args=HOSTS)
   assert results[0]["ok"], (p.stdout[-3000:], results)

@@ -82,6 +82,11 @@ NB_MODULE(_dfccl_cuda, m) {
   m.def("set_device_ids", [](std::vector<std::pair<int64_t, int>> ids) { Runtime::Get().SetDeviceIds(ids); },
         nb::arg("ids"), nb::call_guard<nb::gil_scoped_release>(),
         "(global device id, local CUDA ordinal) of this process's GPUs (jax_dfccl.initialize)");
+  m.def("set_daemon_engine", [](uintptr_t engine) { Runtime::Get().SetDaemonEngine(engine); }, nb::arg("engine"),
+        nb::call_guard<nb::gil_scoped_release>(),
+        "The daemon over another engine (_dfccl_nvshmem.daemon_engine()), before the first collective on a GPU");
+  m.def("daemon_engine", [] { return Runtime::Get().DaemonEngineName(); }, nb::call_guard<nb::gil_scoped_release>(),
+        "The daemon's engine under groups spanning hosts: 'stores' (CUDA IPC) or 'nvshmem'");
   m.def("comm_export", [](std::vector<int64_t> group, int rank, bool spans_hosts) {
     const std::string b = WithoutGil([&] { return Runtime::Get().ExportComm(group, rank, spans_hosts); });
     return nb::bytes(b.data(), b.size());

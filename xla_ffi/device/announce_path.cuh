@@ -103,7 +103,7 @@ __device__ __noinline__ int AnnounceLane(const TaskDesc& d, LaneState&, int lane
   const int64_t off = lane * d.lane_bytes;
   const int64_t len = max(int64_t{0}, min(d.lane_bytes, d.msg_bytes - off));
   if (len > 0) {
-    const char* own = v->t.base[me];
+    const char* own = const_cast<DaemonTransport&>(v->t).Local(0);  // (this rank's region)
     const char* src[kMaxRanks];
     for (int r = 0; r < d.nranks; ++r)
       src[r] = r == me ? d.in + Op::SelfOffset(d) + off : own + v->l.SlotData(d.slot, r) + Op::SendOffset(d, me) + off;

@@ -377,6 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) DaemonKernel(DaemonParams P) {
   if (threadIdx.x == 0) atomicAdd(&P.dev->blocks_left, 1ull);  // (thread 0 leaves last: it decides when its block stops)
 }
 
+#if !defined(DFCCL_DAEMON_NVSHMEM)  // (the NVSHMEM module builds the daemon alone)
 // The blocking form's submit kernel for pool-0 tasks (device/task.h, "inline"):
 // once its task is matched (by identity at once; else its arrival got a slot),
 // this block steps the task's lanes itself for up to p.inline_ns — the peers'
@@ -517,8 +518,11 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   if (p.wait && !completed) WaitDone(p.dev, sd.ticket, p.trap, p.trace, p.timeout_ns);
 }
 
+#endif  // !DFCCL_DAEMON_NVSHMEM
+
 }  // namespace
 
+#if !defined(DFCCL_DAEMON_NVSHMEM)
 InlineSubmitFn InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce) {
   return ForLaneTypes<InlineSubmitFn>(kind, dtype, reduce, [&]<class Op, class T, class R>() -> InlineSubmitFn {
     return &InlineSubmitKernel<Op, T, R>;
@@ -552,9 +556,13 @@ cudaError_t PreloadInlineSubmit() {
   return cudaSuccess;
 }
 
+#endif  // !DFCCL_DAEMON_NVSHMEM
+
+DFCCL_DAEMON_BUILD_BEGIN
 cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream) {
   DaemonKernel<<<params.workers + 1, kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
+DFCCL_DAEMON_BUILD_END
 
 }  // namespace dfccl::gpu

@@ -100,6 +100,12 @@ class Communicator {
   std::vector<int32_t> pids;     // per rank: its process's pid when it runs on this host (0: unknown)
   std::vector<std::string> procs;  // per rank of another process on the direct path: where its process listens (ipc.h)
   std::vector<void*> ann_views;    // protocol "announce": per local rank, its view (device memory); else null
+  // Protocol "announce" over an engine with a symmetric allocation (NVSHMEM): per rank,
+  // its region's offset there and its PE (the local ranks' from the engine, the
+  // others' from their blobs).
+  std::vector<uint64_t> ann_at;
+  std::vector<int32_t> ann_pe;
+  bool symmetric = false;          // the announced regions are the engine's (Context::engine->pe() >= 0)
 
  private:
   void SetError(ErrorCode code, const std::string& msg);  // the group's local devices' error

@@ -406,6 +406,7 @@ void DaemonPath::PollRecords(Device& d, Clock::time_point now) {
 bool DaemonPath::ReadEntry(Communicator& c, uint64_t key_hash, uint64_t seq, MatchEntry* out) {
   const uint64_t id = MatchId(key_hash, seq);
   const int b = MatchBucket(id);
+  if (c.table == nullptr) return false;  // (a group spanning hosts over NVSHMEM: no table here)
   std::vector<MatchEntry> ways(kMatchWays);
   try {
     CopyOut(*ctx_.devices[c.io_ordinal], ways.data(), &c.table->entry[b][0], sizeof(MatchEntry) * kMatchWays);

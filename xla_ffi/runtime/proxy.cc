@@ -267,7 +267,7 @@ void Proxy::Launch(Device& d) {
   p.stall_ns = ctx_.cfg.stall_ns();
   p.map_gen = d.map_gen = ctx_.ipc.gen();  // before the launch: every range mapped so far is older than it
   ctx_.busy_in = "a daemon launch";
-  cudaError_t err = LaunchDaemon(p, d.stream);
+  cudaError_t err = ctx_.engine->launch(p, d.stream);
   if (err == cudaSuccess) err = cudaEventRecord(d.ev, d.stream);
   ctx_.busy_in = "nothing known";
   DFCCL_CHECK_CODE(err == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: daemon launch on GPU " << d.ordinal << ": " << cudaGetErrorString(err));

@@ -41,6 +41,22 @@ void Runtime::SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids) {
   for (auto [g, o] : ids) { ctx_.ordinal_of[g] = o; ctx_.global_of[o] = g; }
 }
 
+void Runtime::SetDaemonEngine(uintptr_t engine) {
+  std::lock_guard lk(ctx_.mu);
+  const auto* e = reinterpret_cast<const DaemonEngine*>(engine);
+  DFCCL_CHECK(e != nullptr && e->name != nullptr && e->launch != nullptr, "dfccl: no daemon engine at that address");
+  if (e == ctx_.engine) return;
+  DFCCL_CHECK_CODE(ctx_.devices.empty(), ErrorCode::kFailedPrecondition,
+                   "dfccl: the daemon over " << e->name << " must be set up before the first collective on a GPU "
+                   "(call jax_dfccl.initialize() first)");
+  ctx_.engine = e;
+}
+
+std::string Runtime::DaemonEngineName() {
+  std::lock_guard lk(ctx_.mu);
+  return ctx_.engine->name;
+}
+
 void Runtime::StartIpc(const std::string& name) {
   std::lock_guard lk(ctx_.mu);
   std::vector<int> ordinals;
