@@ -171,7 +171,7 @@ if case == "parity":
   if d.config.testing.processes_per_host:
     # Each process a host (--config processes_per_host=1): the group is matched by announcements,
     # where a rank's input is bounded by a receive slot's section (64 KiB): a larger one is refused
-    # naming that, which shows the collectives above took that path.
+    # naming that when the program is lowered, which shows the collectives above took that path.
     big = np.ones((n, 32768), np.float32)
     xb = jax.make_array_from_callback(big.shape, NamedSharding(mesh, P("x")), lambda idx: big[idx])
     err = ""

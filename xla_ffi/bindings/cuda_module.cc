@@ -20,6 +20,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "ffi/cuda_handlers.h"
+#include "runtime/communicator.h"
 #include "runtime/runtime.h"
 #ifdef DFCCL_HAS_OVERLAP
 #include "ffi/overlap_handlers.h"
@@ -87,6 +88,8 @@ NB_MODULE(_dfccl_cuda, m) {
         "The daemon over another engine (_dfccl_nvshmem.daemon_engine()), before the first collective on a GPU");
   m.def("daemon_engine", [] { return Runtime::Get().DaemonEngineName(); }, nb::call_guard<nb::gil_scoped_release>(),
         "The daemon's engine under groups spanning hosts: 'stores' (CUDA IPC) or 'nvshmem'");
+  m.def("announce_max_bytes", &dfccl::gpu::Communicator::AnnounceMaxBytes,
+        "The largest input of a rank of a group spanning hosts (a receive slot's section)");
   m.def("comm_export", [](std::vector<int64_t> group, int rank, bool spans_hosts) {
     const std::string b = WithoutGil([&] { return Runtime::Get().ExportComm(group, rank, spans_hosts); });
     return nb::bytes(b.data(), b.size());

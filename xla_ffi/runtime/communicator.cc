@@ -345,6 +345,7 @@ AnnounceSetup Communicator::AnnounceSetupOf(int r) const {
 }
 
 double Communicator::AnnounceGraceS() { return kAnnounceGraceS; }
+int64_t Communicator::AnnounceMaxBytes() { return kAnnounceSlotBytes; }
 
 void Communicator::SetAnnounceTimeout() {
   for (int r = 0; r < static_cast<int>(ann_views.size()); ++r) {

@@ -73,6 +73,7 @@ class Communicator {
   // Protocol "announce": rank r's set-up (geometry, deadlines, the members' regions).
   AnnounceSetup AnnounceSetupOf(int r) const;
   static double AnnounceGraceS();  // how long past timeout_s a rank waits for the home's verdict
+  static int64_t AnnounceMaxBytes();  // the largest input of a rank of a group spanning hosts
   void SetAnnounceTimeout();       // the local ranks' views take config.timeout_s (it changed)
   // The copy-engine path's sequence number of (local device, key), counted on the host.
   uint64_t NextSeq(int ordinal, uint64_t key_hash) { return ce_seq_[{ordinal, key_hash}]++; }

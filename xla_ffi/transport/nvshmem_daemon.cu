@@ -65,8 +65,18 @@ cudaError_t OnStreamDevice(cudaStream_t stream) {
   return e == cudaSuccess ? cudaSetDevice(dev) : e;
 }
 
+// Each thread's stack: relocatable code calls the lane functions through pointers
+// as separate functions, whose frames the driver cannot add to the kernel's at
+// launch (ptxas -v: the kernel 688 bytes, a lane function at most 472), so the
+// default 1 KiB would overflow.  Raised once per device, at its first (warm) launch,
+// while none of the daemon's kernels runs.
+constexpr size_t kDaemonStackBytes = 2048;
+
 cudaError_t Launch(const gpu::DaemonParams& p, cudaStream_t stream) {
-  const cudaError_t e = OnStreamDevice(stream);
+  cudaError_t e = OnStreamDevice(stream);
+  size_t stack = 0;
+  if (e == cudaSuccess) e = cudaDeviceGetLimit(&stack, cudaLimitStackSize);
+  if (e == cudaSuccess && stack < kDaemonStackBytes) e = cudaDeviceSetLimit(cudaLimitStackSize, kDaemonStackBytes);
   return e == cudaSuccess ? gpu::LaunchDaemon(p, stream) : e;
 }
 
