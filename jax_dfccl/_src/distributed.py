@@ -37,6 +37,7 @@ and unlinking (their names carry the creator's pid) are removed by the next
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import pathlib
 import secrets
@@ -201,20 +202,21 @@ def _exportable(rt) -> str:
   return ""
 
 
-def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False, key: str = "", in_bytes: int = 0) -> None:
+def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False, key: str = "", aval=None) -> None:
   """At lowering: the groups (rows of indices into the device ids ``ids``) of a
   CUDA collective, for those that span processes (see :func:`prepare_gpu_group`).
   Lowering never waits for another process: the peers' memory is imported on a
   thread, and a collective's first call waits for it (at most ``timeout_s``).
-  A collective ``key`` whose rank's input (``in_bytes``) is larger than a group
+  A collective ``key`` whose rank's input (``aval``) is larger than a group
   spanning hosts takes is refused here (ValueError)."""
   if (not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return
   for row in rows:
     group = [int(ids[i]) for i in row]
-    if in_bytes and _spans_hosts(group):
+    if aval is not None and _spans_hosts(group):
       limit = int(backend.load()["cuda"].announce_max_bytes())
+      in_bytes = math.prod(aval.shape) * aval.dtype.itemsize
       if in_bytes > limit:
         raise ValueError(f"jax_dfccl: collective {key!r}: its group of GPUs {group} spans hosts, where a rank's "
                          f"input is at most {limit} bytes for now (this one: {in_bytes})")
