@@ -65,12 +65,14 @@ cudaError_t OnStreamDevice(cudaStream_t stream) {
   return e == cudaSuccess ? cudaSetDevice(dev) : e;
 }
 
-// Each thread's stack: relocatable code calls the lane functions through pointers
-// as separate functions, whose frames the driver cannot add to the kernel's at
-// launch (ptxas -v: the kernel 688 bytes, a lane function at most 472), so the
-// default 1 KiB would overflow.  Raised once per device, at its first (warm) launch,
-// while none of the daemon's kernels runs.
-constexpr size_t kDaemonStackBytes = 2048;
+// Each thread's stack: the daemon calls its lane functions through pointers, so
+// its stack size is the linker's estimate (nvlink -v: 1160 bytes, the kernel's
+// frame and the largest lane function's), which leaves out what NVSHMEM's device
+// functions under a put take (the check kernel, the same protocol without the
+// pointers: 2560 bytes, 432 over direct stores); the default 1 KiB per thread
+// overflowed (an illegal address on the testbed).  Raised once per device, at its
+// first (warm) launch, while none of the daemon's kernels runs.
+constexpr size_t kDaemonStackBytes = 4096;
 
 cudaError_t Launch(const gpu::DaemonParams& p, cudaStream_t stream) {
   cudaError_t e = OnStreamDevice(stream);
