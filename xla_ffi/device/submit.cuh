@@ -71,10 +71,10 @@ DFCCL_DEV void SubmitTake(const SubmitParams& p, TaskDesc& d) {
   d.out = p.out;
   if (d.match == kMatchIdentity) {  // (the site's slot is the key's bucket)
     d.epoch = IdentityTag(d.key_hash, seq);
-  } else {
+  } else {  // a table entry or (protocol "announce") a receive slot, once matched
     d.slot = -1;
     d.epoch = 0;
-    d.match = -1;
+    if (d.match != kMatchAnnounce) d.match = -1;
   }
   const bool aligned = (reinterpret_cast<uintptr_t>(p.in) % 16 == 0) && (reinterpret_cast<uintptr_t>(p.out) % 16 == 0);
   d.vec = d.vec && aligned;
@@ -207,7 +207,7 @@ DFCCL_DEV void SubmitTombstones(const SubmitParams& p, TaskDesc& d, int64_t n) {
     } else {
       t.slot = -1;
       t.epoch = 0;
-      t.match = -1;
+      if (t.match != kMatchAnnounce) t.match = -1;
     }
     t.run = 0;
     t.tomb = 1;
