@@ -172,7 +172,7 @@ def test_lowering_never_waits_for_another_process(monkeypatch):
 
 
 def test_processes_on_one_machine_set_up_no_nvshmem(bootstrap):
-  # config.cross_host_transport "auto": every process on this machine, so no NVSHMEM job is made and
+  # config.cross_host_transport "stores" (the default; "auto" alike): every process on this machine, so no NVSHMEM job is made and
   # the daemon keeps its direct stores; the machines are kept for the groups' set-up.
   rt, store, state = bootstrap()
   assert store.kv[f"{NS}/tok/machine/1"] == distributed._machine_id()
@@ -184,8 +184,13 @@ def test_processes_on_two_machines_need_nvshmem(bootstrap, monkeypatch):
   # had, initialize() says why, naming what asked for it.
   from jax_dfccl._src import nvshmem
   monkeypatch.setattr(nvshmem, "available", lambda: (False, "jax_dfccl: built without NVSHMEM"))
-  with pytest.raises(RuntimeError, match="more than one machine.*built without NVSHMEM"):
-    bootstrap(machines={0: "elsewhere/boot"})
+  saved = distributed.config.cross_host_transport
+  distributed.config._set_flat("cross_host_transport", "auto")
+  try:
+    with pytest.raises(RuntimeError, match="more than one machine.*built without NVSHMEM"):
+      bootstrap(machines={0: "elsewhere/boot"})
+  finally:
+    distributed.config._set_flat("cross_host_transport", saved)
 
 
 def test_a_group_spanning_machines_without_nvshmem_is_refused(bootstrap, monkeypatch):
