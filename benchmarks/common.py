@@ -163,8 +163,14 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def parse_config(text: str) -> dict:
-  """``--config`` of the benchmarks: comma-separated jax_dfccl.config entries, "name=value,..."."""
-  return {k: float(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+  """``--config`` of the benchmarks: comma-separated jax_dfccl.config entries, "name=value,..."
+  (numbers, or a name such as ``cross_host_transport=nvshmem``)."""
+  def value(v: str):
+    try:
+      return float(v)
+    except ValueError:
+      return v
+  return {k: value(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
 
 
 def testbed_header(benchmark: str, device: str | None) -> dict:

@@ -277,6 +277,14 @@ class TestHooks(_Section):
   fault_start_delay_us: float = 0.0
   fault_compute_delay_us: float = 0.0
 
+  #: Hosts simulated on one machine: every ``processes_per_host`` consecutive
+  #: process indices count as one host (0: every process is on its own machine's
+  #: host).  A GPU group whose ranks are on more than one host is matched by
+  #: announcements (docs/design/announce.md), the way groups spanning machines
+  #: are.  Every process must set the same value; read when a group is set up
+  #: (when the first program using it is lowered).
+  processes_per_host: int = 0
+
 
 @dataclasses.dataclass(repr=False)
 class Config(_Section):
@@ -300,6 +308,22 @@ class Config(_Section):
   #: CPU across processes: collective instances that may be in flight at once
   #: across the job (entries of the shared instance table).  Read by initialize().
   shm_max_instances: int = 2048
+  #: GPUs across hosts (:func:`jax_dfccl.initialize`): how a group whose ranks
+  #: are on more than one host reaches its peers.  ``"stores"`` (the default
+  #: while the NVSHMEM path is experimental: docs/limitations.md): by direct
+  #: stores (CUDA IPC), so only between hosts simulated on one machine
+  #: (``config.testing.processes_per_host``); a group spanning machines is
+  #: refused, naming this entry.  ``"auto"``: over NVSHMEM when the job's
+  #: processes are on more than one machine (initialize() sets NVSHMEM up then),
+  #: else by direct stores; ``"nvshmem"``: over NVSHMEM in every job of several
+  #: processes, also between simulated hosts.  Every process must set the same
+  #: value.  Read by initialize().
+  cross_host_transport: str = "stores"
+  #: GPUs across hosts over NVSHMEM: bytes of NVSHMEM's symmetric heap that each
+  #: process sets aside for its groups spanning hosts (each group's region per
+  #: rank is about 16 x 64 KiB per member plus its rings: 4.3 MiB for a group of
+  #: four).  NVSHMEM_SYMMETRIC_SIZE must hold it.  Read by initialize().
+  cross_host_region_bytes: int = 64 << 20
   #: Scheduling and GPU transport tuning.
   tuning: Tuning = dataclasses.field(default_factory=Tuning)
   #: The fused GEMM + communication kernels.
@@ -331,6 +355,9 @@ class Config(_Section):
     """`value` as the type of the entry with flat name `name` (``int``, ``float``, ``bool``);
     ``None`` kept where the entry allows it (``bool | None``)."""
     hint = TYPES[name]
+    if name in CHOICES and value not in CHOICES[name]:
+      raise ValueError(f"jax_dfccl.config: {name} must be one of {', '.join(map(repr, CHOICES[name]))}, "
+                       f"not {value!r}")
     if isinstance(hint, types.UnionType):
       if value is None and type(None) in hint.__args__:
         return None
@@ -369,7 +396,11 @@ DEFAULTS.update(Config().as_dict())
 CPU_ONLY_ENTRIES = frozenset({"trace_capacity", "fault_device", "fault_start_delay_us", "fault_compute_delay_us"})
 
 #: The entries read by jax_dfccl.initialize() (the runtime across processes), not by the runtimes.
-INIT_ENTRIES = frozenset({"shm_arena_bytes", "shm_max_instances"})
+INIT_ENTRIES = frozenset({"shm_arena_bytes", "shm_max_instances", "cross_host_transport", "cross_host_region_bytes"})
 
-#: The entries read when a program is traced (by the Python layer), not by the runtimes.
-TRACE_TIME_ENTRIES = frozenset({f for f, (path, _) in FLAT.items() if path == "overlap"} | {"runtime_for_groups_of_one"})
+#: Entries whose values are one of a few names.
+CHOICES: dict[str, tuple[str, ...]] = {"cross_host_transport": ("auto", "nvshmem", "stores")}
+
+#: The entries read when a program is traced or lowered (by the Python layer), not by the runtimes.
+TRACE_TIME_ENTRIES = frozenset({f for f, (path, _) in FLAT.items() if path == "overlap"}
+                               | {"runtime_for_groups_of_one", "processes_per_host"})

@@ -45,16 +45,20 @@ class Runtime:
   def start_ipc(self, name):
     self.started.append(name)
 
+  def daemon_engine(self):
+    return "stores"
+
 
 @pytest.fixture
 def bootstrap(monkeypatch):
   """Runs _initialize_gpu as process `me` of `nprocs`, the others' verdicts given."""
-  def run(why="", others=("ok",), me=1, direct=True):
+  def run(why="", others=("ok",), me=1, direct=True, machines=None):
     nprocs = len(others) + 1
     rt = Runtime(why)
     entries = {f"{NS}/gpu_token": "tok"}
     for p, v in zip([p for p in range(nprocs) if p != me], others):
       entries[f"{NS}/tok/export/{p}"] = v
+      entries[f"{NS}/tok/machine/{p}"] = machines[p] if machines else distributed._machine_id()
     store = Store(entries)
     monkeypatch.setattr(distributed.backend, "load", lambda: {"cuda": rt})
     monkeypatch.setattr(distributed, "_client", lambda: store)
@@ -108,7 +112,7 @@ def test_direct_off_skips_the_probe(bootstrap, recwarn):
 
 def test_a_peer_that_never_gives_its_verdict_is_named(monkeypatch):
   # Process 0 never wrote its verdict: the wait for it fails naming its key (the store's timeout).
-  rt, store = Runtime(), Store({f"{NS}/gpu_token": "tok"})
+  rt, store = Runtime(), Store({f"{NS}/gpu_token": "tok", f"{NS}/tok/machine/0": distributed._machine_id()})
   monkeypatch.setattr(distributed.backend, "load", lambda: {"cuda": rt})
   monkeypatch.setattr(distributed, "_client", lambda: store)
   monkeypatch.setattr(distributed, "_state", {})
@@ -146,7 +150,7 @@ def test_lowering_never_waits_for_another_process(monkeypatch):
     def __init__(self):
       self.imported = threading.Event()
 
-    def comm_export(self, row, r):
+    def comm_export(self, row, r, spans_hosts=False):
       return f"blob{r}".encode()
 
     def comm_import(self, row, blobs):
@@ -165,3 +169,42 @@ def test_lowering_never_waits_for_another_process(monkeypatch):
   assert store.kv == {f"{NS}/t/gpu/{row[0]},{row[1]}/0": b"blob0"}
   store.key_value_set_bytes(f"{NS}/t/gpu/{row[0]},{row[1]}/1", b"blob1")  # the peer lowers later
   assert rt.imported.wait(5.0) and rt.blobs == [b"blob0", b"blob1"]
+
+
+def test_processes_on_one_machine_set_up_no_nvshmem(bootstrap):
+  # config.cross_host_transport "stores" (the default; "auto" alike): every process on this machine, so no NVSHMEM job is made and
+  # the daemon keeps its direct stores; the machines are kept for the groups' set-up.
+  rt, store, state = bootstrap()
+  assert store.kv[f"{NS}/tok/machine/1"] == distributed._machine_id()
+  assert state["machines"] == [distributed._machine_id()] * 2 and state["engine"] == "stores"
+
+
+def test_processes_on_two_machines_need_nvshmem(bootstrap, monkeypatch):
+  # "auto" with process 0 on another machine: NVSHMEM is set up at initialize(); where it cannot be
+  # had, initialize() says why, naming what asked for it.
+  from jax_dfccl._src import nvshmem
+  monkeypatch.setattr(nvshmem, "available", lambda: (False, "jax_dfccl: built without NVSHMEM"))
+  saved = distributed.config.cross_host_transport
+  distributed.config._set_flat("cross_host_transport", "auto")
+  try:
+    with pytest.raises(RuntimeError, match="more than one machine.*built without NVSHMEM"):
+      bootstrap(machines={0: "elsewhere/boot"})
+  finally:
+    distributed.config._set_flat("cross_host_transport", saved)
+
+
+def test_a_group_spanning_machines_without_nvshmem_is_refused(bootstrap, monkeypatch):
+  # "stores": no NVSHMEM, so a group whose ranks are on two machines is refused when a program using
+  # it is lowered, naming the setting; a group within one machine is not affected.
+  saved = distributed.config.cross_host_transport
+  distributed.config._set_flat("cross_host_transport", "stores")
+  try:
+    rt, store, state = bootstrap(machines={0: "elsewhere/boot"})
+  finally:
+    distributed.config._set_flat("cross_host_transport", saved)
+  monkeypatch.setattr(distributed, "_state", state)
+  fake = [type("D", (), {"id": i, "process_index": i % 2})() for i in range(4)]
+  monkeypatch.setattr(jax, "devices", lambda: fake)
+  with pytest.raises(RuntimeError, match=r"spans machines.*CUDA IPC only.*cross_host_transport"):
+    distributed._spans_hosts([0, 1])
+  assert not distributed._spans_hosts([1, 3])  # both on process 1's machine

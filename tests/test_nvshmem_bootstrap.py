@@ -40,7 +40,7 @@ class Module:
   def initialized(self):
     return False
 
-  def init(self, uid, rank, n):
+  def init(self, uid, rank, n, device=-1):
     self.joined.append((uid, rank, n))
     return "FULL_MPG"
 

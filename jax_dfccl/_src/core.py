@@ -513,7 +513,7 @@ def _start_lowering(ctx, x, *init, op, axes, groups, key, key_hash, reduce, perm
   groups = group_table(mesh, axes, groups)
   route = _route(ctx, op, groups.shape[1], ctx.avals_in[0], ctx.avals_out[0], target == "dfccl_start")
   from jax_dfccl._src import distributed
-  distributed.prepare_gpu_rows(ctx, mesh, device_ids(mesh), groups)
+  distributed.prepare_gpu_rows(ctx, mesh, device_ids(mesh), groups, key=key, aval=ctx.avals_in[0])
   if route == "trivial":  # nothing to match or move: no runtime
     out = _trivial(ctx, x, op, perm)
     if target == "dfccl_collective":

@@ -11,6 +11,14 @@ their owners export as file descriptors when a collective first uses them
 (``xla_ffi/runtime/ipc.h``); where XLA's memory cannot be exported (another
 allocator), every group of the job stays on the staged paths.
 
+GPUs across hosts: a group whose ranks are on more than one machine (or on more
+than one of the hosts ``config.testing.processes_per_host`` simulates) is matched
+by announcements (``docs/design/announce.md``); where it spans machines, or
+``config.cross_host_transport`` says so, :func:`initialize` sets NVSHMEM up in every
+process (``jax_dfccl._src.nvshmem``: the NVSHMEM job, a symmetric allocation for the
+groups' regions) and the daemon compiled over NVSHMEM replaces the one that reaches
+peers by direct stores.
+
 CPU, the processes of one host:
 
 After ``jax.distributed.initialize(...)``, :func:`initialize` makes the CPU
@@ -29,8 +37,11 @@ and unlinking (their names carry the creator's pid) are removed by the next
 from __future__ import annotations
 
 import atexit
+import math
 import os
+import pathlib
 import secrets
+import socket
 import threading
 
 import jax
@@ -124,10 +135,18 @@ def _initialize_gpu(timeout_s: float) -> None:
     client.key_value_set(f"{_NS}/gpu_token", secrets.token_hex(6))
   token = client.blocking_key_value_get(f"{_NS}/gpu_token", ms)
   rt.set_device_ids([(int(d.id), int(d.local_hardware_id)) for d in jax.local_devices()])
+  # The machine of every process (groups spanning machines are matched by
+  # announcements), and the daemon over NVSHMEM where groups spanning hosts need it.
+  me = jax.process_index()
+  client.key_value_set(f"{_NS}/{token}/machine/{me}", _machine_id())
+  machines = [client.blocking_key_value_get(f"{_NS}/{token}/machine/{p}", ms) for p in range(jax.process_count())]
+  transport = config.cross_host_transport
+  spans_machines = len(set(machines)) > 1
+  if transport == "nvshmem" or (transport == "auto" and spans_machines):
+    _initialize_nvshmem(rt, timeout_s, spans_machines)
   # The direct path across processes, if every process's XLA memory can be exported
   # (the same in all processes: pool geometry depends on it).
   why = _exportable(rt) if config.tuning.direct else "jax_dfccl.config.tuning.direct is False"
-  me = jax.process_index()
   client.key_value_set(f"{_NS}/{token}/export/{me}", why or "ok")
   verdicts = [client.blocking_key_value_get(f"{_NS}/{token}/export/{p}", ms) for p in range(jax.process_count())]
   direct = all(v == "ok" for v in verdicts)
@@ -139,7 +158,37 @@ def _initialize_gpu(timeout_s: float) -> None:
     warnings.warn(f"jax_dfccl.initialize: groups spanning processes take the staged path ({staged_because})",
                   RuntimeWarning, stacklevel=3)
   _state.update(token=token, process=me, processes=jax.process_count(), gpu=True,
-                timeout_ms=ms, groups=set(), direct=direct, staged_because=staged_because)
+                timeout_ms=ms, groups=set(), direct=direct, staged_because=staged_because,
+                machines=machines, engine=rt.daemon_engine())
+
+
+def _machine_id() -> str:
+  """This machine, as far as its processes can tell: the boot and the host name."""
+  try:
+    boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+  except OSError:
+    boot = ""
+  return f"{socket.gethostname()}/{boot}"
+
+
+def _initialize_nvshmem(rt, timeout_s: float, spans_machines: bool) -> None:
+  """NVSHMEM under the daemon (every process at once, before any collective on a GPU):
+  the NVSHMEM job, the symmetric allocation of the groups spanning hosts, the daemon
+  over NVSHMEM in place of the direct-stores one."""
+  from jax_dfccl._src import nvshmem
+  ok, why = nvshmem.available()
+  if not ok:
+    need = ("the job's processes are on more than one machine" if spans_machines else
+            "jax_dfccl.config.cross_host_transport is 'nvshmem'")
+    raise RuntimeError(f"jax_dfccl.initialize: {need}, and groups spanning hosts need NVSHMEM here: {why}")
+  gpus = jax.local_devices()
+  if len(gpus) != 1:
+    raise RuntimeError(f"jax_dfccl.initialize: groups spanning hosts over NVSHMEM take one GPU per process "
+                       f"(NVSHMEM's one PE per process); this process has {len(gpus)}")
+  nvshmem.initialize(timeout_s, int(gpus[0].local_hardware_id))
+  mod = nvshmem.load()
+  mod.heap(int(config.cross_host_region_bytes))  # collective
+  rt.set_daemon_engine(mod.daemon_engine())
 
 
 def _exportable(rt) -> str:
@@ -153,16 +202,25 @@ def _exportable(rt) -> str:
   return ""
 
 
-def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False) -> None:
+def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False, key: str = "", aval=None) -> None:
   """At lowering: the groups (rows of indices into the device ids ``ids``) of a
   CUDA collective, for those that span processes (see :func:`prepare_gpu_group`).
   Lowering never waits for another process: the peers' memory is imported on a
-  thread, and a collective's first call waits for it (at most ``timeout_s``)."""
+  thread, and a collective's first call waits for it (at most ``timeout_s``).
+  A collective ``key`` whose rank's input (``aval``) is larger than a group
+  spanning hosts takes is refused here (ValueError)."""
   if (not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return
   for row in rows:
-    prepare_gpu_group([int(ids[i]) for i in row], wait)
+    group = [int(ids[i]) for i in row]
+    if aval is not None and _spans_hosts(group):
+      limit = int(backend.load()["cuda"].announce_max_bytes())
+      in_bytes = math.prod(aval.shape) * aval.dtype.itemsize
+      if in_bytes > limit:
+        raise ValueError(f"jax_dfccl: collective {key!r}: its group of GPUs {group} spans hosts, where a rank's "
+                         f"input is at most {limit} bytes for now (this one: {in_bytes})")
+    prepare_gpu_group(group, wait)
 
 
 def prepare_gpu_group(row, wait: bool = False) -> None:
@@ -186,15 +244,34 @@ def prepare_gpu_group(row, wait: bool = False) -> None:
     rt = backend.runtimes()["cuda"]
     client = _client()
     base = f"{_NS}/{_state['token']}/gpu/{key}"
+    spans_hosts = _spans_hosts(row)
     for r, g in enumerate(row):
       if g in local:
-        client.key_value_set_bytes(f"{base}/{r}", rt.comm_export(row, r))
+        client.key_value_set_bytes(f"{base}/{r}", rt.comm_export(row, r, spans_hosts))
     _state["groups"].add(key)
     if not wait:
       threading.Thread(target=_import, args=(rt, client, base, row, True), daemon=True,
                        name=f"jax_dfccl-import-{key}").start()
       return
   _import(rt, client, base, row)
+
+
+def _spans_hosts(row) -> bool:
+  """Whether the devices of ``row`` (global ids) are on more than one host: on more
+  than one machine, or on more than one of the hosts ``config.testing.processes_per_host``
+  simulates.  A group spanning machines needs NVSHMEM under the daemon (CUDA IPC does not
+  reach another machine): refused, naming the setting, without it."""
+  process = {int(d.id): int(d.process_index) for d in jax.devices()}
+  machines = _state.get("machines") or []
+  if len(machines) > 1 and len({machines[process[g]] for g in row}) > 1:
+    if _state.get("engine") != "nvshmem":
+      raise RuntimeError(
+          f"jax_dfccl: the group of GPUs {row} spans machines, and the daemon here reaches its peers by CUDA "
+          f"IPC only (jax_dfccl.config.cross_host_transport is {config.cross_host_transport!r}: 'auto' or "
+          "'nvshmem' sets NVSHMEM up at jax_dfccl.initialize())")
+    return True
+  per_host = int(config.testing.processes_per_host)
+  return per_host > 0 and len({process[g] // per_host for g in row}) > 1
 
 
 def _import(rt, client, base, row, threaded: bool = False) -> None:

@@ -3,7 +3,8 @@
 What is built: the module ``_dfccl_nvshmem`` (where the build found NVSHMEM:
 ``CMakeLists.txt``), NVSHMEM's set-up through the job's key-value store, and the
 transport check — protocol C (``xla_ffi/transport/announce.cuh``) over NVSHMEM and
-over direct stores on every process at once.  The daemon does not use it yet.
+over direct stores on every process at once; and the daemon compiled over NVSHMEM, which
+``jax_dfccl.initialize`` puts under groups spanning hosts (``jax_dfccl._src.distributed``).
 
 Set-up (:func:`initialize`) is NVSHMEM's unique-id bootstrap, as XLA's own NVSHMEM
 path does it: process 0 makes the id, the ``jax.distributed`` key-value store
@@ -76,12 +77,13 @@ def available() -> tuple[bool, str]:
     return False, str(e)
 
 
-def initialize(timeout_s: float = 120.0) -> str:
+def initialize(timeout_s: float = 120.0, device: int = -1) -> str:
   """Joins every process of the ``jax.distributed`` job to one NVSHMEM job (collective).
 
   Process 0 makes NVSHMEM's unique id and puts it into the job's key-value store;
   every process reads it and joins as the PE of its process index.  Call it in
   every process, after ``jax.distributed.initialize``, outside any execution.
+  ``device``: the CUDA ordinal of the PE's GPU (-1: the module's current one).
 
   Returns:
     NVSHMEM's init status (``"FULL_MPG"``, ``"IS_INITIALIZED"``, ...).
@@ -99,18 +101,18 @@ def initialize(timeout_s: float = 120.0) -> str:
       return _state["status"]
     _state["inits"] += 1  # every process counts its set-ups alike: a key per set-up
     key = f"{_NS}/uid/{_state['inits']}"
-  status = _join(mod, client, jax.process_index(), jax.process_count(), key, int(timeout_s * 1000))
+  status = _join(mod, client, jax.process_index(), jax.process_count(), key, int(timeout_s * 1000), device)
   _state["status"] = status
   return status
 
 
-def _join(mod, client, rank: int, n: int, key: str, timeout_ms: int) -> str:
+def _join(mod, client, rank: int, n: int, key: str, timeout_ms: int, device: int = -1) -> str:
   """The bootstrap of one process: process 0 publishes the unique id under `key`, every
   process (0 included) reads it back and joins as PE `rank` of `n`."""
   if rank == 0:
     client.key_value_set_bytes(key, mod.unique_id())
   uid = client.blocking_key_value_get_bytes(key, timeout_ms)
-  return mod.init(uid, rank, n)
+  return mod.init(uid, rank, n, device)
 
 
 def finalize() -> None:

@@ -35,6 +35,13 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_shard_au
 if "--profile" in sys.argv:  # the profiled programs run as timed: from their command buffers
   os.environ["XLA_FLAGS"] += " --xla_enable_command_buffers_during_profiling=true"
 
+# Groups spanning hosts over NVSHMEM (--config cross_host_transport=nvshmem): several PEs on
+# this one GPU, under MPS, bootstrapped over loopback.
+for k, v in {"NVSHMEM_REMOTE_TRANSPORT": "none", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "lo",
+             "NVSHMEM_DISABLE_NVLS": "1", "NVSHMEM_DISABLE_NCCL": "1", "NVSHMEM_SYMMETRIC_SIZE": "256M",
+             "NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1"}.items():
+  os.environ.setdefault(k, v)
+
 import jax  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -50,12 +57,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_dfccl as d  # noqa: E402
 
+if "--config" in sys.argv:  # jax_dfccl.config entries, e.g. spin_budget_us=5,max_blocks=4 (before initialize():
+  from benchmarks.common import parse_config  # noqa: E402  # cross_host_transport is read there)
+  d.configure(**parse_config(sys.argv[sys.argv.index("--config") + 1]))
 d.initialize()
 if "--inline-us" in sys.argv:
   d.configure(submit_inline_us=float(sys.argv[sys.argv.index("--inline-us") + 1]))
-if "--config" in sys.argv:  # jax_dfccl.config entries, e.g. spin_budget_us=5,max_blocks=4
-  from benchmarks.common import parse_config  # noqa: E402
-  d.configure(**parse_config(sys.argv[sys.argv.index("--config") + 1]))
 case = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else "parity"
 if "--watch" in sys.argv:  # every S seconds, the runtime's counters and errors (a stuck rank shows what it saw)
   import threading
@@ -161,6 +168,22 @@ if case == "parity":
   t0 = time.perf_counter()
   f(x).block_until_ready()
   out["us_per_op_fori_chain"] = (time.perf_counter() - t0) / 100 * 1e6
+  if d.config.testing.processes_per_host:
+    # Each process a host (--config processes_per_host=1): the group is matched by announcements,
+    # where a rank's input is bounded by a receive slot's section (64 KiB): a larger one is refused
+    # naming that when the program is lowered, which shows the collectives above took that path.
+    big = np.ones((n, 32768), np.float32)
+    xb = jax.make_array_from_callback(big.shape, NamedSharding(mesh, P("x")), lambda idx: big[idx])
+    err = ""
+    try:
+      smap(lambda v: d.psum(v, "x", key="too_big"))(xb).block_until_ready()
+    except Exception as e:  # noqa: BLE001
+      err = str(e)
+    out["spans_hosts_refusal"] = err[:300]
+    out["ok"] &= "spans hosts" in err
+    from jax_dfccl._src import backend  # noqa: E402
+    out["engine"] = backend.runtimes()["cuda"].daemon_engine()  # "stores", or "nvshmem" (cross_host_transport)
+    out["ok"] &= out["engine"] == ("nvshmem" if d.config.cross_host_transport == "nvshmem" else "stores")
 elif case == "direct":
   # Larger messages across processes: the direct path (each process maps the allocations that hold
   # the other's XLA buffers, runtime/ipc.h), every op at 64 KiB .. 16 MiB per rank against numpy, in a

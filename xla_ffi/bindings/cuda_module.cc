@@ -20,6 +20,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "ffi/cuda_handlers.h"
+#include "runtime/communicator.h"
 #include "runtime/runtime.h"
 #ifdef DFCCL_HAS_OVERLAP
 #include "ffi/overlap_handlers.h"
@@ -82,10 +83,19 @@ NB_MODULE(_dfccl_cuda, m) {
   m.def("set_device_ids", [](std::vector<std::pair<int64_t, int>> ids) { Runtime::Get().SetDeviceIds(ids); },
         nb::arg("ids"), nb::call_guard<nb::gil_scoped_release>(),
         "(global device id, local CUDA ordinal) of this process's GPUs (jax_dfccl.initialize)");
-  m.def("comm_export", [](std::vector<int64_t> group, int rank) {
-    const std::string b = WithoutGil([&] { return Runtime::Get().ExportComm(group, rank); });
+  m.def("set_daemon_engine", [](uintptr_t engine) { Runtime::Get().SetDaemonEngine(engine); }, nb::arg("engine"),
+        nb::call_guard<nb::gil_scoped_release>(),
+        "The daemon over another engine (_dfccl_nvshmem.daemon_engine()), before the first collective on a GPU");
+  m.def("daemon_engine", [] { return Runtime::Get().DaemonEngineName(); }, nb::call_guard<nb::gil_scoped_release>(),
+        "The daemon's engine under groups spanning hosts: 'stores' (CUDA IPC) or 'nvshmem'");
+  m.def("announce_max_bytes", &dfccl::gpu::Communicator::AnnounceMaxBytes,
+        "The largest input of a rank of a group spanning hosts (a receive slot's section)");
+  m.def("comm_export", [](std::vector<int64_t> group, int rank, bool spans_hosts) {
+    const std::string b = WithoutGil([&] { return Runtime::Get().ExportComm(group, rank, spans_hosts); });
     return nb::bytes(b.data(), b.size());
-  }, nb::arg("group"), nb::arg("rank"), "Allocates a local rank's memory of a group spanning processes; its CUDA IPC handles");
+  }, nb::arg("group"), nb::arg("rank"), nb::arg("spans_hosts") = false,
+  "Allocates a local rank's memory of a group spanning processes; its CUDA IPC handles.  spans_hosts: "
+  "its ranks are on several hosts (matched by announcements, docs/design/announce.md)");
   m.def("start_ipc", [](std::string name) { WithoutGil([&] { Runtime::Get().StartIpc(name); }); }, nb::arg("name"),
         "Listens at the abstract Unix socket `name` for the other processes' allocations: the direct path "
         "across processes (runtime/ipc.h)");

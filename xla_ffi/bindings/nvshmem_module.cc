@@ -14,7 +14,7 @@ namespace nb = nanobind;
 namespace nv = dfccl::nvshm;
 
 NB_MODULE(_dfccl_nvshmem, m) {
-  m.doc() = "jax_dfccl: NVSHMEM under the cross-host transport (set-up and the transport check)";
+  m.doc() = "jax_dfccl: NVSHMEM under the cross-host transport (set-up, the daemon over NVSHMEM, the transport check)";
   dfccl::RegisterErrorTranslator();
   m.def("built_version", &nv::BuiltVersion, "NVSHMEM version of the headers this module was built with");
   m.def("loaded_version", &nv::LoadedVersion, "NVSHMEM version of the host library loaded");
@@ -25,18 +25,33 @@ NB_MODULE(_dfccl_nvshmem, m) {
         "PE 0's part of the bootstrap: NVSHMEM's unique id (128 bytes)");
   m.def(
       "init",
-      [](nb::bytes uid, int rank, int nranks) {
+      [](nb::bytes uid, int rank, int nranks, int device) {
         const std::string id(uid.c_str(), uid.size());
         nb::gil_scoped_release nogil;
-        return nv::Init(id, rank, nranks);
+        return nv::Init(id, rank, nranks, device);
       },
-      nb::arg("uid"), nb::arg("rank"), nb::arg("nranks"),
-      "Joins the NVSHMEM job as `rank` of `nranks` (collective); returns the init status");
+      nb::arg("uid"), nb::arg("rank"), nb::arg("nranks"), nb::arg("device") = -1,
+      "Joins the NVSHMEM job as `rank` of `nranks` (collective) on CUDA ordinal `device` (-1: the current "
+      "one); returns the init status");
   m.def("finalize", [] {
     nb::gil_scoped_release nogil;
     nv::Finalize();
   });
   m.def("initialized", &nv::Initialized);
+  m.def(
+      "heap",
+      [](uint64_t bytes) {
+        nb::gil_scoped_release nogil;
+        nv::Heap(bytes);
+      },
+      nb::arg("bytes"),
+      "The symmetric allocation the daemon's groups spanning hosts take their regions from (collective)");
+  m.def("release_heap", [] {
+    nb::gil_scoped_release nogil;
+    nv::ReleaseHeap();
+  });
+  m.def("daemon_engine", &nv::DaemonEngineAddress,
+        "The address of this module's daemon engine, for _dfccl_cuda.set_daemon_engine");
   m.def(
       "check",
       [](int blocks, int per_block, int msg_bytes, int slots, int mismatch_every, int pingpong, uint64_t seed,

@@ -20,6 +20,7 @@
 #include "device/collectives/ppermute.cuh"
 #include "device/collectives/ragged_all_to_all.cuh"
 #include "device/collectives/reduce_scatter.cuh"
+#include "device/announce_path.cuh"
 #include "device/daemon.h"
 #include "device/match.cuh"
 #include "device/submit.cuh"
@@ -66,7 +67,7 @@ using LaneFn = int (*)(const TaskDesc&, LaneState&, int, const DaemonParams&);
 
 __device__ LaneFn SelectLane(const TaskDesc& d) {
   return ForLaneTypes<LaneFn>(d.kind, d.dtype, d.reduce, [&]<class Op, class T, class R>() -> LaneFn {
-    return &RunLane<Op, T, R>;
+    return d.match == kMatchAnnounce ? &AnnounceLane<Op, T, R> : &RunLane<Op, T, R>;
   });
 }
 
@@ -112,7 +113,9 @@ __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t 
   // then the worker's copy may predate it).
   // The slot as this copy of the task has it (with its epoch: a worker runs a
   // task only then); -1: the entry's (an aborted task may have none yet).
-  if (d.match != kMatchIdentity)  // (an identity task has no entry)
+  if (d.match == kMatchAnnounce) {
+    // (no entry: the control warp finishes its handle once the task is done)
+  } else if (d.match != kMatchIdentity)  // (an identity task has no entry)
     Leave(d.comm->table, d.match >= 0 ? d.match : LdVol(&P.dev->desc[e].match), d.nranks,
           d.epoch != 0 ? d.slot : -1, d.pool);
   else if (aborted && d.nranks > 1 && (status & 0xff) != kStatusMismatch && !d.tomb)  // (a tombstone's headers say so)
@@ -241,16 +244,27 @@ __device__ void WorkerLoop(const DaemonParams& P) {
 // changed since the last pass.
 __device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, bool aborts, uint64_t now) {
   DeviceShared* dev = P.dev;
+  AnnouncePass pass;
   for (uint64_t t = lo; t < sub; ++t) {
     const uint32_t e = t % kTaskRing, g = Gen(t);
-    if (LdVol(&dev->done[e]) == g) continue;
     TaskRun* run = &dev->run[e];
-    if (LdVol(&run->aborted)) continue;
+    if (LdVol(&dev->done[e]) == g) {
+      if (LdVol(&run->ann)) AnnounceFinish(run, &dev->desc[e]);  // (protocol "announce")
+      continue;
+    }
+    if (LdVol(&run->aborted)) {
+      if (LdVol(&run->ann)) pass.Progress(LdVol(&dev->desc[e].comm)->ann);  // its members still get its records, releases
+      continue;
+    }
     TaskDesc* dd = &dev->desc[e];
     TaskDesc d;
     for (int i = 0; i < kDescWords; ++i) reinterpret_cast<uint4*>(&d)[i] = LdVolVec(reinterpret_cast<const uint4*>(dd) + i);
     const int phase = LdVol(&run->phase);
     const bool host_abort = aborts && LdVol(&P.host->abort[e]) == g;
+    if (d.match == kMatchAnnounce) {
+      AnnounceStep(run, dd, d, host_abort, pass);
+      continue;
+    }
     uint32_t why = 0;
     int r = phase == 2 ? kMatchSlotted : kMatchArrived;
     if (phase == 0) {
@@ -322,7 +336,8 @@ __device__ void ControlLoop(const DaemonParams& P) {
     if (lane == 0) MatchPending(P, lo, sub, aborts, now);
     __syncwarp();
     if (lane == 0) {
-      while (lo < sub && LdVol(&dev->done[lo % kTaskRing]) == Gen(lo)) ++lo;
+      // (a done task that still holds an Announcer handle is finished by the next pass first)
+      while (lo < sub && LdVol(&dev->done[lo % kTaskRing]) == Gen(lo) && LdVol(&dev->run[lo % kTaskRing].ann) == 0) ++lo;
       StVol(&dev->lo, lo);
     }
     lo = __shfl_sync(0xffffffffu, lo, 0);
@@ -362,6 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) DaemonKernel(DaemonParams P) {
   if (threadIdx.x == 0) atomicAdd(&P.dev->blocks_left, 1ull);  // (thread 0 leaves last: it decides when its block stops)
 }
 
+#if !defined(DFCCL_DAEMON_NVSHMEM)  // (the NVSHMEM module builds the daemon alone)
 // The blocking form's submit kernel for pool-0 tasks (device/task.h, "inline"):
 // once its task is matched (by identity at once; else its arrival got a slot),
 // this block steps the task's lanes itself for up to p.inline_ns — the peers'
@@ -502,8 +518,11 @@ __global__ void __launch_bounds__(kThreads, 1) InlineSubmitKernel(SubmitParams p
   if (p.wait && !completed) WaitDone(p.dev, sd.ticket, p.trap, p.trace, p.timeout_ns);
 }
 
+#endif  // !DFCCL_DAEMON_NVSHMEM
+
 }  // namespace
 
+#if !defined(DFCCL_DAEMON_NVSHMEM)
 InlineSubmitFn InlineSubmitKernelFor(int32_t kind, int32_t dtype, int32_t reduce) {
   return ForLaneTypes<InlineSubmitFn>(kind, dtype, reduce, [&]<class Op, class T, class R>() -> InlineSubmitFn {
     return &InlineSubmitKernel<Op, T, R>;
@@ -537,9 +556,13 @@ cudaError_t PreloadInlineSubmit() {
   return cudaSuccess;
 }
 
+#endif  // !DFCCL_DAEMON_NVSHMEM
+
+DFCCL_DAEMON_BUILD_BEGIN
 cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream) {
   DaemonKernel<<<params.workers + 1, kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
+DFCCL_DAEMON_BUILD_END
 
 }  // namespace dfccl::gpu

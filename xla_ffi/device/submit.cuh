@@ -71,10 +71,10 @@ DFCCL_DEV void SubmitTake(const SubmitParams& p, TaskDesc& d) {
   d.out = p.out;
   if (d.match == kMatchIdentity) {  // (the site's slot is the key's bucket)
     d.epoch = IdentityTag(d.key_hash, seq);
-  } else {
+  } else {  // a table entry or (protocol "announce") a receive slot, once matched
     d.slot = -1;
     d.epoch = 0;
-    d.match = -1;
+    if (d.match != kMatchAnnounce) d.match = -1;
   }
   const bool aligned = (reinterpret_cast<uintptr_t>(p.in) % 16 == 0) && (reinterpret_cast<uintptr_t>(p.out) % 16 == 0);
   d.vec = d.vec && aligned;
@@ -107,13 +107,18 @@ DFCCL_DEV void SubmitStageOwner(const SubmitParams& p, const TaskDesc& d, uint64
   StVol(&st->calls, call + 1);
 }
 
-// One thread: a ticket for task d, once its ring entry's previous ticket is complete.
+// One thread: a ticket for task d, once its ring entry's previous ticket is complete
+// and the control warp has finished its announcement handle (protocol "announce":
+// TaskRun::ann is set before the task can complete and cleared after; the entry
+// is not reused while it is held, or its receive slot would never be released).
 DFCCL_DEV void SubmitTicket(const SubmitParams& p, TaskDesc& d) {
   DeviceShared* dev = p.dev;
   const uint64_t t = atomicAdd(&dev->next_ticket, 1ull);
   const uint32_t e = t % kTaskRing, g = Gen(t);
+  const auto reached = DoneWordReached(dev, e, g - 1);
+  const TaskRun* prev = &dev->run[e];
   if (t >= kTaskRing)  // the entry's previous ticket
-    SpinWaitOrTrap<DoneWordWait>(DoneWordReached(dev, e, g - 1), static_cast<uint64_t>(p.timeout_ns), NoAbort{},
+    SpinWaitOrTrap<DoneWordWait>([=] { return reached() && LdVol(&prev->ann) == 0; }, static_cast<uint64_t>(p.timeout_ns), NoAbort{},
                                  [&](WaitEnd) {
                                    printf("dfccl: more than %d collectives in flight on one GPU for %lld ns\n",
                                           kTaskRing, static_cast<long long>(p.timeout_ns));
@@ -155,6 +160,8 @@ DFCCL_DEV int SubmitMatch(const SubmitParams& p, TaskDesc& d) {
   if (d.match == kMatchIdentity) {  // (a tombstone's lanes run: they tell the receivers, protocol "run")
     r = d.invalid && !d.tomb ? kMatchFailed : kMatchSlotted;
     why = d.invalid;
+  } else if (d.match == kMatchAnnounce) {  // the control warp starts it in its Announcer (protocol "announce")
+    r = kMatchRetry;
   } else {
     r = d.invalid ? kMatchRetry : Arrive(d, &d, 0u, &why, kSubmitLockBudgetNs);
   }
@@ -200,7 +207,7 @@ DFCCL_DEV void SubmitTombstones(const SubmitParams& p, TaskDesc& d, int64_t n) {
     } else {
       t.slot = -1;
       t.epoch = 0;
-      t.match = -1;
+      if (t.match != kMatchAnnounce) t.match = -1;
     }
     t.run = 0;
     t.tomb = 1;

@@ -134,6 +134,19 @@
 //               (the submit kernel runs after the kernel that wrote it).  The
 //               blocking form keeps XLA's buffers: its kernel returns only once its
 //               task is complete, so no program stops while the task uses them.
+//  announce     a group spanning hosts (docs/design/announce.md; CommDev::ann):
+//               its tasks (TaskDesc::match kMatchAnnounce) take no match-table
+//               entry, no identity cell and no inline run.  The control warp's lane
+//               0 starts each in the communicator's Announcer (protocol C of
+//               transport/announce.cuh: its own table, announcements to every
+//               member, the message put into each member's announced receive slot),
+//               keeps the handle in TaskRun::ann (1 + it), and advances every
+//               announced communicator of its pending tasks once a pass; a task
+//               ready there gets its slot (epoch 1, then slot), so the workers'
+//               lanes combine the members' messages into the output; a failure
+//               there aborts it with the Announcer's status.  The task's handle
+//               is finished (its receive slot released) by the control warp once
+//               the task is done; `lo` never passes a task whose handle is held.
 //  run          across processes (docs/design/execution_identity.md): a start
 //               carries its execution's launch id (XLA's RunId; TaskDesc::run):
 //               the handler's, outside a command buffer (SubmitParams::run); inside
@@ -270,6 +283,7 @@ struct PoolGeom {
 };
 
 struct MatchTable;
+struct AnnounceView;  // device/announce_path.cuh: a communicator matched by announcements (protocol "announce")
 
 // Across processes, the direct path reaches another process's XLA buffers
 // through the allocations that hold them, each exported once by its owner
@@ -307,6 +321,8 @@ struct CommDev {
   uint64_t* mail[kMaxRanks];                // [slot][src][2]: src's (in, out) of the pool-1 instance (direct path)
   MatchTable* table;                        // the communicator's match table (rank 0's device memory)
   const XRange* xmap[kMaxRanks];            // per rank of another process: its process's range table; else null
+  char* ann_region[kMaxRanks];              // protocol "announce": each rank's region (transport/announce_layout.cuh)
+  const AnnounceView* ann;                  // ... this rank's view of them (its own device copy; null: not announced)
 };
 
 // One instance (group, key, sequence) being matched.  Written under its bucket's
@@ -362,7 +378,7 @@ struct alignas(16) TaskDesc {
   uint32_t invalid;      // TaskStatus the submit kernel found (kStatusUnaligned), 0: none
   uint32_t run;          // launch id of the execution that started it (protocol "run"; 0: unknown)
   int32_t tomb;          // 1: a tombstone (protocol "run"): no buffers, its status is not an error
-  uint64_t pad2;
+  uint64_t in_bytes;     // kMatchAnnounce: the input's bytes (its message to every member)
 };
 static_assert(sizeof(TaskDesc) == 160, "TaskDesc is 10 x 16 bytes (copied as uint4 words)");
 inline constexpr int kDescWords = sizeof(TaskDesc) / 16;
@@ -375,6 +391,7 @@ DFCCL_TASK_HD size_t PoolCell(int64_t slot, int nranks, int rank, int lanes, int
 }
 
 inline constexpr int32_t kMatchIdentity = -2;  // TaskDesc::match of a task matched by identity
+inline constexpr int32_t kMatchAnnounce = -3;  // ... of a task of a group spanning hosts (protocol "announce")
 
 DFCCL_TASK_HD uint64_t IdentityMix(uint64_t x) {  // splitmix64's finalizer
   x ^= x >> 30;
@@ -420,7 +437,7 @@ struct alignas(16) TaskRun {
   int32_t phase;      // matching: 0 not arrived, 1 arrived without a slot, 2 slot set (control warp only)
   uint32_t status;    // TaskStatus of an abort decided on the device (0: the host's)
   uint64_t t_check;   // %globaltimer of the last look at the entry's failure state
-  uint64_t pad;
+  uint64_t ann;       // protocol "announce": 1 + the task's handle in its Announcer (0: none)
 };
 
 // Written by the daemon, one row per block (no atomics).

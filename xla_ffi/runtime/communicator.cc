@@ -20,7 +20,18 @@
 
 namespace dfccl::gpu {
 
-Communicator::Communicator(Context& ctx, const std::vector<int64_t>& group, bool cross) : ctx_(ctx) {
+namespace {
+// Protocol "announce": every rank's region (transport/announce_layout.cuh).  A
+// rank may have kAnnounceTasks instances of the group in flight (the next start is
+// refused, RESOURCE_EXHAUSTED); a message (a rank's input) is at most one receive
+// slot's section.
+constexpr int kAnnounceDepth = 64, kAnnounceTasks = 16, kAnnounceSlots = 16;
+constexpr uint32_t kAnnounceSlotBytes = 64 << 10;
+constexpr double kAnnounceGraceS = 1.0;  // past its deadline, a rank waits this long for the home's verdict
+}  // namespace
+
+Communicator::Communicator(Context& ctx, const std::vector<int64_t>& group, bool cross, bool spans_hosts)
+    : ctx_(ctx) {
   n = static_cast<int>(group.size());
   DFCCL_CHECK(n >= 1 && n <= kMaxRanks, "dfccl: groups of " << n << " GPUs are not supported (max " << kMaxRanks << ")");
   globals = group;
@@ -42,10 +53,16 @@ Communicator::Communicator(Context& ctx, const std::vector<int64_t>& group, bool
   }
   const Config& cfg = ctx_.cfg;
   view.nranks = n;
-  view.identity = cfg.small_by_identity ? 1 : 0;
+  announce = spans_hosts;
+  announce_bytes = announce ? kAnnounceSlotBytes : 0;
+  symmetric = announce && ctx_.engine->pe() >= 0;
+  ann_at.assign(n, 0);
+  ann_pe.assign(n, -1);
+  view.identity = cfg.small_by_identity && !announce ? 1 : 0;
   // Across processes the peers' XLA buffers are reached through their exported
   // allocations (runtime/ipc.h) once this process listens for them; else staged.
-  direct = cfg.direct && (!cross || ctx_.ipc.started());
+  // Across hosts no such mapping exists.
+  direct = cfg.direct && !announce && (!cross || ctx_.ipc.started());
   const PoolGeom geoms[kNumPools] = {
       PoolGeom{cfg.small_lanes, 1, cfg.small_slots, 0, cfg.small_chunk},
       PoolGeom{cfg.large_lanes, cfg.large_depth, direct ? cfg.direct_slots : cfg.large_slots, 0,
@@ -102,6 +119,22 @@ void Communicator::AllocRank(int r) {
     view.flags[p][r] = static_cast<uint64_t*>(f);
     view.credits[p][r] = static_cast<uint64_t*>(cr);
   }
+  if (announce) {  // its region (protocol "announce"): zero, its own state written at Publish
+    AnnounceSetup s = AnnounceSetupOf(r);
+    const uint64_t b = ctx_.engine->region_bytes(s);
+    void* a = nullptr;
+    if (symmetric) {  // from the engine's symmetric allocation (zeroed), at an offset the blob carries
+      a = ctx_.engine->region_alloc(b, &ann_at[r]);
+      ann_pe[r] = ctx_.engine->pe();
+    } else {
+      DFCCL_CUDA(cudaMalloc(&a, b));
+      DFCCL_CUDA(cudaMemsetAsync(a, 0, b, d.aux));
+      DFCCL_CUDA(cudaStreamSynchronize(d.aux));
+      allocs.push_back({ord, a});
+    }
+    bytes += static_cast<int64_t>(b);
+    view.ann_region[r] = static_cast<char*>(a);
+  }
   if (r == 0) {  // the match table, in rank 0's device memory (the others reach it by peer access or IPC)
     void* t = nullptr;
     DFCCL_CUDA(cudaMalloc(&t, sizeof(MatchTable)));
@@ -123,6 +156,17 @@ void Communicator::Publish() {
     for (int q = 0; q < n && q < static_cast<int>(procs.size()); ++q)
       if (!procs[q].empty()) v.xmap[q] = ctx_.ipc.AddPeer(procs[q], ord);
     DeviceGuard guard(ord);
+    if (announce) {  // this rank's view of the members' regions, its region's own state
+      void* av = nullptr;
+      DFCCL_CUDA(cudaMalloc(&av, ctx_.engine->view_bytes()));
+      allocs.push_back({ord, av});
+      bytes += static_cast<int64_t>(ctx_.engine->view_bytes());
+      DFCCL_CUDA(ctx_.engine->announce_init(AnnounceSetupOf(r), av, ctx_.devices[ord]->aux));
+      DFCCL_CUDA(cudaStreamSynchronize(ctx_.devices[ord]->aux));
+      v.ann = static_cast<const AnnounceView*>(av);
+      ann_views.resize(n, nullptr);
+      ann_views[r] = av;
+    }
     DeviceHandle* p = nullptr;
     DFCCL_CUDA(cudaMalloc(&p, sizeof(DeviceHandle)));
     DFCCL_CUDA(cudaMemcpyAsync(p, &v, sizeof(DeviceHandle), cudaMemcpyHostToDevice, ctx_.devices[ord]->aux));
@@ -143,10 +187,11 @@ static std::vector<void**> RankSlots(CommDev& view, int r) {
     v.push_back(reinterpret_cast<void**>(&view.credits[p][r]));
   }
   v.push_back(reinterpret_cast<void**>(&view.mail[r]));
+  v.push_back(reinterpret_cast<void**>(&view.ann_region[r]));
   if (r == 0) v.push_back(reinterpret_cast<void**>(&view.table));
   return v;
 }
-static constexpr int kBlobSlots = 3 * kNumPools + 2;
+static constexpr int kBlobSlots = 3 * kNumPools + 3;
 
 // Which processes can see each other's pids: the same boot of the same machine and
 // the same pid namespace.
@@ -166,7 +211,9 @@ static constexpr size_t kBlobTail = kBlobHandles + kBlobSlots * sizeof(cudaIpcMe
 static constexpr size_t kBlobDirect = kBlobTail + sizeof(int32_t) + sizeof(uint64_t);
 static constexpr size_t kBlobName = kBlobDirect + sizeof(int32_t), kBlobNameBytes = Communicator::kNameBytes;
 static constexpr size_t kBlobUuid = kBlobName + kBlobNameBytes;  // the rank's GPU (cudaDeviceProp::uuid)
-static constexpr size_t kBlobBytes = kBlobUuid + sizeof(cudaUUID_t);
+// Protocol "announce" over a symmetric allocation (NVSHMEM): the rank's PE, its region's offset.
+static constexpr size_t kBlobPe = kBlobUuid + sizeof(cudaUUID_t), kBlobAt = kBlobPe + sizeof(int32_t);
+static constexpr size_t kBlobBytes = kBlobAt + sizeof(uint64_t);
 
 namespace {
 cudaUUID_t UuidOf(int ordinal) {
@@ -183,7 +230,9 @@ std::string Communicator::Export(int rank) {
   auto slots = RankSlots(view, rank);
   DeviceGuard guard(ordinals[rank]);
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (*slots[i] == nullptr) continue;
+    // (over NVSHMEM a group spanning hosts shares no memory by CUDA IPC: its peers
+    // may be on other machines, and its regions are reached through the engine)
+    if (*slots[i] == nullptr || symmetric) continue;
     int32_t one = 1;
     cudaIpcMemHandle_t h;
     DFCCL_CUDA(cudaIpcGetMemHandle(&h, *slots[i]));
@@ -194,12 +243,14 @@ std::string Communicator::Export(int rank) {
   const uint64_t space = PidSpace();
   std::memcpy(&blob[kBlobTail], &pid, sizeof(pid));
   std::memcpy(&blob[kBlobTail + sizeof(pid)], &space, sizeof(space));
-  const int32_t modes = (direct ? 1 : 0) | (view.identity ? 2 : 0);
+  const int32_t modes = (direct ? 1 : 0) | (view.identity ? 2 : 0) | (announce ? 4 : 0) | (symmetric ? 8 : 0);
   const std::string name = ctx_.ipc.name();
   std::memcpy(&blob[kBlobDirect], &modes, sizeof(modes));
   std::memcpy(&blob[kBlobName], name.data(), name.size());
   const cudaUUID_t uuid = UuidOf(ordinals[rank]);
   std::memcpy(&blob[kBlobUuid], &uuid, sizeof(uuid));
+  std::memcpy(&blob[kBlobPe], &ann_pe[rank], sizeof(int32_t));
+  std::memcpy(&blob[kBlobAt], &ann_at[rank], sizeof(uint64_t));
   return blob;
 }
 
@@ -221,7 +272,19 @@ void Communicator::Import(const std::vector<std::string>& blobs) {
     if (theirs == space) pids[r] = pid;
     int32_t modes = 0;
     std::memcpy(&modes, &blobs[r][kBlobDirect], sizeof(modes));
-    const int32_t direct_r = modes & 1, identity = (modes >> 1) & 1;
+    const int32_t direct_r = modes & 1, identity = (modes >> 1) & 1, announce_r = (modes >> 2) & 1,
+                  symmetric_r = (modes >> 3) & 1;
+    DFCCL_CHECK(announce_r == (announce ? 1 : 0),
+                "dfccl: the group of devices [" << GroupText(group) << "]: rank " << r << "'s process "
+                << (announce_r ? "counts" : "does not count") << " it as spanning hosts, this one "
+                << (announce ? "does" : "does not") << " (jax_dfccl.config.testing.processes_per_host must agree)");
+    DFCCL_CHECK(!announce || symmetric_r == (symmetric ? 1 : 0),
+                "dfccl: the group of devices [" << GroupText(group) << "] spans hosts: rank " << r << "'s process "
+                << "reaches its peers " << (symmetric_r ? "over NVSHMEM" : "by CUDA IPC") << ", this one "
+                << (symmetric ? "over NVSHMEM" : "by CUDA IPC")
+                << " (jax_dfccl.config.cross_host_transport must agree, and NVSHMEM be set up in every process)");
+    std::memcpy(&ann_pe[r], &blobs[r][kBlobPe], sizeof(int32_t));
+    std::memcpy(&ann_at[r], &blobs[r][kBlobAt], sizeof(uint64_t));
     DFCCL_CHECK(identity == view.identity,
                 "dfccl: the group of devices [" << GroupText(group) << "]: rank " << r << "'s process "
                 << (identity ? "matches" : "does not match") << " small collectives by identity, this one "
@@ -259,6 +322,38 @@ void Communicator::Import(const std::vector<std::string>& blobs) {
   }
   table = view.table;
   Publish();
+}
+
+AnnounceSetup Communicator::AnnounceSetupOf(int r) const {
+  AnnounceSetup s;
+  s.rank = r;
+  s.nranks = n;
+  s.depth = kAnnounceDepth;
+  s.tasks = kAnnounceTasks;
+  s.entries = std::max(64, 2 * n * kAnnounceTasks);  // >= every member's instances in flight, and tombstones
+  s.slots = kAnnounceSlots;
+  s.slot_bytes = kAnnounceSlotBytes;
+  s.group = static_cast<uint32_t>(HashString(GroupText(globals)));
+  s.timeout_ns = static_cast<uint64_t>(ctx_.cfg.timeout_s * 1e9);
+  s.grace_ns = static_cast<uint64_t>(kAnnounceGraceS * 1e9);
+  for (int q = 0; q < n; ++q) {
+    s.regions[q] = view.ann_region[q];
+    s.at[q] = ann_at.empty() ? 0 : ann_at[q];
+    s.pe[q] = ann_pe.empty() ? -1 : ann_pe[q];
+  }
+  return s;
+}
+
+double Communicator::AnnounceGraceS() { return kAnnounceGraceS; }
+int64_t Communicator::AnnounceMaxBytes() { return kAnnounceSlotBytes; }
+
+void Communicator::SetAnnounceTimeout() {
+  for (int r = 0; r < static_cast<int>(ann_views.size()); ++r) {
+    if (!ann_views[r]) continue;
+    DeviceGuard guard(ordinals[r]);
+    DFCCL_CUDA(ctx_.engine->set_timeout(ann_views[r], static_cast<uint64_t>(ctx_.cfg.timeout_s * 1e9),
+                                  static_cast<uint64_t>(kAnnounceGraceS * 1e9), ctx_.devices[ordinals[r]]->aux));
+  }
 }
 
 void Communicator::Fail(uint64_t key_hash, uint64_t seq, ErrorCode code, const std::string& msg) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dfccl/check.h"
+#include "device/daemon.h"
 #include "device/task.h"
 #include "runtime/context.h"
 
@@ -47,7 +48,9 @@ class Communicator {
   using InstanceId = std::pair<uint64_t, uint64_t>;  // (key_hash, seq)
 
   // The host object and geometry; no device memory yet.
-  Communicator(Context& ctx, const std::vector<int64_t>& group, bool cross);
+  // announce: the group spans hosts (protocol "announce" in device/task.h: matched
+  // by announcements, each rank's region reached through the transport).
+  Communicator(Context& ctx, const std::vector<int64_t>& group, bool cross, bool announce = false);
   // Rank r's device memory, on its device, which is local.
   void AllocRank(int r);
   // Every rank's pointers are in the view: a copy of it on each local rank's device.
@@ -67,6 +70,11 @@ class Communicator {
   bool Failed(uint64_t key_hash, uint64_t seq) const;
   void ClearFailures();  // reset(): failure records and tombstones
   std::string InstanceName(const std::string& key, uint64_t seq) const;
+  // Protocol "announce": rank r's set-up (geometry, deadlines, the members' regions).
+  AnnounceSetup AnnounceSetupOf(int r) const;
+  static double AnnounceGraceS();  // how long past timeout_s a rank waits for the home's verdict
+  static int64_t AnnounceMaxBytes();  // the largest input of a rank of a group spanning hosts
+  void SetAnnounceTimeout();       // the local ranks' views take config.timeout_s (it changed)
   // The copy-engine path's sequence number of (local device, key), counted on the host.
   uint64_t NextSeq(int ordinal, uint64_t key_hash) { return ce_seq_[{ordinal, key_hash}]++; }
   void ClearSeqs() { ce_seq_.clear(); }
@@ -74,6 +82,8 @@ class Communicator {
   std::vector<int> ordinals;  // per rank: the local CUDA ordinal, -1 for a device of another process
   int n = 0;
   bool direct = false;  // pool-1 instances take the direct path (Config::direct when created)
+  bool announce = false;  // spans hosts: matched by announcements (no direct path, no identity, no inline run)
+  uint32_t announce_bytes = 0;  // then the largest input a rank may send (a receive slot's section)
   DeviceHandle view{};
   std::vector<DeviceHandle*> dev_copy;      // per rank, on its device
   std::vector<std::pair<int, void*>> allocs;
@@ -90,6 +100,13 @@ class Communicator {
   std::vector<void*> opened;     // IPC mappings of the other processes' memory
   std::vector<int32_t> pids;     // per rank: its process's pid when it runs on this host (0: unknown)
   std::vector<std::string> procs;  // per rank of another process on the direct path: where its process listens (ipc.h)
+  std::vector<void*> ann_views;    // protocol "announce": per local rank, its view (device memory); else null
+  // Protocol "announce" over an engine with a symmetric allocation (NVSHMEM): per rank,
+  // its region's offset there and its PE (the local ranks' from the engine, the
+  // others' from their blobs).
+  std::vector<uint64_t> ann_at;
+  std::vector<int32_t> ann_pe;
+  bool symmetric = false;          // the announced regions are the engine's (Context::engine->pe() >= 0)
 
  private:
   void SetError(ErrorCode code, const std::string& msg);  // the group's local devices' error

@@ -94,7 +94,7 @@ Device& Context::GetDevice(int ordinal) {
   warm.host = d->host_dev;
   warm.launch_id = d->launch_id;
   warm.workers = kMaxBlocks - 1;
-  DFCCL_CUDA(LaunchDaemon(warm, d->stream));
+  DFCCL_CUDA(engine->launch(warm, d->stream));
   DFCCL_CUDA(cudaStreamSynchronize(d->stream));
   d->blocks_launched = warm.workers + 1;
   d->host->resize = 0;

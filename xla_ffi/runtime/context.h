@@ -30,6 +30,7 @@
 
 #include "dfccl/check.h"
 #include "dfccl/collective.h"
+#include "device/daemon.h"
 #include "device/task.h"
 #include "runtime/config.h"
 #include "runtime/copy_engine.h"
@@ -187,6 +188,9 @@ struct Context {
   std::vector<std::string> errors;
   std::deque<HostTraceRec> host_trace;  // while cfg.trace, at most kMaxHostTrace
   Proxy* proxy = nullptr;  // started by the first device (GetDevice)
+  // The daemon's build (device/daemon.h): this module's, or _dfccl_nvshmem's once
+  // NVSHMEM is set up (Runtime::SetDaemonEngine, before the first device).
+  const DaemonEngine* engine = &ThisDaemonEngine();
   CopyEngine ce;
   Ipc ipc;
 };

@@ -70,6 +70,14 @@ TaskDesc DaemonPath::SiteDesc(const CollectiveSpec& spec, const Communicator& c,
   t.direct = direct ? 1 : 0;
   t.sig_hash = 0;
   t.key_ctr = key_ctr;
+  if (c.announce) {  // a group spanning hosts (device/task.h, "announce"): each rank sends its whole input
+    t.in_bytes = static_cast<uint64_t>(spec.in_bytes());  // (the op table's size rule)
+    DFCCL_CHECK_CODE(t.in_bytes <= c.announce_bytes, ErrorCode::kInvalidArgument,
+                     "dfccl: collective '" << spec.key << "': its group spans hosts, where a rank's input is at most "
+                     << c.announce_bytes << " bytes for now (this one: " << t.in_bytes << ")");
+    t.match = kMatchAnnounce;
+    t.slot = -1;
+  }
   return t;
 }
 
@@ -167,7 +175,8 @@ const Site* DaemonPath::Prepare(int ordinal, const CollectiveSpec& spec, const s
   TaskDesc t = SiteDesc(spec, c, msg_bytes, kc->second);
   // One lane only: a block that runs several lanes in turn is slower than the
   // daemon's blocks in parallel (measured: 64 KiB, 8 lanes, 4x slower on an H200).
-  site->ll = t.pool == 0 && t.lanes == 1;
+  site->announce = t.match == kMatchAnnounce;
+  site->ll = t.pool == 0 && t.lanes == 1 && !site->announce;
   site->tagged = c.cross_process && t.direct && !staged;  // a staged site's slots are tagged once (MakeStage)
   site->identity = t.match == kMatchIdentity;
   // Who sends to this rank: the peer it receives from for ppermute and broadcast
@@ -397,6 +406,7 @@ void DaemonPath::PollRecords(Device& d, Clock::time_point now) {
 bool DaemonPath::ReadEntry(Communicator& c, uint64_t key_hash, uint64_t seq, MatchEntry* out) {
   const uint64_t id = MatchId(key_hash, seq);
   const int b = MatchBucket(id);
+  if (c.table == nullptr) return false;  // (a group spanning hosts over NVSHMEM: no table here)
   std::vector<MatchEntry> ways(kMatchWays);
   try {
     CopyOut(*ctx_.devices[c.io_ordinal], ways.data(), &c.table->entry[b][0], sizeof(MatchEntry) * kMatchWays);
@@ -467,7 +477,17 @@ void DaemonPath::OnDaemonTaskDone(Device& d, const TaskInfo& ti, uint32_t status
       break;
     case kStatusNoEntry:
       ec = ErrorCode::kResourceExhausted;
-      msg << name << ": no free entry in the match table";
+      if (ti.site->announce)
+        msg << name << ": refused on rank " << a << ", which has its cap of instances of the group in flight";
+      else
+        msg << name << ": no free entry in the match table";
+      break;
+    case kStatusAborted:  // a group spanning hosts: the announcements' deadline (the home's verdict or its own)
+      ec = ErrorCode::kDeadlineExceeded;
+      msg << name << ": timed out after " << ctx_.cfg.timeout_s << " s waiting for rank(s) [";
+      for (int r = 0, k = 0; r < c.n; ++r)
+        if (status >> (24 + r) & 1) msg << (k++ ? ", " : "") << r << " (device " << c.globals[r] << ")";
+      msg << "] (never started it, or their messages did not arrive)";
       break;
     case kStatusLeftBehind:  // device/task.h, "run"
       if (a == ti.site->rank && b != a && ti.site->runs) {  // this start was ahead: its execution pairs further on

@@ -58,6 +58,7 @@ struct Site {
   InlineSubmitFn inline_kernel = nullptr;  // then its inline submit kernel (device/daemon.h)
   bool tagged = false;  // direct path across processes: its buffers are tagged with their ranges (runtime/ipc.h)
   bool identity = false;  // matched by identity in the staging (device/task.h, "identity")
+  bool announce = false;  // a group spanning hosts: matched by announcements (device/task.h, "announce")
   uint32_t senders = 0;   // then the ranks whose message it receives (for the watchdog's message)
   TaskDesc desc{};        // the static task (protocol "site" in device/task.h)
   // A start form: its task uses the site's slots, never XLA's buffers (protocol

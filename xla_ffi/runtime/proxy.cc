@@ -138,6 +138,15 @@ void Proxy::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest,
         continue;
       }
       if (!ti.site || ti.comm->Failed(ti.key_hash, ti.seq)) continue;
+      if (ti.site->announce) {  // its deadline is the device's (the home's verdict names the ranks); this is the backstop
+        const auto backstop = limit + std::chrono::duration<double>(Communicator::AnnounceGraceS() + 2.0);
+        if (now - ti.t <= backstop) continue;
+        why << "no rank decided its end (group spanning hosts: the announcements' deadline passed; daemon "
+            << (Running(d) ? "running" : "stopped") << ")";
+        daemon_.AbortDaemonInstance(*ti.comm, ti.key_hash, ti.seq, ErrorCode::kDeadlineExceeded,
+                                    ti.comm->InstanceName(ti.site->key, ti.seq) + " " + why.str());
+        continue;
+      }
       std::vector<int> missing;
       MatchEntry m{};
       bool found = false;
@@ -258,7 +267,7 @@ void Proxy::Launch(Device& d) {
   p.stall_ns = ctx_.cfg.stall_ns();
   p.map_gen = d.map_gen = ctx_.ipc.gen();  // before the launch: every range mapped so far is older than it
   ctx_.busy_in = "a daemon launch";
-  cudaError_t err = LaunchDaemon(p, d.stream);
+  cudaError_t err = ctx_.engine->launch(p, d.stream);
   if (err == cudaSuccess) err = cudaEventRecord(d.ev, d.stream);
   ctx_.busy_in = "nothing known";
   DFCCL_CHECK_CODE(err == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: daemon launch on GPU " << d.ordinal << ": " << cudaGetErrorString(err));

@@ -41,6 +41,22 @@ void Runtime::SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids) {
   for (auto [g, o] : ids) { ctx_.ordinal_of[g] = o; ctx_.global_of[o] = g; }
 }
 
+void Runtime::SetDaemonEngine(uintptr_t engine) {
+  std::lock_guard lk(ctx_.mu);
+  const auto* e = reinterpret_cast<const DaemonEngine*>(engine);
+  DFCCL_CHECK(e != nullptr && e->name != nullptr && e->launch != nullptr, "dfccl: no daemon engine at that address");
+  if (e == ctx_.engine) return;
+  DFCCL_CHECK_CODE(ctx_.devices.empty(), ErrorCode::kFailedPrecondition,
+                   "dfccl: the daemon over " << e->name << " must be set up before the first collective on a GPU "
+                   "(call jax_dfccl.initialize() first)");
+  ctx_.engine = e;
+}
+
+std::string Runtime::DaemonEngineName() {
+  std::lock_guard lk(ctx_.mu);
+  return ctx_.engine->name;
+}
+
 void Runtime::StartIpc(const std::string& name) {
   std::lock_guard lk(ctx_.mu);
   std::vector<int> ordinals;
@@ -55,10 +71,13 @@ std::string Runtime::CanExport(int ordinal, const void* p) {
   return Ipc::CanExport(p);
 }
 
-std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank) {
+std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank, bool spans_hosts) {
   std::lock_guard lk(ctx_.mu);
   auto it = ctx_.comms.find(group);
-  if (it == ctx_.comms.end()) it = ctx_.comms.emplace(group, std::make_unique<Communicator>(ctx_, group, true)).first;
+  if (it == ctx_.comms.end())
+    it = ctx_.comms.emplace(group, std::make_unique<Communicator>(ctx_, group, true, spans_hosts)).first;
+  DFCCL_CHECK(it->second->announce == spans_hosts, "dfccl: the group of devices [" << GroupText(group)
+              << "] was set up " << (spans_hosts ? "within one host" : "as spanning hosts") << " already");
   return it->second->Export(rank);
 }
 
@@ -93,6 +112,9 @@ void Runtime::Configure(const std::map<std::string, double>& kv) {
     ctx_.pdl = ctx_.cfg.submit_pdl;
   }
   ctx_.ce.Configure(CeSettings{ctx_.cfg.copy_engine_chunk_bytes, ctx_.cfg.copy_engine_blocks, ctx_.cfg.copy_engine_push});
+  if (kv.count("timeout_s"))  // groups spanning hosts keep their deadline on the device (protocol "announce")
+    for (auto& [group, c] : ctx_.comms)
+      if (c->announce && c->ready) c->SetAnnounceTimeout();
 }
 
 std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {

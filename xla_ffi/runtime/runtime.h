@@ -63,8 +63,13 @@ class Runtime {
   // Across processes (jax_dfccl.initialize): global device id <-> local ordinal, and a
   // group's memory exchanged by CUDA IPC (Python moves the blobs through the KV store).
   void SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids);
+  // The daemon over another engine (device/daemon.h: _dfccl_nvshmem's, by its
+  // address), before this process's first GPU is set up; its name.
+  void SetDaemonEngine(uintptr_t engine);
+  std::string DaemonEngineName();
   int64_t GlobalOf(int ordinal) const { return ctx_.GlobalOf(ordinal); }
-  std::string ExportComm(const std::vector<int64_t>& group, int rank);
+  // spans_hosts: its ranks are on more than one host (protocol "announce").
+  std::string ExportComm(const std::vector<int64_t>& group, int rank, bool spans_hosts = false);
   // The direct path across processes (runtime/ipc.h): this process listens at `name`
   // (jax_dfccl.initialize, once every local GPU's XLA memory was found exportable).
   void StartIpc(const std::string& name);

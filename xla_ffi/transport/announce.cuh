@@ -125,6 +125,20 @@ class Announcer {
     return src == me_ ? k.src : t_.Local(l_.SlotData(k.slot, src));
   }
 
+  // This rank fails its running task h itself (its host aborted it: the deadline,
+  // a peer process that exited): the instance fails here as on its own deadline
+  // (members get a release, not data).  A task ready or failed already keeps its end.
+  DFCCL_DEV void Abort(int h, uint32_t status) {
+    Task& k = task_[h];
+    if (k.state != kRunning) return;
+    if (Entry* e = Find(MatchId(k.key, k.seq))) Fail(*e, status, 1ull << me_);
+    else {
+      k.state = kFailed;
+      k.status = status;
+      k.ranks = 1ull << me_;
+    }
+  }
+
   // The caller is done with a ready or failed task (its received data read).
   DFCCL_DEV void Finish(int h) {
     Task& k = task_[h];

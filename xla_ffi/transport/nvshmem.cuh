@@ -1,9 +1,12 @@
 // The NVSHMEM engine under the transport contract of transport/transport.cuh
-// (docs/design/scale-out.md §5.1): ranks are PEs, a rank's region is one
-// symmetric allocation (nvshmem_malloc: the same offsets on every PE, which the
-// contract's `dst_off` and `signal_off` are).  Compiled only into the NVSHMEM
-// module (relocatable device code, linked with NVSHMEM's device library:
-// CMakeLists.txt), never into _dfccl_cuda, which loads without NVSHMEM.
+// (docs/design/scale-out.md §5.1): ranks are PEs; rank r's region lies in one
+// symmetric allocation (`heap`, made by every PE at once) at offset at[r] (its
+// process's share of it: the processes carve their communicators' regions in
+// their own orders, so the offsets differ by rank and travel in the exchange
+// blob).  `heap + at[r] + off` is a symmetric address that NVSHMEM resolves on
+// rank r's PE.  Compiled only into the NVSHMEM module (relocatable device code,
+// linked with NVSHMEM's device library: CMakeLists.txt), never into _dfccl_cuda,
+// which loads without NVSHMEM.
 //
 // Mapping of the contract:
 //   Put       nvshmem_putmem_signal_nbi(dst, src, bytes, sig, add, NVSHMEM_SIGNAL_ADD, pe):
@@ -25,18 +28,20 @@ namespace dfccl::gpu {
 
 struct NvshmemTransport {
   int rank = 0, nranks = 0;
-  char* region = nullptr;           // the symmetric region (this PE's address of it)
-  const uint64_t* dead = nullptr;   // the host's dead-rank mask (local; null: none)
-  int pe[kTransportMaxRanks] = {};  // rank -> PE (a communicator is a subset of the PEs)
+  char* heap = nullptr;                   // the symmetric allocation (this PE's address of it)
+  const uint64_t* dead = nullptr;         // the host's dead-rank mask (local; null: none)
+  int pe[kTransportMaxRanks] = {};        // rank -> PE (a communicator is a subset of the PEs)
+  uint64_t at[kTransportMaxRanks] = {};   // rank -> its region's offset in `heap`
 
   DFCCL_DEV int Rank() const { return rank; }
   DFCCL_DEV int Ranks() const { return nranks; }
-  DFCCL_DEV char* Local(uint64_t off) { return region + off; }
+  DFCCL_DEV char* Local(uint64_t off) { return heap + at[rank] + off; }
+  DFCCL_DEV char* At(int r, uint64_t off) const { return heap + at[r] + off; }
   DFCCL_DEV uint64_t DeadMask() const { return dead ? LdVol(dead) : 0ull; }
 
   DFCCL_DEV bool Put(int peer, uint64_t dst_off, const void* src, uint32_t bytes, uint64_t signal_off, uint64_t add) {
     if (DeadMask() >> peer & 1ull) return false;
-    nvshmem_putmem_signal_nbi(region + dst_off, src, bytes, reinterpret_cast<uint64_t*>(region + signal_off), add,
+    nvshmem_putmem_signal_nbi(At(peer, dst_off), src, bytes, reinterpret_cast<uint64_t*>(At(peer, signal_off)), add,
                               NVSHMEM_SIGNAL_ADD, pe[peer]);
     return true;
   }
@@ -44,7 +49,7 @@ struct NvshmemTransport {
     if (DeadMask() >> peer & 1ull) return false;
     FenceAcqRelSys();
     nvshmem_fence();
-    nvshmem_uint64_p(reinterpret_cast<uint64_t*>(region + off), v, pe[peer]);
+    nvshmem_uint64_p(reinterpret_cast<uint64_t*>(At(peer, off)), v, pe[peer]);
     return true;
   }
   DFCCL_DEV uint64_t Signal(uint64_t off) { return LdAcquireSys(reinterpret_cast<const uint64_t*>(Local(off))); }

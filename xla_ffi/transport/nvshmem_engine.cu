@@ -234,8 +234,9 @@ std::string UniqueId() {
   return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
 }
 
-std::string Init(const std::string& uid, int rank, int nranks) {
+std::string Init(const std::string& uid, int rank, int nranks, int device) {
   DFCCL_CHECK(!g_init, "dfccl nvshmem: already initialised");
+  if (device >= 0) NV_CUDA(cudaSetDevice(device));
   DFCCL_CHECK(uid.size() == sizeof(nvshmemx_uniqueid_t),
               "dfccl nvshmem: a unique id has " << sizeof(nvshmemx_uniqueid_t) << " bytes, got " << uid.size());
   DFCCL_CHECK(rank >= 0 && rank < nranks, "dfccl nvshmem: rank " << rank << " of " << nranks);
@@ -312,7 +313,7 @@ std::vector<CheckRun> Check(const CheckSpec& spec) {
       t.delay_ns = delay_ns;
       t.rank = me;
       t.nranks = n;
-      t.region = region;
+      t.heap = region;  // (every rank's region at offset 0)
       for (int p = 0; p < n; ++p) t.pe[p] = p;
       CheckKernel<<<1, 1>>>(t, l, c, ks, dres);
       launched = cudaGetLastError();

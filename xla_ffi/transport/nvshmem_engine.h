@@ -30,9 +30,20 @@ std::string UniqueId();
 // Every PE: joins the job of `nranks` PEs as `rank` (nvshmemx_init_attr with the
 // unique id); throws dfccl::Error naming what failed.  Returns the init status
 // ("FULL_MPG", "LIMITED_MPG", "NOT_INITIALIZED", or "STATUS_n").
-std::string Init(const std::string& uid, int rank, int nranks);
+// device >= 0: that CUDA ordinal becomes this module's current device first (its
+// PE's GPU; the module has a CUDA runtime of its own).
+std::string Init(const std::string& uid, int rank, int nranks, int device = -1);
 void Finalize();
 bool Initialized();
+
+// The daemon over NVSHMEM (nvshmem_daemon.cu): Heap makes the symmetric allocation
+// its groups' regions are carved from (every PE at once, after Init; collective);
+// DaemonEngineAddress is the module's gpu::DaemonEngine (device/daemon.h), which the
+// CUDA runtime takes in place of its own (jax_dfccl/_src/nvshmem.py).  ReleaseHeap
+// frees the allocation (collective; before Finalize).
+void Heap(uint64_t bytes);
+void ReleaseHeap();
+uintptr_t DaemonEngineAddress();
 
 // The check (every PE calls it with the same spec; collective).
 struct CheckSpec {

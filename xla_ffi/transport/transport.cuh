@@ -85,8 +85,8 @@ struct StoreTransport {
     const char* s = static_cast<const char*>(src);
     uint32_t i = 0;
     if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(s)) & 7u) == 0)
-      for (; i + 8 <= bytes; i += 8) *reinterpret_cast<uint64_t*>(dst + i) = *reinterpret_cast<const uint64_t*>(s + i);
-    for (; i < bytes; ++i) dst[i] = s[i];
+      for (; i + 8 <= bytes; i += 8) *reinterpret_cast<uint64_t*>(dst + i) = LdVol(reinterpret_cast<const uint64_t*>(s + i));
+    for (; i < bytes; ++i) dst[i] = LdVol(s + i);  // (volatile: past a persistent kernel's L1, as the lanes read)
     FenceAcqRelSys();
     atomicAdd_system(reinterpret_cast<unsigned long long*>(base[peer] + signal_off), add);
     return true;

@@ -1,0 +1,116 @@
+// Protocol "announce" in the daemon (device/task.h): groups spanning hosts are
+// matched by protocol C (transport/announce.cuh, docs/design/announce.md), each
+// rank with its own table in its region, instead of the home rank's match table.
+//  - the control warp's lane 0 (AnnounceStep, from MatchPending) starts a task
+//    in its communicator's Announcer, advances each announced communicator of the
+//    pass once (the drain of the members' records, the puts of this rank's message
+//    into their announced receive slots, the home's verdicts and grants), and
+//    gives a task that is ready there its receive slot (epoch 1, then slot), so
+//    the workers run its lanes; a failure there aborts the task with the
+//    Announcer's status, the ranks it names in the top byte (AnnounceStatus);
+//  - a lane (AnnounceLane) combines the members' messages, each whole in its
+//    section of the slot, with the op's own Combine (the traits of
+//    collectives/<op>.cuh: SendOffset says where a member's message holds this
+//    rank's part), and waits on nothing;
+//  - once the task is done, the control warp finishes its handle (the slot is
+//    reused once every member's put to it is in).
+// The transport is the peers' regions by pointer (NVLink, CUDA IPC); the same
+// code runs over an engine's (transport/transport.cuh) once the daemon is built
+// against one.
+#pragma once
+
+#include "device/announce_view.cuh"
+#include "device/channel.cuh"
+#include "device/submit.cuh"
+
+namespace dfccl::gpu {
+
+// An Announcer failure as a task status: PackStatus's code and two ranks, and
+// the mask of every rank it names in the top byte (kMaxRanks = 8; none named:
+// this rank), so it is never the bare kStatusAborted of the host's own aborts.
+DFCCL_DEV uint32_t AnnounceStatus(const ann::Task& k, int rank) {
+  const uint64_t ranks = (k.ranks & 0xffu) ? k.ranks : 1ull << rank;
+  return (k.status & 0xffffffu) | (static_cast<uint32_t>(ranks & 0xffu) << 24);
+}
+
+// The communicators the control warp advanced in this pass (each once).
+struct AnnouncePass {
+  static constexpr int kMax = 4;
+  const AnnounceView* seen[kMax];
+  int n = 0;
+  DFCCL_DEV void Progress(const AnnounceView* v, DaemonAnnouncer& a) {
+    for (int i = 0; i < n; ++i)
+      if (seen[i] == v) return;
+    if (n < kMax) seen[n++] = v;  // (more communicators than that: advanced on every visit)
+    a.Progress();
+  }
+  DFCCL_DEV void Progress(const AnnounceView* v) {
+    DaemonAnnouncer a = AnnouncerOf(v);
+    Progress(v, a);
+  }
+};
+
+// Lane 0 of the control warp, a pending (not done, not aborted) task of an
+// announced communicator: start it, advance, and hand it to the lanes or fail it.
+DFCCL_DEV void AnnounceStep(TaskRun* run, TaskDesc* dd, const TaskDesc& d, bool host_abort, AnnouncePass& pass) {
+  const AnnounceView* v = d.comm->ann;
+  DaemonAnnouncer an = AnnouncerOf(v);
+  uint64_t h1 = LdVol(&run->ann);
+  if (h1 == 0) {
+    if (d.invalid && !d.tomb) { AbortRun(run, d.invalid); return; }
+    if (host_abort) { AbortRun(run, kStatusAborted); return; }
+    uint32_t status = 0;
+    const int h = an.Start(d.key_hash, d.seq, d.sig_hash, d.in, static_cast<uint32_t>(d.in_bytes), &status);
+    if (h < 0) {
+      AbortRun(run, status | (static_cast<uint32_t>(1u << d.rank) << 24));
+      return;
+    }
+    // A tombstone (protocol "run") sends no data: its instance fails here at once,
+    // so the members get a release (their tasks fail at their deadline, naming it).
+    if (d.tomb) an.Abort(h, PackStatus(kStatusLeftBehind, d.rank, d.rank));
+    h1 = static_cast<uint64_t>(h) + 1;
+    StVol(&run->ann, h1);
+    StVol(&run->phase, 1);
+  }
+  const int h = static_cast<int>(h1 - 1);
+  if (host_abort) an.Abort(h, PackStatus(kStatusAborted, d.rank, d.rank));
+  pass.Progress(v, an);
+  const ann::Task& k = an.TaskOf(h);
+  if (k.state == ann::kFailed) {
+    AbortRun(run, host_abort ? static_cast<uint32_t>(kStatusAborted) : AnnounceStatus(k, d.rank));
+  } else if (k.state == ann::kReady && LdVol(&run->phase) != 2) {
+    StVol(&dd->epoch, 1u);  // (a worker runs a task once its slot and epoch are both set)
+    __threadfence();
+    StVol(&dd->slot, k.slot);
+    StVol(&run->phase, 2);
+  }
+}
+
+// Lane 0 of the control warp, a done task that holds a handle: release it.
+DFCCL_DEV void AnnounceFinish(TaskRun* run, const TaskDesc* dd) {
+  const CommDev* cm = LdVol(&dd->comm);
+  DaemonAnnouncer an = AnnouncerOf(cm->ann);
+  an.Finish(static_cast<int>(LdVol(&run->ann) - 1));
+  StVol(&run->ann, 0ull);
+}
+
+// A lane of a ready task: this rank's share [lane * lane_bytes, +lane_bytes) of
+// the message, combined from the members' messages in this rank's receive slot.
+template <class Op, class T, class R>
+__device__ __noinline__ int AnnounceLane(const TaskDesc& d, LaneState&, int lane, const DaemonParams&) {
+  const AnnounceView* v = d.comm->ann;
+  const int me = d.rank;
+  const int64_t off = lane * d.lane_bytes;
+  const int64_t len = max(int64_t{0}, min(d.lane_bytes, d.msg_bytes - off));
+  if (len > 0) {
+    const char* own = const_cast<DaemonTransport&>(v->t).Local(0);  // (this rank's region)
+    const char* src[kMaxRanks];
+    for (int r = 0; r < d.nranks; ++r)
+      src[r] = r == me ? d.in + Op::SelfOffset(d) + off : own + v->l.SlotData(d.slot, r) + Op::SendOffset(d, me) + off;
+    Op::template Combine<T, R>(d, src, off, len);
+  }
+  __threadfence();  // the output is complete before the task's done word
+  return kMoved | kDone;
+}
+
+}  // namespace dfccl::gpu

@@ -1,0 +1,37 @@
+// A communicator matched by announcements (protocol "announce" in device/task.h,
+// device/announce_path.cuh) as one rank's daemon sees it: the transport to the
+// members' regions, the regions' layout, the deadlines.
+//
+// The transport is the daemon build's (device/daemon.h, DaemonEngine): direct
+// stores through NVLink peer access or CUDA IPC in _dfccl_cuda; NVSHMEM where the
+// daemon is compiled into _dfccl_nvshmem (DFCCL_DAEMON_NVSHMEM).  The host never
+// reads a view: it has the engine write one (DaemonEngine::announce_init).
+#pragma once
+
+#include "transport/announce.cuh"
+#if defined(DFCCL_DAEMON_NVSHMEM)
+#include "transport/nvshmem.cuh"
+#endif
+
+namespace dfccl::gpu {
+
+#if defined(DFCCL_DAEMON_NVSHMEM)
+using DaemonTransport = NvshmemTransport;
+#else
+using DaemonTransport = StoreTransport;
+#endif
+
+// One rank's view of a communicator matched by announcements (its device memory,
+// written once by the host: AnnounceInit in device/announce_setup.cu).
+struct AnnounceView {
+  DaemonTransport t;  // the members' regions as this GPU reaches them
+  ann::Layout l;
+  ann::Config c;
+};
+using DaemonAnnouncer = ann::Announcer<DaemonTransport>;
+
+DFCCL_DEV DaemonAnnouncer AnnouncerOf(const AnnounceView* v) {
+  return DaemonAnnouncer(const_cast<DaemonTransport&>(v->t), v->l, v->c);
+}
+
+}  // namespace dfccl::gpu
