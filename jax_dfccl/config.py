@@ -309,16 +309,14 @@ class Config(_Section):
   #: across the job (entries of the shared instance table).  Read by initialize().
   shm_max_instances: int = 2048
   #: GPUs across hosts (:func:`jax_dfccl.initialize`): how a group whose ranks
-  #: are on more than one host reaches its peers.  ``"stores"`` (the default
-  #: while the NVSHMEM path is experimental: docs/limitations.md): by direct
-  #: stores (CUDA IPC), so only between hosts simulated on one machine
-  #: (``config.testing.processes_per_host``); a group spanning machines is
-  #: refused, naming this entry.  ``"auto"``: over NVSHMEM when the job's
-  #: processes are on more than one machine (initialize() sets NVSHMEM up then),
-  #: else by direct stores; ``"nvshmem"``: over NVSHMEM in every job of several
-  #: processes, also between simulated hosts.  Every process must set the same
-  #: value.  Read by initialize().
-  cross_host_transport: str = "stores"
+  #: are on more than one host reaches its peers.  ``"auto"``: over NVSHMEM when
+  #: the job's processes are on more than one machine (initialize() sets NVSHMEM
+  #: up then), by direct stores (CUDA IPC) between hosts simulated on one machine
+  #: (``config.testing.processes_per_host``); ``"nvshmem"``: over NVSHMEM in every
+  #: job of several processes, also between simulated hosts; ``"stores"``: never
+  #: NVSHMEM (a group spanning machines is then refused, naming this entry).
+  #: Every process must set the same value.  Read by initialize().
+  cross_host_transport: str = "auto"
   #: GPUs across hosts over NVSHMEM: bytes of NVSHMEM's symmetric heap that each
   #: process sets aside for its groups spanning hosts (each group's region per
   #: rank is about 16 x 64 KiB per member plus its rings: 4.3 MiB for a group of

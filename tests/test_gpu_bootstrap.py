@@ -172,7 +172,7 @@ def test_lowering_never_waits_for_another_process(monkeypatch):
 
 
 def test_processes_on_one_machine_set_up_no_nvshmem(bootstrap):
-  # config.cross_host_transport "stores" (the default; "auto" alike): every process on this machine, so no NVSHMEM job is made and
+  # config.cross_host_transport "auto": every process on this machine, so no NVSHMEM job is made and
   # the daemon keeps its direct stores; the machines are kept for the groups' set-up.
   rt, store, state = bootstrap()
   assert store.kv[f"{NS}/tok/machine/1"] == distributed._machine_id()

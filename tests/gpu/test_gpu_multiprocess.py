@@ -69,10 +69,6 @@ def _nvshmem_or_skip():
     pytest.skip(why)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the daemon over NVSHMEM: a program's launch id kernel fails to launch ('invalid argument', "
-    "runtime/daemon_path.cc BeginExecution) once NVSHMEM is set up; the failure cases pass "
-    "(benchmarks/results/announce_2026-12-07_h100_mps.json)"))
 @pytest.mark.parametrize("n", [2, 4])
 def test_groups_spanning_hosts_over_nvshmem_are_exact_in_any_order(tmp_path, n):
   _nvshmem_or_skip()

@@ -25,6 +25,9 @@ void CopyOut(Device& d, void* dst, const void* src, size_t bytes) {
   DeviceGuard guard(d.ordinal);
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d.aux);
   if (e == cudaSuccess) e = cudaStreamSynchronize(d.aux);
+  // A failed call stays this thread's last error: cleared here, so that the next
+  // launch's check (cudaGetLastError) does not report it as its own.
+  if (e != cudaSuccess) cudaGetLastError();
   DFCCL_CHECK_CODE(e == cudaSuccess, ::dfccl::ErrorCode::kInternal, "dfccl: reading device counters: " << cudaGetErrorString(e));
 }
 

@@ -190,7 +190,8 @@ std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
     dev_bytes += c->bytes;
     live += c->live.size();
     unsigned long long bits[kNumPools][kMaxPoolSlots / 64];
-    if (!c->ready) continue;
+    // (a group spanning hosts over NVSHMEM maps no peer memory: its table is rank 0's, elsewhere)
+    if (!c->ready || c->table == nullptr) continue;
     if (!read(*ctx_.devices[c->io_ordinal], bits, c->table->free_bits, sizeof(bits))) continue;
     for (int p = 0; p < kNumPools; ++p) {
       const int n = c->view.pool[p].nslots;
