@@ -30,10 +30,7 @@ import statistics
 import sys
 import time
 
-for k, v in {"NVSHMEM_REMOTE_TRANSPORT": "none", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "lo",
-             "NVSHMEM_DISABLE_NVLS": "1", "NVSHMEM_DISABLE_NCCL": "1", "NVSHMEM_SYMMETRIC_SIZE": "768M",
-             "NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1"}.items():
-  os.environ.setdefault(k, v)
+# (NVSHMEM's environment for one host, a 768M heap included: tools/mps_testbed.sh)
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.1")
 # (the loop bodies have two HLO instructions: XLA keeps such bodies in its command buffers only
 # from a graph size of 1, else their handlers run every iteration)

@@ -23,6 +23,7 @@
 #   DFCCL_TESTBED_MPS    1 under MPS, 0 with --no-mps
 #   DFCCL_TESTBED_TMP    a scratch folder shared by the N processes (removed at exit)
 #   CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY  (under the fresh /tmp directory)
+#   NVSHMEM_* for one host (P2P only, loopback bootstrap, 768M heap), unless already set
 # These variables belong to the testbed and the scripts it runs; library code reads none.
 #
 # The MPS control daemon (`nvidia-cuda-mps-control -d`) is started with its pipe and log
@@ -67,6 +68,13 @@ OUTDIR=${OUTDIR:-$TMP/out}
 mkdir -p "$OUTDIR" "$TMP/pipe" "$TMP/log" "$TMP/shared" || die "cannot create folders under $TMP / $OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 export CUDA_MPS_PIPE_DIRECTORY=$TMP/pipe CUDA_MPS_LOG_DIRECTORY=$TMP/log
+# NVSHMEM on one host, for the scripts that set it up (each unless already set): P2P only,
+# the unique-id bootstrap on loopback, no NVLink multicast, every PE may use all SMs under MPS.
+export NVSHMEM_REMOTE_TRANSPORT=${NVSHMEM_REMOTE_TRANSPORT:-none} \
+       NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=${NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME:-lo} \
+       NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} NVSHMEM_DISABLE_NCCL=${NVSHMEM_DISABLE_NCCL:-1} \
+       NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-768M} \
+       NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:-1}
 
 PIDS=()        # rank i's process (leader of its own process group)
 RCS=()         # rank i's exit status once known

@@ -212,14 +212,13 @@ def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False, key: str = "", av
   if (not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return
+  in_bytes = math.prod(aval.shape) * aval.dtype.itemsize if aval is not None else 0
+  limit = int(backend.load()["cuda"].announce_max_bytes()) if in_bytes else 0
   for row in rows:
     group = [int(ids[i]) for i in row]
-    if aval is not None and _spans_hosts(group):
-      limit = int(backend.load()["cuda"].announce_max_bytes())
-      in_bytes = math.prod(aval.shape) * aval.dtype.itemsize
-      if in_bytes > limit:
-        raise ValueError(f"jax_dfccl: collective {key!r}: its group of GPUs {group} spans hosts, where a rank's "
-                         f"input is at most {limit} bytes for now (this one: {in_bytes})")
+    if in_bytes > limit and _spans_hosts(group):  # (which groups span hosts: only asked of a large input)
+      raise ValueError(f"jax_dfccl: collective {key!r}: its group of GPUs {group} spans hosts, where a rank's "
+                       f"input is at most {limit} bytes for now (this one: {in_bytes})")
     prepare_gpu_group(group, wait)
 
 

@@ -35,13 +35,6 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_shard_au
 if "--profile" in sys.argv:  # the profiled programs run as timed: from their command buffers
   os.environ["XLA_FLAGS"] += " --xla_enable_command_buffers_during_profiling=true"
 
-# Groups spanning hosts over NVSHMEM (--config cross_host_transport=nvshmem): several PEs on
-# this one GPU, under MPS, bootstrapped over loopback.
-for k, v in {"NVSHMEM_REMOTE_TRANSPORT": "none", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "lo",
-             "NVSHMEM_DISABLE_NVLS": "1", "NVSHMEM_DISABLE_NCCL": "1", "NVSHMEM_SYMMETRIC_SIZE": "256M",
-             "NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1"}.items():
-  os.environ.setdefault(k, v)
-
 import jax  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")

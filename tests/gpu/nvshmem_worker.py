@@ -5,8 +5,7 @@ on every process at once.  Prints one line ``RESULT {json}``.
 
     tools/mps_testbed.sh -n 2 -- python3 tests/gpu/nvshmem_worker.py [--blocks 40] [--pingpong 2000]
 
-The NVSHMEM environment of one host (set unless already set): P2P only, the unique-id
-bootstrap on loopback, NVLink multicast off, every PE may use all SMs under MPS.
+NVSHMEM's environment for one host comes from the testbed (tools/mps_testbed.sh).
 """
 from __future__ import annotations
 
@@ -16,10 +15,6 @@ import os
 import statistics
 import time
 
-for k, v in {"NVSHMEM_REMOTE_TRANSPORT": "none", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "lo",
-             "NVSHMEM_DISABLE_NVLS": "1", "NVSHMEM_DISABLE_NCCL": "1", "NVSHMEM_SYMMETRIC_SIZE": "256M",
-             "NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1"}.items():
-  os.environ.setdefault(k, v)
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.1")
 
 import jax  # noqa: E402

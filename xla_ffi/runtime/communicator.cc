@@ -338,8 +338,8 @@ AnnounceSetup Communicator::AnnounceSetupOf(int r) const {
   s.grace_ns = static_cast<uint64_t>(kAnnounceGraceS * 1e9);
   for (int q = 0; q < n; ++q) {
     s.regions[q] = view.ann_region[q];
-    s.at[q] = ann_at.empty() ? 0 : ann_at[q];
-    s.pe[q] = ann_pe.empty() ? -1 : ann_pe[q];
+    s.at[q] = ann_at[q];  // (sized at construction)
+    s.pe[q] = ann_pe[q];
   }
   return s;
 }
