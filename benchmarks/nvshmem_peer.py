@@ -64,12 +64,12 @@ def main() -> int:
 
   import jax_dfccl as d
   from benchmarks.common import donated_time
-  from jax_dfccl._src import nvshmem as nv
+  from jax_dfccl._src import distributed as dist, nvshmem as nv
 
+  if args.config:  # before initialize(), which reads cross_host_transport (e.g. processes_per_host=1,
+    from benchmarks.common import parse_config  # cross_host_transport=nvshmem: ours over NVSHMEM; or several
+    d.configure(**parse_config(args.config))    # processes on one GPU: large_max_blocks=32)
   d.initialize()
-  if args.config:  # e.g. several processes on one GPU: their daemons' blocks must fit its SMs together
-    from benchmarks.common import parse_config
-    d.configure(**parse_config(args.config))
   rank, n = jax.process_index(), jax.process_count()
   out = {"ranks": n, "device": jax.devices()[0].device_kind, "jax": jax.__version__, "iters": args.iters, "config": args.config,
          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv), "rows": []}
@@ -119,7 +119,9 @@ def main() -> int:
       out["rows"].append(row)
       print("ROW", json.dumps(row), flush=True)
   out["ok"] = bool(good)
-  nv.finalize()
+  out["engine"] = dist._state.get("engine")  # the daemon's: "nvshmem" (ours over NVSHMEM) or "stores"
+  if out["engine"] != "nvshmem":  # (the daemon over NVSHMEM holds the job until the process exits)
+    nv.finalize()
   if rank == 0:
     print("RESULT " + json.dumps(out), flush=True)
     if args.out:

@@ -16,7 +16,9 @@ LEGS = [("submit_enter", "submit_matched"), ("submit_matched", "inline_lane"), (
         ("lane_entered", "lane_ready"), ("lane_ready", "lane_polled"), ("lane_polled", "lane_combined"),
         ("lane_combined", "lane_fenced"), ("lane_fenced", "submit_published"),
         ("submit_matched", "submit_published"), ("submit_published", "inline_completed"),
-        ("submit_published", "stream_wait"), ("stream_wait", "stream_woke")]
+        ("submit_published", "stream_wait"), ("stream_wait", "stream_woke"),
+        # the daemon's (a task the inline kernel does not complete): ingested, first lane step, completed
+        ("submit_published", "start"), ("start", "run"), ("run", "finish"), ("finish", "stream_woke")]
 
 
 def chain_legs(cu, keys):
