@@ -49,7 +49,8 @@ constexpr double kPhaseS = 20.0;     // a phase not done by then is a deadlock
 struct Cfg {
   const char* name;
   int nranks, per_host, latency_us, slots, dead;  // dead: the rank phase D kills
-  bool store;  // StoreTransport (no latency, no kill: phases A, C, B only)
+  bool store;   // StoreTransport (no latency, no kill: phases A, C, B only)
+  bool outbox;  // messages shipped by the caller after each pass (as the daemon's warp does)
 };
 
 struct Inst {
@@ -116,7 +117,7 @@ class Rank {
     size_t left = order.size();
     const auto t0 = std::chrono::steady_clock::now();
     while (left > 0 && !s_.failed) {
-      a.Progress();
+      Pass(a);
       for (size_t i = 0; i < order.size(); ++i) {
         if (h[i] < 0) continue;
         const ann::Task& k = a.TaskOf(h[i]);
@@ -155,6 +156,23 @@ class Rank {
     return !s_.failed;
   }
 
+  // One pass.  With an outbox, the messages it left are shipped afterwards, each as
+  // Ship says (the data, or a release if its instance failed meanwhile).
+  void Pass(ann::Announcer<T>& a) {
+    if (!s_.cfg->outbox) return a.Progress();
+    ann::Outbox ob{};
+    a.SetOutbox(&ob, this);
+    a.Progress();
+    a.SetOutbox(nullptr, nullptr);
+    for (int i = 0; i < ob.n; ++i) {
+      const ann::PutJob& j = ob.job[i];
+      if (j.tag != this) Die(s_, me_, "a job without its tag");
+      if (a.Ship(j) == 1) t_.Put(j.peer, j.dst_off, j.src, j.bytes, j.sig_off, 1);
+      else t_.Put(j.peer, 0, nullptr, 0, j.sig_off, 2);
+      a.Sent(j);
+    }
+  }
+
   // Waits for every live rank at barrier b, progressing meanwhile (peers may need
   // this rank's credits, releases and verdicts).  until_empty: arrive only once
   // this rank's table, slots and mailboxes are empty.
@@ -162,7 +180,7 @@ class Rank {
     const auto t0 = std::chrono::steady_clock::now();
     bool in = false;
     for (;;) {
-      a_.Progress();
+      Pass(a_);
       const int live = s_.cfg->nranks - __builtin_popcountll(s_.world->Dead());
       if (!in && (!until_empty || a_.Empty())) {
         if (s_.barrier[b].fetch_add(1) + 1 == live)
@@ -380,12 +398,12 @@ bool Waits() {
 int main() {
   if (!Waits()) return 1;
   const Cfg cfgs[] = {
-      {"2 hosts x 2 ranks", 4, 2, 0, 3, 3, false},
-      {"2 hosts x 2 ranks, 20 us between hosts", 4, 2, 20, 2, 2, false},
-      {"4 hosts x 1 rank, the home dies", 4, 1, 0, 3, 0, false},
-      {"2 hosts x 1 rank, slots for all", 2, 1, 0, kTasks + 1, 1, false},
+      {"2 hosts x 2 ranks", 4, 2, 0, 3, 3, false, false},
+      {"2 hosts x 2 ranks, 20 us between hosts, shipped after the pass", 4, 2, 20, 2, 2, false, true},
+      {"4 hosts x 1 rank, the home dies, shipped after the pass", 4, 1, 0, 3, 0, false, true},
+      {"2 hosts x 1 rank, slots for all", 2, 1, 0, kTasks + 1, 1, false, false},
 #if !defined(__SANITIZE_THREAD__)  // StoreTransport's fence + relaxed add: TSan does not model fences
-      {"4 ranks by stores", 4, 4, 0, 3, -1, true},
+      {"4 ranks by stores, shipped after the pass", 4, 4, 0, 3, -1, true, true},
 #endif
   };
   uint64_t seed = 1;

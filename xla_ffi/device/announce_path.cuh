@@ -33,16 +33,21 @@ DFCCL_DEV uint32_t AnnounceStatus(const ann::Task& k, int rank) {
   return (k.status & 0xffffffu) | (static_cast<uint32_t>(ranks & 0xffu) << 24);
 }
 
-// The communicators the control warp advanced in this pass (each once).
+// The communicators the control warp advanced in this pass (each once), and the
+// messages they left to ship (the outbox: in shared memory, ShipOutbox empties it).
 struct AnnouncePass {
   static constexpr int kMax = 4;
+  ann::Outbox* ob;
   const AnnounceView* seen[kMax];
   int n = 0;
+  DFCCL_DEV explicit AnnouncePass(ann::Outbox* o) : ob(o) {}
   DFCCL_DEV void Progress(const AnnounceView* v, DaemonAnnouncer& a) {
     for (int i = 0; i < n; ++i)
       if (seen[i] == v) return;
     if (n < kMax) seen[n++] = v;  // (more communicators than that: advanced on every visit)
+    a.SetOutbox(ob, v);
     a.Progress();
+    a.SetOutbox(nullptr, nullptr);
   }
   DFCCL_DEV void Progress(const AnnounceView* v) {
     DaemonAnnouncer a = AnnouncerOf(v);
@@ -84,6 +89,29 @@ DFCCL_DEV void AnnounceStep(TaskRun* run, TaskDesc* dd, const TaskDesc& d, bool 
     StVol(&dd->slot, k.slot);
     StVol(&run->phase, 2);
   }
+}
+
+// The whole control warp, after the pass: each message the pass left in the
+// outbox put by all 32 lanes (PutWarp), unless its instance failed meanwhile
+// (then lane 0's release: a signal alone); then the entry's put counts as made.
+// Lane 0 asks and records, so nothing between the question and the put can
+// fail the task: only this warp does.  (A task is ready only once its puts are
+// made, so its source, XLA's buffer, is still the task's while it is read.)
+DFCCL_DEV void ShipOutbox(ann::Outbox* ob, int lane) {
+  const int n = *reinterpret_cast<volatile int*>(&ob->n);
+  for (int i = 0; i < n; ++i) {
+    const ann::PutJob j = ob->job[i];
+    const AnnounceView* v = static_cast<const AnnounceView*>(j.tag);
+    DaemonTransport& t = const_cast<DaemonTransport&>(v->t);
+    DaemonAnnouncer an = AnnouncerOf(v);
+    const uint64_t add = __shfl_sync(0xffffffffu, lane == 0 ? an.Ship(j) : 0ull, 0);
+    if (add == 1) t.PutWarp(lane, j.peer, j.dst_off, j.src, j.bytes, j.sig_off, 1);
+    else if (lane == 0) t.Put(j.peer, 0, nullptr, 0, j.sig_off, 2);
+    if (lane == 0) an.Sent(j);
+    __syncwarp();
+  }
+  if (lane == 0) ob->n = 0;
+  __syncwarp();
 }
 
 // Lane 0 of the control warp, a done task that holds a handle: release it.

@@ -56,7 +56,8 @@ size_t AnnounceViewBytes() { return sizeof(AnnounceView); }
 
 cudaError_t AnnounceInit(const AnnounceSetup& s, void* view, cudaStream_t stream) {
   if (s.nranks < 1 || s.nranks > kMaxRanks || s.rank < 0 || s.rank >= s.nranks || s.slots < 2 ||
-      s.slots > ann::kMaxSlots || s.slot_bytes % 16 != 0 || s.regions[s.rank] == nullptr)
+      s.slots > ann::kMaxSlots || s.entries < 1 || s.entries > ann::kMaxEntries || s.slot_bytes % 16 != 0 ||
+      s.regions[s.rank] == nullptr)
     return cudaErrorInvalidValue;
   AnnounceView v{};
   TransportOf(s, v.t);

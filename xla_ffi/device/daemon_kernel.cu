@@ -242,9 +242,10 @@ __device__ void WorkerLoop(const DaemonParams& P) {
 // Lane 0 of the control warp: brings pending tasks to their instance (arrival,
 // slot, failure) — see device/match.cuh.  `aborts`: the host's abort words
 // changed since the last pass.
-__device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, bool aborts, uint64_t now) {
+__device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, bool aborts, uint64_t now,
+                             ann::Outbox* ob) {
   DeviceShared* dev = P.dev;
-  AnnouncePass pass;
+  AnnouncePass pass(ob);
   for (uint64_t t = lo; t < sub; ++t) {
     const uint32_t e = t % kTaskRing, g = Gen(t);
     TaskRun* run = &dev->run[e];
@@ -299,6 +300,9 @@ __device__ void ControlLoop(const DaemonParams& P) {
   const int lane = threadIdx.x;
   DeviceShared* dev = P.dev;
   HostShared* host = P.host;
+  __shared__ ann::Outbox outbox;  // the messages a pass leaves to the whole warp (ShipOutbox)
+  if (lane == 0) outbox.n = 0;
+  __syncwarp();
   Recorder rec;
   rec.Load(P);
   uint64_t sub = LdVol(&dev->submitted), lo = LdVol(&dev->lo);
@@ -333,8 +337,9 @@ __device__ void ControlLoop(const DaemonParams& P) {
       if (aborts && taken0 <= sub) seen_abort = ag;
       resize = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->resize) : 0u, 0) == P.launch_id;
     }
-    if (lane == 0) MatchPending(P, lo, sub, aborts, now);
+    if (lane == 0) MatchPending(P, lo, sub, aborts, now, &outbox);
     __syncwarp();
+    ShipOutbox(&outbox, lane);  // (the messages of groups spanning hosts: protocol "announce")
     if (lane == 0) {
       // (a done task that still holds an Announcer handle is finished by the next pass first)
       while (lo < sub && LdVol(&dev->done[lo % kTaskRing]) == Gen(lo) && LdVol(&dev->run[lo % kTaskRing].ann) == 0) ++lo;

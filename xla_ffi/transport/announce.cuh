@@ -95,6 +95,26 @@ class Announcer {
     for (int i = 0; i < l_.g.tasks; ++i) task_[i].state = kFree;
   }
 
+  // Message puts go to `ob` (the caller ships them after Progress: Ship, the put,
+  // Sent) instead of this thread's Put; null: this thread puts them.
+  DFCCL_DEV void SetOutbox(Outbox* ob, const void* tag) {
+    ob_ = ob;
+    tag_ = tag;
+  }
+  // What job j is now: 1, the data (its task still runs, no failure decided); 2, a
+  // release (a signal alone: the instance failed since it was queued).
+  DFCCL_DEV uint64_t Ship(const PutJob& j) {
+    const Entry* e = Find(j.id);
+    return e && !e->status && e->task >= 0 && task_[e->task].state == kRunning ? 1 : 2;
+  }
+  // Job j was put (or its member is dead): the entry's one put to it is made.
+  DFCCL_DEV void Sent(const PutJob& j) {
+    if (Entry* e = Find(j.id)) {
+      e->sent |= 1ull << j.peer;
+      e->queued &= ~(1ull << j.peer);
+    }
+  }
+
   // Starts this rank's instance; never waits.  Returns its task, or -1 with
   // *status: kStatusNoEntry (I instances in flight: the cap; or no table entry),
   // kStatusTwice.  A start that meets a tombstone returns a task already failed.
@@ -156,17 +176,17 @@ class Announcer {
     for (int q = 0; q < n_; ++q)
       if (q != me_) Drain(q, now);
     uint32_t min_grant = 0;  // the grant the reserve serves next: the lowest one waiting for a slot here
-    for (int i = 0; i < l_.g.entries; ++i) {
+    for (int i = Next(0); i < l_.g.entries; i = Next(i + 1)) {
       const Entry& e = e_[i];
       if (e.id && e.grant && !e.status && e.task >= 0 && task_[e.task].slot < 0 && (!min_grant || e.grant < min_grant))
         min_grant = e.grant;
     }
-    for (int i = 0; i < l_.g.entries;) {
-      if (e_[i].id && Advance(e_[i], now, dead, min_grant)) {
+    for (int i = Next(0); i < l_.g.entries;) {
+      if (Advance(e_[i], now, dead, min_grant)) {
         Erase(i);  // the entry moved into i (if any) is looked at next
-        continue;
+        if (e_[i].id) continue;
       }
-      ++i;
+      i = Next(i + 1);
     }
     if (me_ == 0) Grant();
     for (int s = 0; s < l_.g.slots; ++s) {
@@ -193,6 +213,19 @@ class Announcer {
  private:
   DFCCL_DEV Peer& PeerOf(const Entry* e, int q) { return peer_[(e - e_) * n_ + q]; }
   DFCCL_DEV int Home(uint64_t id) const { return static_cast<int>(id % static_cast<uint64_t>(l_.g.entries)); }
+  // The first entry in use at or after i (entries: none).
+  DFCCL_DEV int Next(int i) const {
+    for (int w = i / 64; w * 64 < l_.g.entries; ++w) {
+      uint64_t m = st_->occupied[w];
+      if (w == i / 64) m &= ~0ull << (i % 64);
+      if (m) return w * 64 + Lowest(m) < l_.g.entries ? w * 64 + Lowest(m) : l_.g.entries;
+    }
+    return l_.g.entries;
+  }
+  DFCCL_DEV void Occupy(int i, bool on) {
+    if (on) st_->occupied[i / 64] |= 1ull << (i % 64);
+    else st_->occupied[i / 64] &= ~(1ull << (i % 64));
+  }
 
   // Open addressing, linear probing; deletion shifts back (no markers, so probes
   // stay as short as the load allows).
@@ -216,6 +249,7 @@ class Announcer {
       e.seen_ns = now;
       e.task = -1;
       for (int q = 0; q < n_; ++q) PeerOf(&e, q) = Peer{0, kNoSlot, 0};
+      Occupy(j, true);
       st_->live_entries++;
       return &e;
     }
@@ -234,6 +268,7 @@ class Announcer {
       }
     }
     e_[i].id = 0;
+    Occupy(i, false);
     st_->live_entries--;
   }
 
@@ -398,7 +433,7 @@ class Announcer {
       }
     }
     // The one put owed to each member whose slot is known: data, or a release.
-    for (uint64_t m = e.slotted & ~e.sent & others_; m; m &= m - 1) {
+    for (uint64_t m = e.slotted & ~e.sent & ~e.queued & others_; m; m &= m - 1) {
       const int q = Lowest(m);
       const Peer& p = PeerOf(&e, q);
       const int s = l_.SlotOf(p.slot_off);
@@ -406,6 +441,12 @@ class Announcer {
       if (!e.status) {
         if (!k || k->state != kRunning) continue;  // not started here yet
         data = p.sig == k->sig && p.bytes == k->bytes;
+      }
+      if (data && ob_ && !(dead >> q & 1ull)) {  // the caller ships it (then Sent)
+        if (ob_->n == Outbox::kMax) continue;
+        ob_->job[ob_->n++] = PutJob{e.id, k->src, l_.SlotData(s, me_), l_.SlotSig(s, me_), tag_, k->bytes, q};
+        e.queued |= 1ull << q;
+        continue;
       }
       if (!(dead >> q & 1ull)) {
         const bool ok = data ? t_.Put(q, l_.SlotData(s, me_), k->src, k->bytes, l_.SlotSig(s, me_), 1)
@@ -469,9 +510,9 @@ class Announcer {
       if (g && !g->status && g->task >= 0 && task_[g->task].state == kRunning) return;
       st_->grant_open = 0;
     }
-    for (int i = 0; i < l_.g.entries; ++i) {
+    for (int i = Next(0); i < l_.g.entries; i = Next(i + 1)) {
       Entry& e = e_[i];
-      if (!e.id || e.status || e.grant || e.arrived != all_ || e.task < 0 || task_[e.task].state != kRunning) continue;
+      if (e.status || e.grant || e.arrived != all_ || e.task < 0 || task_[e.task].state != kRunning) continue;
       const bool slotless = (e.slotted & others_) != others_ || task_[e.task].slot < 0;
       if (!slotless || (e.todo & ~t_.DeadMask())) continue;
       e.grant = ++st_->grants;
@@ -492,6 +533,8 @@ class Announcer {
   Task* task_;
   Slot* slot_;
   uint64_t* base_;
+  Outbox* ob_ = nullptr;
+  const void* tag_ = nullptr;
 };
 
 // The failure as the host names it: key, sequence, what, the ranks (host code).

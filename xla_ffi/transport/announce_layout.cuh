@@ -13,6 +13,7 @@ namespace dfccl::gpu::ann {
 
 inline constexpr int kMaxRanks = kTransportMaxRanks;
 inline constexpr int kMaxSlots = 256;
+inline constexpr int kMaxEntries = 4096;
 inline constexpr uint32_t kNoSlot = 0xffffffffu;
 
 enum RecordKind : uint16_t { kRecAnnounce = 1, kRecSlot = 2, kRecVerdict = 3, kRecGrant = 4 };
@@ -69,6 +70,7 @@ struct Entry {
   uint64_t slotted;      // members whose slot is known (each owed one put)
   uint64_t closed;       // members whose slot is known or will never come (no record of theirs can follow)
   uint64_t sent;         // members this rank made its one put to
+  uint64_t queued;       // members whose put is in the caller's outbox (Announcer::Sent moves it to sent)
   uint64_t told;         // members this rank announced to
   uint64_t told_slot;    // ... with its slot, or that none will come
   uint64_t ranks;        // failure: the ranks it names
@@ -92,6 +94,7 @@ struct State {
   uint64_t sent[kMaxRanks];      // records put to each member
   uint64_t consumed[kMaxRanks];  // records drained from each member
   uint64_t free_bits[kMaxSlots / 64];
+  uint64_t occupied[kMaxEntries / 64];  // table entries in use (a pass visits only these)
   uint64_t grant_open;           // home: the outstanding grant's id, 0: none
   uint32_t grants;               // home: grants made
   int32_t live_entries;
@@ -130,6 +133,24 @@ struct Layout {
   DFCCL_TASK_HD uint64_t SlotData(int s, int src) const { return SlotAt(s) + static_cast<uint64_t>(src) * g.slot_bytes; }
   DFCCL_TASK_HD uint64_t SlotSig(int s, int src) const { return slot_sig + (static_cast<uint64_t>(s) * g.nranks + src) * 8; }
   DFCCL_TASK_HD int SlotOf(uint32_t slot_off) const { return static_cast<int>((slot_off - slot) / (static_cast<uint64_t>(g.nranks) * g.slot_bytes)); }
+};
+
+// A message put the Announcer leaves to its caller (Progress with an outbox): the
+// daemon's control warp ships it with all its lanes (Transport::PutWarp) after the
+// pass, asking Ship first whether it is still data or became a release, then Sent.
+struct PutJob {
+  uint64_t id;          // the entry (MatchId)
+  const char* src;      // this rank's message
+  uint64_t dst_off;     // the member's receive section for this rank
+  uint64_t sig_off;     // its signal word
+  const void* tag;      // the caller's (the daemon: the communicator's view)
+  uint32_t bytes;
+  int32_t peer;
+};
+struct Outbox {
+  static constexpr int kMax = 16;  // full: the rest wait for a later pass
+  int n;                           // (no initialisers: the daemon's is in shared memory)
+  PutJob job[kMax];
 };
 
 struct Config {

@@ -24,6 +24,11 @@
 //                                       its target; false at the bound (never waits longer)
 //   uint64_t DeadMask() const           ranks the host found dead (the proxy's liveness
 //                                       report, in local memory: docs/design/scale-out.md §8)
+//   bool PutWarp(int lane, <Put's arguments>)   (device builds only)
+//       Put by the 32 threads of a warp, each calling it with the same arguments
+//       (`lane`: its index): the bytes copied 16 at a time by every lane, then the one
+//       signal add; returns the same on every lane.  The daemon's control warp ships
+//       a message this way (device/announce_path.cuh); a record stays one thread's Put.
 //
 // Waits on a signal go through WaitSignal below, i.e. the one wait of the device
 // (device/wait.cuh): bounded, with an abort check; an engine's own unbounded
@@ -65,6 +70,29 @@ DFCCL_DEV WaitEnd WaitSignal(Transport& t, uint64_t off, uint64_t target, uint64
   return SpinWait<SignalWait>([&] { return t.Signal(off) >= target; }, bound_ns, aborted);
 }
 
+#if defined(__CUDACC__)
+// dst[0:n) = src[0:n) by the 32 lanes of a warp: 16-byte vectors when both are
+// aligned (four loads in flight per lane), else bytes.  Loads through L2
+// (ld.global.cg): the source is XLA's buffer, rewritten between uses while a
+// persistent kernel's L1 may still hold its old lines.
+DFCCL_DEV void WarpCopy(int lane, char* dst, const char* src, uint32_t n) {
+  uint32_t i = 0;
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
+    const uint32_t n16 = n >> 4;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    uint32_t v = lane;
+    for (; v + 96 < n16; v += 128) {
+      const uint4 a = __ldcg(s + v), b = __ldcg(s + v + 32), c = __ldcg(s + v + 64), e = __ldcg(s + v + 96);
+      d[v] = a; d[v + 32] = b; d[v + 64] = c; d[v + 96] = e;
+    }
+    for (; v < n16; v += 32) d[v] = __ldcg(s + v);
+    i = n16 << 4;
+  }
+  for (uint32_t b = i + lane; b < n; b += 32) dst[b] = static_cast<char>(__ldcg(reinterpret_cast<const unsigned char*>(src) + b));
+}
+#endif
+
 // Peers reached by pointer: base[r] is rank r's region as this GPU sees it
 // (base[rank] the own one).  A put is the thread's stores, then a release fence
 // at system scope, then a relaxed add on the signal: the fence orders the
@@ -91,6 +119,20 @@ struct StoreTransport {
     atomicAdd_system(reinterpret_cast<unsigned long long*>(base[peer] + signal_off), add);
     return true;
   }
+#if defined(__CUDACC__)
+  // Every lane's stores, its system-scope fence, the warp's barrier, then lane 0's
+  // add: a reader that sees the add sees every lane's bytes (fences are cumulative).
+  DFCCL_DEV bool PutWarp(int lane, int peer, uint64_t dst_off, const void* src, uint32_t bytes, uint64_t signal_off,
+                         uint64_t add) {
+    if (__shfl_sync(0xffffffffu, lane == 0 ? DeadMask() >> peer & 1ull : 0ull, 0)) return false;
+    WarpCopy(lane, base[peer] + dst_off, static_cast<const char*>(src), bytes);
+    FenceAcqRelSys();
+    __syncwarp();
+    if (lane == 0) atomicAdd_system(reinterpret_cast<unsigned long long*>(base[peer] + signal_off), add);
+    __syncwarp();
+    return true;
+  }
+#endif
   DFCCL_DEV bool PutValue(int peer, uint64_t off, uint64_t v) {
     if (DeadMask() >> peer & 1ull) return false;
     StReleaseSys(reinterpret_cast<uint64_t*>(base[peer] + off), v);
