@@ -159,7 +159,8 @@ def make_step(s: int, processes: int, mesh, prev, nxt):
   return step
 
 
-def run_stage(process: int, processes: int, port: int, steps: int, timeout_s: float = 60.0, gpu: bool = False) -> None:
+def run_stage(process: int, processes: int, port: int, steps: int, timeout_s: float = 60.0, gpu: bool = False,
+              config: str = "") -> None:
   import jax
   if gpu:  # one GPU per process (several processes may share one under CUDA MPS)
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -172,6 +173,9 @@ def run_stage(process: int, processes: int, port: int, steps: int, timeout_s: fl
   from jax.sharding import Mesh, PartitionSpec as P
   import jax_dfccl as dfccl
   dfccl.configure(timeout_s=timeout_s)
+  for kv in filter(None, config.split(",")):  # e.g. processes_per_host=2,cross_host_transport=nvshmem
+    k, v = kv.split("=", 1)
+    dfccl.configure(**{k: int(v) if v.isdigit() else v})
   dfccl.initialize()
 
   dev = {d.process_index: d for d in jax.devices()}
@@ -201,7 +205,8 @@ def free_port() -> int:
     return sock.getsockname()[1]
 
 
-def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = False, stage_timeout_s: float = 60.0) -> dict:
+def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = False, stage_timeout_s: float = 60.0,
+           config: str = "") -> dict:
   port = free_port()
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if gpu:
@@ -213,7 +218,7 @@ def launch(processes: int, steps: int, timeout_s: float = 240.0, gpu: bool = Fal
     env["JAX_PLATFORMS"] = "cpu"
   procs = [subprocess.Popen([sys.executable, __file__, "--process-id", str(i), "--processes", str(processes),
                              "--port", str(port), "--steps", str(steps), "--timeout-s", str(stage_timeout_s)]
-                            + (["--gpu"] if gpu else []),
+                            + (["--gpu"] if gpu else []) + (["--config", config] if config else []),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
            for i in range(processes)]
   outs, late = [], False
@@ -251,10 +256,12 @@ def main():
   ap.add_argument("--gpu", action="store_true", help="one GPU per stage (start CUDA MPS first to share one GPU)")
   ap.add_argument("--timeout-s", type=float, default=60.0, help="jax_dfccl.config.timeout_s of the stages")
   ap.add_argument("--deadline-s", type=float, default=240.0, help="wall-clock limit of the whole run")
+  ap.add_argument("--config", default="", help="jax_dfccl.configure entries of the stages, k=v,... (e.g. "
+                  "processes_per_host=2,cross_host_transport=nvshmem: every 2 stages a host, NVSHMEM between them)")
   a = ap.parse_args()
   if a.process_id is not None:
-    return run_stage(a.process_id, a.processes, a.port, a.steps, a.timeout_s, a.gpu)
-  got = launch(a.processes, a.steps, a.deadline_s, gpu=a.gpu, stage_timeout_s=a.timeout_s)
+    return run_stage(a.process_id, a.processes, a.port, a.steps, a.timeout_s, a.gpu, a.config)
+  got = launch(a.processes, a.steps, a.deadline_s, gpu=a.gpu, stage_timeout_s=a.timeout_s, config=a.config)
   import numpy as np
   if a.gpu:
     import jax

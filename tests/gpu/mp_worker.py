@@ -16,7 +16,8 @@ adds the device timeline of each chain, benchmarks/common.py kernel_timeline, an
 keeps the profiler's trace folders); with --case abandon, rank 0's program fails between a start and its
 done and rank 1 starts the instance later (rank 0's refilled buffers touched? rank 1 exact?); with
 --case retry, rank 0's program fails before a start rank 1 made, then both run again (what each run
-returns or raises).  Prints one JSON line
+returns or raises); with --case train, data-parallel SGD across the processes against the same model
+trained on the whole batch in one process (losses, rtol 1e-5).  Prints one JSON line
 ``RESULT {...}``; exits non-zero on a wrong result."""
 from __future__ import annotations
 
@@ -574,6 +575,56 @@ elif case == "sendrecv":
     check(f"sendrecv_{it}", res, want)
   out["started"] = int(d.stats()["cuda"]["started"] - s0)
   out["ok"] &= out["started"] >= 3 * 2 * micro
+elif case == "train":
+  # Data-parallel training across the processes (one GPU each): each rank's gradient of its
+  # shard of the batch, averaged by psum (a key per parameter), 20 SGD steps of a two-layer MLP;
+  # the losses against the same model trained on the whole batch in this process alone
+  # (jax on this GPU, no collective), rtol 1e-5.
+  jax.config.update("jax_default_matmul_precision", "highest")
+  width, per, steps, lr = 32, 16, 20, 0.1
+  rng = np.random.default_rng(21)
+  params0 = (rng.standard_normal((width, width)).astype(np.float32) / np.sqrt(width),
+             rng.standard_normal((width, 1)).astype(np.float32) / np.sqrt(width))
+
+  def batch(t):  # the whole batch of step t: n shards of `per` rows
+    r = np.random.default_rng(100 + t)
+    xb = r.standard_normal((n * per, width)).astype(np.float32)
+    return xb, np.sin(xb.sum(1, keepdims=True)).astype(np.float32)
+
+  def loss_fn(ps, xb, yb):
+    h = jnp.tanh(xb @ ps[0])
+    return jnp.mean((h @ ps[1] - yb) ** 2)
+
+  def dp_step(ps, xb, yb):  # one rank's shard: (per, width), (per, 1)
+    ls, gs = jax.value_and_grad(loss_fn)(ps, xb, yb)
+    gs = tuple(d.psum(g, "x", key=f"grad{i}") / n for i, g in enumerate(gs))
+    return tuple(p_ - lr * g for p_, g in zip(ps, gs)), d.psum(ls, "x", key="loss") / n
+
+  step = jax.jit(jax.shard_map(dp_step, mesh=mesh, in_specs=(P(), P("x"), P("x")), out_specs=(P(), P()),
+                               check_vma=False))
+  rep = NamedSharding(mesh, P())
+  ps = tuple(jax.make_array_from_callback(p_.shape, rep, lambda idx, p_=p_: p_[idx]) for p_ in params0)
+  losses = []
+  for t in range(steps):
+    xb, yb = batch(t)
+    xa = jax.make_array_from_callback(xb.shape, NamedSharding(mesh, P("x")), lambda idx, xb=xb: xb[idx])
+    ya = jax.make_array_from_callback(yb.shape, NamedSharding(mesh, P("x")), lambda idx, yb=yb: yb[idx])
+    ps, ls = step(ps, xa, ya)
+    losses.append(float(np.asarray(ls.addressable_shards[0].data)))
+  local_dev = jax.local_devices()[0]
+  ref_step = jax.jit(lambda ps, xb, yb: (lambda l, g: (tuple(p_ - lr * g_ for p_, g_ in zip(ps, g)), l))(
+      *jax.value_and_grad(loss_fn)(ps, xb, yb)))
+  rps, ref = jax.device_put(params0, local_dev), []
+  for t in range(steps):
+    xb, yb = batch(t)
+    rps, ls = ref_step(rps, *jax.device_put((xb, yb), local_dev))
+    ref.append(float(ls))
+  got, want = np.array(losses), np.array(ref)
+  out["losses"], out["reference"] = [round(v, 7) for v in losses], [round(v, 7) for v in ref]
+  out["max_rel_err"] = float(np.max(np.abs(got - want) / np.abs(want)))
+  out["ok"] &= bool(out["max_rel_err"] < 1e-5 and want[-1] < want[0])
+  out["started"] = int(d.stats()["cuda"]["started"] - s0)
+  out["ok"] &= out["started"] >= steps * 3
 elif case == "abandon":
   # A program abandoned between a start and its done (issue 46): rank 0's program starts a
   # collective, then a host callback raises (ordered after the start by an optimization barrier,
