@@ -284,6 +284,10 @@ class TestHooks(_Section):
   #: are.  Every process must set the same value; read when a group is set up
   #: (when the first program using it is lowered).
   processes_per_host: int = 0
+  #: Microseconds each put of a group spanning hosts waits before it goes to a rank
+  #: of another host: the network's latency, simulated (on one machine, with
+  #: ``processes_per_host``).  Read when a group is set up.
+  cross_host_latency_us: float = 0.0
 
 
 @dataclasses.dataclass(repr=False)
@@ -401,4 +405,4 @@ CHOICES: dict[str, tuple[str, ...]] = {"cross_host_transport": ("auto", "nvshmem
 
 #: The entries read when a program is traced or lowered (by the Python layer), not by the runtimes.
 TRACE_TIME_ENTRIES = frozenset({f for f, (path, _) in FLAT.items() if path == "overlap"}
-                               | {"runtime_for_groups_of_one", "processes_per_host"})
+                               | {"runtime_for_groups_of_one", "processes_per_host", "cross_host_latency_us"})

@@ -150,7 +150,7 @@ def test_lowering_never_waits_for_another_process(monkeypatch):
     def __init__(self):
       self.imported = threading.Event()
 
-    def comm_export(self, row, r, spans_hosts=False):
+    def comm_export(self, row, r, spans_hosts=False, hosts=(), latency_us=0.0):
       return f"blob{r}".encode()
 
     def comm_import(self, row, blobs):
@@ -208,3 +208,21 @@ def test_a_group_spanning_machines_without_nvshmem_is_refused(bootstrap, monkeyp
   with pytest.raises(RuntimeError, match=r"spans machines.*CUDA IPC only.*cross_host_transport"):
     distributed._spans_hosts([0, 1])
   assert not distributed._spans_hosts([1, 3])  # both on process 1's machine
+
+
+def test_the_host_of_each_rank_is_its_machine_or_its_simulated_host(monkeypatch):
+  # What a group spanning hosts is told of each rank (the transport's remote ranks, whose puts the
+  # simulated latency delays): the machine's index where the job spans machines, else the host
+  # config.testing.processes_per_host makes of consecutive processes.
+  fake = [type("D", (), {"id": i, "process_index": i})() for i in range(4)]
+  monkeypatch.setattr(jax, "devices", lambda: fake)
+  monkeypatch.setattr(distributed, "_state", {"machines": ["b/1", "a/1", "a/1", "b/1"], "engine": "nvshmem"})
+  assert distributed._hosts([0, 1, 2, 3]) == [0, 1, 1, 0] and distributed._hosts([2, 0]) == [1, 0]
+  monkeypatch.setattr(distributed, "_state", {"machines": ["m/1"] * 4, "engine": "nvshmem"})
+  saved = distributed.config.testing.processes_per_host
+  distributed.config._set_flat("processes_per_host", 2)
+  try:
+    assert distributed._spans_hosts([1, 2]) and not distributed._spans_hosts([2, 3])
+    assert distributed._hosts([0, 1, 2, 3]) == [0, 0, 1, 1] and distributed._hosts([3, 1]) == [1, 0]
+  finally:
+    distributed.config._set_flat("processes_per_host", saved)

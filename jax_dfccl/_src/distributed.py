@@ -244,9 +244,11 @@ def prepare_gpu_group(row, wait: bool = False) -> None:
     client = _client()
     base = f"{_NS}/{_state['token']}/gpu/{key}"
     spans_hosts = _spans_hosts(row)
+    hosts = _hosts(row) if spans_hosts else []
+    latency = float(config.testing.cross_host_latency_us)
     for r, g in enumerate(row):
       if g in local:
-        client.key_value_set_bytes(f"{base}/{r}", rt.comm_export(row, r, spans_hosts))
+        client.key_value_set_bytes(f"{base}/{r}", rt.comm_export(row, r, spans_hosts, hosts, latency))
     _state["groups"].add(key)
     if not wait:
       threading.Thread(target=_import, args=(rt, client, base, row, True), daemon=True,
@@ -271,6 +273,18 @@ def _spans_hosts(row) -> bool:
     return True
   per_host = int(config.testing.processes_per_host)
   return per_host > 0 and len({process[g] // per_host for g in row}) > 1
+
+
+def _hosts(row) -> list[int]:
+  """The host of each device of ``row``: its machine's index where the job spans machines,
+  else its simulated host (``config.testing.processes_per_host``)."""
+  process = {int(d.id): int(d.process_index) for d in jax.devices()}
+  machines = _state.get("machines") or []
+  if len(set(machines)) > 1:
+    index = {m: i for i, m in enumerate(dict.fromkeys(machines))}
+    return [index[machines[process[g]]] for g in row]
+  per_host = max(int(config.testing.processes_per_host), 1)
+  return [process[g] // per_host for g in row]
 
 
 def _import(rt, client, base, row, threaded: bool = False) -> None:

@@ -90,12 +90,18 @@ NB_MODULE(_dfccl_cuda, m) {
         "The daemon's engine under groups spanning hosts: 'stores' (CUDA IPC) or 'nvshmem'");
   m.def("announce_max_bytes", &dfccl::gpu::Communicator::AnnounceMaxBytes,
         "The largest input of a rank of a group spanning hosts (a receive slot's section)");
-  m.def("comm_export", [](std::vector<int64_t> group, int rank, bool spans_hosts) {
-    const std::string b = WithoutGil([&] { return Runtime::Get().ExportComm(group, rank, spans_hosts); });
+  m.def("comm_export", [](std::vector<int64_t> group, int rank, bool spans_hosts, std::vector<int32_t> hosts,
+                          double latency_us) {
+    DFCCL_CHECK(latency_us >= 0 && latency_us < 1e6, "dfccl: a simulated latency in [0, 1 s)");
+    const std::string b = WithoutGil([&] {
+      return Runtime::Get().ExportComm(group, rank, spans_hosts, hosts, static_cast<uint64_t>(latency_us * 1e3));
+    });
     return nb::bytes(b.data(), b.size());
-  }, nb::arg("group"), nb::arg("rank"), nb::arg("spans_hosts") = false,
+  }, nb::arg("group"), nb::arg("rank"), nb::arg("spans_hosts") = false, nb::arg("hosts") = std::vector<int32_t>{},
+  nb::arg("latency_us") = 0.0,
   "Allocates a local rank's memory of a group spanning processes; its CUDA IPC handles.  spans_hosts: "
-  "its ranks are on several hosts (matched by announcements, docs/design/announce.md)");
+  "its ranks are on several hosts (matched by announcements, docs/design/announce.md), `hosts` each rank's; "
+  "latency_us: a test setting, each put to a rank of another host delayed by it");
   m.def("start_ipc", [](std::string name) { WithoutGil([&] { Runtime::Get().StartIpc(name); }); }, nb::arg("name"),
         "Listens at the abstract Unix socket `name` for the other processes' allocations: the direct path "
         "across processes (runtime/ipc.h)");

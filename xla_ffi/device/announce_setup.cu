@@ -30,6 +30,8 @@ void TransportOf(const AnnounceSetup& s, DaemonTransport& t) {
   t.rank = s.rank;
   t.nranks = s.nranks;
   t.dead = nullptr;  // (no liveness mask yet: a dead rank is named at the deadline, or by the host)
+  t.remote = s.remote;
+  t.delay_ns = s.delay_ns;
 #if defined(DFCCL_DAEMON_NVSHMEM)
   t.heap = s.regions[s.rank] - s.at[s.rank];  // (the symmetric allocation, as this PE has it)
   for (int r = 0; r < s.nranks; ++r) {

@@ -15,10 +15,11 @@
 
 namespace dfccl::gpu {
 
+// (Delayed: the latency of another host simulated, a test setting; none by default.)
 #if defined(DFCCL_DAEMON_NVSHMEM)
-using DaemonTransport = NvshmemTransport;
+using DaemonTransport = DelayedTransport<NvshmemTransport>;
 #else
-using DaemonTransport = StoreTransport;
+using DaemonTransport = DelayedTransport<StoreTransport>;
 #endif
 
 // One rank's view of a communicator matched by announcements (its device memory,

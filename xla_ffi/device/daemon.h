@@ -36,6 +36,7 @@ struct AnnounceSetup {
   uint32_t slot_bytes = 0;                           // the largest message (a member's input)
   uint32_t group = 0;                                // equal on every rank
   uint64_t timeout_ns = 0, grace_ns = 0;
+  uint64_t remote = 0, delay_ns = 0;                 // ranks of other hosts; each put to one delayed (a test setting)
   char* regions[kMaxRanks] = {};
   uint64_t at[kMaxRanks] = {};
   int32_t pe[kMaxRanks] = {};

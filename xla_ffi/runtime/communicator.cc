@@ -336,6 +336,9 @@ AnnounceSetup Communicator::AnnounceSetupOf(int r) const {
   s.group = static_cast<uint32_t>(HashString(GroupText(globals)));
   s.timeout_ns = static_cast<uint64_t>(ctx_.cfg.timeout_s * 1e9);
   s.grace_ns = static_cast<uint64_t>(kAnnounceGraceS * 1e9);
+  for (int q = 0; q < n && static_cast<int>(hosts.size()) == n; ++q)
+    if (hosts[q] != hosts[r]) s.remote |= 1ull << q;
+  s.delay_ns = latency_ns;
   for (int q = 0; q < n; ++q) {
     s.regions[q] = view.ann_region[q];
     s.at[q] = ann_at[q];  // (sized at construction)

@@ -106,6 +106,10 @@ class Communicator {
   // others' from their blobs).
   std::vector<uint64_t> ann_at;
   std::vector<int32_t> ann_pe;
+  // Protocol "announce": each rank's host (empty: not known), and a test setting, the
+  // latency of another host simulated by the transport (config.testing.cross_host_latency_us).
+  std::vector<int32_t> hosts;
+  uint64_t latency_ns = 0;
   bool symmetric = false;          // the announced regions are the engine's (Context::engine->pe() >= 0)
 
  private:

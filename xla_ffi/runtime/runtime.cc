@@ -71,11 +71,16 @@ std::string Runtime::CanExport(int ordinal, const void* p) {
   return Ipc::CanExport(p);
 }
 
-std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank, bool spans_hosts) {
+std::string Runtime::ExportComm(const std::vector<int64_t>& group, int rank, bool spans_hosts,
+                                const std::vector<int32_t>& hosts, uint64_t latency_ns) {
   std::lock_guard lk(ctx_.mu);
   auto it = ctx_.comms.find(group);
-  if (it == ctx_.comms.end())
+  if (it == ctx_.comms.end()) {
+    DFCCL_CHECK(hosts.empty() || hosts.size() == group.size(), "dfccl: one host per rank of [" << GroupText(group) << "]");
     it = ctx_.comms.emplace(group, std::make_unique<Communicator>(ctx_, group, true, spans_hosts)).first;
+    it->second->hosts = hosts;
+    it->second->latency_ns = latency_ns;
+  }
   DFCCL_CHECK(it->second->announce == spans_hosts, "dfccl: the group of devices [" << GroupText(group)
               << "] was set up " << (spans_hosts ? "within one host" : "as spanning hosts") << " already");
   return it->second->Export(rank);

@@ -69,7 +69,10 @@ class Runtime {
   std::string DaemonEngineName();
   int64_t GlobalOf(int ordinal) const { return ctx_.GlobalOf(ordinal); }
   // spans_hosts: its ranks are on more than one host (protocol "announce").
-  std::string ExportComm(const std::vector<int64_t>& group, int rank, bool spans_hosts = false);
+  // hosts: each rank's host (spanning hosts); latency_ns: a test setting, each put to a
+  // rank of another host delayed by it (config.testing.cross_host_latency_us).
+  std::string ExportComm(const std::vector<int64_t>& group, int rank, bool spans_hosts = false,
+                         const std::vector<int32_t>& hosts = {}, uint64_t latency_ns = 0);
   // The direct path across processes (runtime/ipc.h): this process listens at `name`
   // (jax_dfccl.initialize, once every local GPU's XLA memory was found exportable).
   void StartIpc(const std::string& name);

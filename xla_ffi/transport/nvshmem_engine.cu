@@ -309,7 +309,7 @@ std::vector<CheckRun> Check(const CheckSpec& spec) {
     const uint64_t delay_ns = static_cast<uint64_t>(spec.delay_us * 1e3);
     if (!store) {
       NvshmemTransport t;
-      t.ranks_per_host = spec.ranks_per_host;
+      t.remote = NvshmemTransport::RemoteOf(me, n, spec.ranks_per_host);
       t.delay_ns = delay_ns;
       t.rank = me;
       t.nranks = n;
@@ -319,7 +319,7 @@ std::vector<CheckRun> Check(const CheckSpec& spec) {
       launched = cudaGetLastError();
     } else {
       StoreTransport t;
-      t.ranks_per_host = spec.ranks_per_host;
+      t.remote = StoreTransport::RemoteOf(me, n, spec.ranks_per_host);
       t.delay_ns = delay_ns;
       t.rank = me;
       t.nranks = n;

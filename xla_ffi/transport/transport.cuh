@@ -143,20 +143,25 @@ struct StoreTransport {
   DFCCL_DEV bool Flush(uint64_t) { return true; }
 };
 
-// A test setting over any transport: ranks grouped into "hosts" (ranks_per_host
-// consecutive ranks each), and every put or value to a rank of another host
-// issued only after delay_ns more (the network's latency, simulated on one host:
-// docs/design/scale-out.md §6).  The sending thread waits meanwhile, as the host
-// shim's sender does (tests/cpp/transport_shim.h), so one thread's puts to remote
-// ranks follow each other.  ranks_per_host 0 or delay_ns 0: no delay.
+// A test setting over any transport: the ranks of other "hosts" (`remote`, a
+// mask), every put or value to one of them issued only after delay_ns more (the
+// network's latency, simulated on one host: docs/design/scale-out.md §6;
+// config.testing.cross_host_latency_us in the daemon).  The sending thread (or
+// warp) waits meanwhile, as the host shim's sender does (tests/cpp/transport_shim.h),
+// so one sender's puts to remote ranks follow each other.  delay_ns 0: no delay.
 template <class T>
 struct DelayedTransport : T {
-  int ranks_per_host = 0;
+  uint64_t remote = 0;
   uint64_t delay_ns = 0;
 
-  DFCCL_DEV bool Remote(int peer) const {
-    return ranks_per_host > 0 && peer / ranks_per_host != this->Rank() / ranks_per_host;
+  // Consecutive ranks_per_host ranks a host (0: one host), as seen from `rank`.
+  DFCCL_TASK_HD static uint64_t RemoteOf(int rank, int nranks, int ranks_per_host) {
+    uint64_t m = 0;
+    for (int q = 0; q < nranks && ranks_per_host > 0; ++q)
+      if (q / ranks_per_host != rank / ranks_per_host) m |= 1ull << q;
+    return m;
   }
+  DFCCL_DEV bool Remote(int peer) const { return remote >> peer & 1ull; }
   DFCCL_DEV void Delay(int peer) const {
     if (delay_ns == 0 || !Remote(peer)) return;
     const uint64_t t0 = GlobalTimer();
@@ -171,6 +176,13 @@ struct DelayedTransport : T {
     Delay(peer);
     return T::PutValue(peer, off, v);
   }
+#if defined(__CUDACC__)
+  DFCCL_DEV bool PutWarp(int lane, int peer, uint64_t dst_off, const void* src, uint32_t bytes, uint64_t signal_off,
+                         uint64_t add) {
+    Delay(peer);
+    return T::PutWarp(lane, peer, dst_off, src, bytes, signal_off, add);
+  }
+#endif
 };
 
 }  // namespace dfccl::gpu
