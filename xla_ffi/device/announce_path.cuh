@@ -105,7 +105,7 @@ DFCCL_DEV void ShipOutbox(ann::Outbox* ob, int lane) {
     DaemonTransport& t = const_cast<DaemonTransport&>(v->t);
     DaemonAnnouncer an = AnnouncerOf(v);
     const uint64_t add = __shfl_sync(0xffffffffu, lane == 0 ? an.Ship(j) : 0ull, 0);
-    if (add == 1) t.PutWarp(lane, j.peer, j.dst_off, j.src, j.bytes, j.sig_off, 1);
+    if (add == 1) t.PutWarp(lane, j.peer, j.dst_off, j.src, j.bytes, j.sig_off, 1, j.stage_off);
     else if (lane == 0) t.Put(j.peer, 0, nullptr, 0, j.sig_off, 2);
     if (lane == 0) an.Sent(j);
     __syncwarp();

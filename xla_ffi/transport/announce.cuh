@@ -159,9 +159,12 @@ class Announcer {
     }
   }
 
-  // The caller is done with a ready or failed task (its received data read).
+  // The caller is done with a ready or failed task (its received data read).  A
+  // failed one's puts may still read its staged source (a ready one's were flushed):
+  // flushed before the task, and so its staging section, is free for the next.
   DFCCL_DEV void Finish(int h) {
     Task& k = task_[h];
+    if (k.state != kReady) t_.Flush(c_.flush_ns);
     if (Entry* e = Find(MatchId(k.key, k.seq))) {
       e->flags |= kFinished;
       e->task = -1;
@@ -444,7 +447,8 @@ class Announcer {
       }
       if (data && ob_ && !(dead >> q & 1ull)) {  // the caller ships it (then Sent)
         if (ob_->n == Outbox::kMax) continue;
-        ob_->job[ob_->n++] = PutJob{e.id, k->src, l_.SlotData(s, me_), l_.SlotSig(s, me_), tag_, k->bytes, q};
+        ob_->job[ob_->n++] = PutJob{e.id, k->src, l_.SlotData(s, me_), l_.SlotSig(s, me_), l_.StageAt(e.task), tag_,
+                                    k->bytes, q};
         e.queued |= 1ull << q;
         continue;
       }

@@ -104,7 +104,7 @@ struct State {
 struct Layout {
   Geometry g;
   uint64_t ring, ring_sig, ack, slot, slot_sig;  // written by peers
-  uint64_t state, entry, peer, task, slot_state, slot_base, bytes;
+  uint64_t state, entry, peer, task, slot_state, slot_base, stage, bytes;
 
   DFCCL_TASK_HD static uint64_t Up(uint64_t x) { return (x + 63) / 64 * 64; }
   DFCCL_TASK_HD static Layout Of(const Geometry& g) {
@@ -123,6 +123,7 @@ struct Layout {
     l.task = o;       o = Up(o + static_cast<uint64_t>(g.tasks) * sizeof(Task));
     l.slot_state = o; o = Up(o + static_cast<uint64_t>(g.slots) * sizeof(Slot));
     l.slot_base = o;  o = Up(o + static_cast<uint64_t>(g.slots) * n * 8);
+    l.stage = o;      o = Up(o + static_cast<uint64_t>(g.tasks) * g.slot_bytes);  // [task][bytes]: a put's source, staged
     l.bytes = o;
     return l;
   }
@@ -132,6 +133,7 @@ struct Layout {
   DFCCL_TASK_HD uint64_t SlotAt(int s) const { return slot + static_cast<uint64_t>(s) * g.nranks * g.slot_bytes; }
   DFCCL_TASK_HD uint64_t SlotData(int s, int src) const { return SlotAt(s) + static_cast<uint64_t>(src) * g.slot_bytes; }
   DFCCL_TASK_HD uint64_t SlotSig(int s, int src) const { return slot_sig + (static_cast<uint64_t>(s) * g.nranks + src) * 8; }
+  DFCCL_TASK_HD uint64_t StageAt(int task) const { return stage + static_cast<uint64_t>(task) * g.slot_bytes; }
   DFCCL_TASK_HD int SlotOf(uint32_t slot_off) const { return static_cast<int>((slot_off - slot) / (static_cast<uint64_t>(g.nranks) * g.slot_bytes)); }
 };
 
@@ -143,6 +145,7 @@ struct PutJob {
   const char* src;      // this rank's message
   uint64_t dst_off;     // the member's receive section for this rank
   uint64_t sig_off;     // its signal word
+  uint64_t stage_off;   // the task's staging section in this rank's region (Transport::PutWarp)
   const void* tag;      // the caller's (the daemon: the communicator's view)
   uint32_t bytes;
   int32_t peer;

@@ -14,8 +14,9 @@
 //   PutWarp   a peer NVSHMEM maps into this GPU (nvshmem_ptr: NVLink, or the same GPU under
 //             MPS): the warp's own stores, a system-scope fence, then nvshmemx_signal_op (the
 //             copy through L2: the source is XLA's buffer, see WarpCopy); any other peer:
-//             nvshmemx_putmem_signal_nbi_warp, whose source NVSHMEM must be able to read by
-//             its network (registered memory): see docs/design/announce.md, "Limits".
+//             the source copied into this rank's own region at stage_off first (symmetric,
+//             so NVSHMEM's network can read it, which XLA's buffer is not), then
+//             nvshmemx_putmem_signal_nbi_warp from there.
 //   PutValue  a system-scope fence (this thread's earlier reads and writes), nvshmem_fence
 //             (its earlier puts to the PE), then nvshmem_uint64_p.
 //   Signal    an acquire load of the own word (peers' signal operations land there).
@@ -51,7 +52,7 @@ struct NvshmemTransport {
     return true;
   }
   DFCCL_DEV bool PutWarp(int lane, int peer, uint64_t dst_off, const void* src, uint32_t bytes, uint64_t signal_off,
-                         uint64_t add) {
+                         uint64_t add, uint64_t stage_off) {
     if (__shfl_sync(0xffffffffu, lane == 0 ? DeadMask() >> peer & 1ull : 0ull, 0)) return false;
     uint64_t* sig = reinterpret_cast<uint64_t*>(At(peer, signal_off));
     if (char* p = static_cast<char*>(nvshmem_ptr(At(peer, dst_off), pe[peer]))) {
@@ -61,7 +62,11 @@ struct NvshmemTransport {
       if (lane == 0) nvshmemx_signal_op(sig, add, NVSHMEM_SIGNAL_ADD, pe[peer]);
       __syncwarp();
     } else {
-      nvshmemx_putmem_signal_nbi_warp(At(peer, dst_off), src, bytes, sig, add, NVSHMEM_SIGNAL_ADD, pe[peer]);
+      char* stage = Local(stage_off);
+      WarpCopy(lane, stage, static_cast<const char*>(src), bytes);
+      FenceAcqRelSys();  // (the network reads the staged bytes)
+      __syncwarp();
+      nvshmemx_putmem_signal_nbi_warp(At(peer, dst_off), stage, bytes, sig, add, NVSHMEM_SIGNAL_ADD, pe[peer]);
     }
     return true;
   }

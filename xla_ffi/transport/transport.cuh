@@ -24,10 +24,12 @@
 //                                       its target; false at the bound (never waits longer)
 //   uint64_t DeadMask() const           ranks the host found dead (the proxy's liveness
 //                                       report, in local memory: docs/design/scale-out.md §8)
-//   bool PutWarp(int lane, <Put's arguments>)   (device builds only)
+//   bool PutWarp(int lane, <Put's arguments>, uint64_t stage_off)   (device builds only)
 //       Put by the 32 threads of a warp, each calling it with the same arguments
 //       (`lane`: its index): the bytes copied 16 at a time by every lane, then the one
-//       signal add; returns the same on every lane.  The daemon's control warp ships
+//       signal add; returns the same on every lane.  stage_off: `bytes` of this rank's
+//       own region the engine may copy the source into first (a network that reads only
+//       memory registered with it); the caller keeps it for this message until a Flush.  The daemon's control warp ships
 //       a message this way (device/announce_path.cuh); a record stays one thread's Put.
 //
 // Waits on a signal go through WaitSignal below, i.e. the one wait of the device
@@ -123,7 +125,7 @@ struct StoreTransport {
   // Every lane's stores, its system-scope fence, the warp's barrier, then lane 0's
   // add: a reader that sees the add sees every lane's bytes (fences are cumulative).
   DFCCL_DEV bool PutWarp(int lane, int peer, uint64_t dst_off, const void* src, uint32_t bytes, uint64_t signal_off,
-                         uint64_t add) {
+                         uint64_t add, uint64_t) {
     if (__shfl_sync(0xffffffffu, lane == 0 ? DeadMask() >> peer & 1ull : 0ull, 0)) return false;
     WarpCopy(lane, base[peer] + dst_off, static_cast<const char*>(src), bytes);
     FenceAcqRelSys();
@@ -178,9 +180,9 @@ struct DelayedTransport : T {
   }
 #if defined(__CUDACC__)
   DFCCL_DEV bool PutWarp(int lane, int peer, uint64_t dst_off, const void* src, uint32_t bytes, uint64_t signal_off,
-                         uint64_t add) {
+                         uint64_t add, uint64_t stage_off) {
     Delay(peer);
-    return T::PutWarp(lane, peer, dst_off, src, bytes, signal_off, add);
+    return T::PutWarp(lane, peer, dst_off, src, bytes, signal_off, add, stage_off);
   }
 #endif
 };
