@@ -65,7 +65,8 @@ DFCCL_DEV void AnnounceStep(TaskRun* run, TaskDesc* dd, const TaskDesc& d, bool 
     if (d.invalid && !d.tomb) { AbortRun(run, d.invalid); return; }
     if (host_abort) { AbortRun(run, kStatusAborted); return; }
     uint32_t status = 0;
-    const int h = an.Start(d.key_hash, d.seq, d.sig_hash, d.in, static_cast<uint32_t>(d.in_bytes), &status);
+    const uint64_t key = ann::AnnounceKey(d.key_hash, LdVol(&v->c.generation));
+    const int h = an.Start(key, d.seq, d.sig_hash, d.in, static_cast<uint32_t>(d.in_bytes), &status);
     if (h < 0) {
       AbortRun(run, status | (static_cast<uint32_t>(1u << d.rank) << 24));
       return;

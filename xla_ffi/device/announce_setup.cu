@@ -69,10 +69,11 @@ cudaError_t AnnounceInit(const AnnounceSetup& s, void* view, cudaStream_t stream
   return cudaGetLastError();
 }
 
-cudaError_t AnnounceSetTimeout(void* view, uint64_t timeout_ns, uint64_t grace_ns, cudaStream_t stream) {
+cudaError_t AnnounceSetConfig(void* view, uint64_t timeout_ns, uint64_t grace_ns, uint64_t generation,
+                              cudaStream_t stream) {
   // The daemon copies the view's Config on every pass: the next one has the new deadline.
-  const uint64_t w[3] = {timeout_ns, grace_ns, timeout_ns};  // timeout_ns, grace_ns, flush_ns
-  static_assert(offsetof(ann::Config, flush_ns) == offsetof(ann::Config, timeout_ns) + 16, "deadlines adjacent");
+  const uint64_t w[4] = {timeout_ns, grace_ns, timeout_ns, generation};  // timeout_ns, grace_ns, flush_ns, generation
+  static_assert(offsetof(ann::Config, generation) == offsetof(ann::Config, timeout_ns) + 24, "adjacent");
   char* dst = static_cast<char*>(view) + offsetof(AnnounceView, c) + offsetof(ann::Config, timeout_ns);
   cudaError_t e = cudaMemcpyAsync(dst, w, sizeof(w), cudaMemcpyHostToDevice, stream);
   return e == cudaSuccess ? cudaStreamSynchronize(stream) : e;
@@ -81,7 +82,7 @@ cudaError_t AnnounceSetTimeout(void* view, uint64_t timeout_ns, uint64_t grace_n
 #if !defined(DFCCL_DAEMON_NVSHMEM)  // (the NVSHMEM module's is in transport/nvshmem_daemon.cu)
 const DaemonEngine& ThisDaemonEngine() {
   static const DaemonEngine e{"stores", &LaunchDaemon,      &AnnounceRegionBytes, &NoRegion,
-                              &NoPe,    &AnnounceViewBytes, &AnnounceInit,        &AnnounceSetTimeout};
+                              &NoPe,    &AnnounceViewBytes, &AnnounceInit,        &AnnounceSetConfig};
   return e;
 }
 #endif

@@ -61,8 +61,9 @@ struct DaemonEngine {
   int32_t (*pe)();  // this process's PE (-1: the engine has none)
   size_t (*view_bytes)();
   cudaError_t (*announce_init)(const AnnounceSetup& s, void* view, cudaStream_t stream);
-  // The view's deadlines (config.timeout_s changed); returns once written.
-  cudaError_t (*set_timeout)(void* view, uint64_t timeout_ns, uint64_t grace_ns, cudaStream_t stream);
+  // The view's deadlines (config.timeout_s changed) and generation (reset()); returns once written.
+  cudaError_t (*set_config)(void* view, uint64_t timeout_ns, uint64_t grace_ns, uint64_t generation,
+                            cudaStream_t stream);
 };
 
 DFCCL_DAEMON_BUILD_BEGIN
@@ -72,7 +73,8 @@ cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream);
 uint64_t AnnounceRegionBytes(const AnnounceSetup& s);
 size_t AnnounceViewBytes();
 cudaError_t AnnounceInit(const AnnounceSetup& s, void* view, cudaStream_t stream);
-cudaError_t AnnounceSetTimeout(void* view, uint64_t timeout_ns, uint64_t grace_ns, cudaStream_t stream);
+cudaError_t AnnounceSetConfig(void* view, uint64_t timeout_ns, uint64_t grace_ns, uint64_t generation,
+                              cudaStream_t stream);
 DFCCL_DAEMON_BUILD_END
 
 // The kernels of a collective on XLA's stream (submit_kernel.cu): the submit

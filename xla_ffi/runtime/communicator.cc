@@ -350,12 +350,13 @@ AnnounceSetup Communicator::AnnounceSetupOf(int r) const {
 double Communicator::AnnounceGraceS() { return kAnnounceGraceS; }
 int64_t Communicator::AnnounceMaxBytes() { return kAnnounceSlotBytes; }
 
-void Communicator::SetAnnounceTimeout() {
+void Communicator::SetAnnounceConfig() {
   for (int r = 0; r < static_cast<int>(ann_views.size()); ++r) {
     if (!ann_views[r]) continue;
     DeviceGuard guard(ordinals[r]);
-    DFCCL_CUDA(ctx_.engine->set_timeout(ann_views[r], static_cast<uint64_t>(ctx_.cfg.timeout_s * 1e9),
-                                  static_cast<uint64_t>(kAnnounceGraceS * 1e9), ctx_.devices[ordinals[r]]->aux));
+    DFCCL_CUDA(ctx_.engine->set_config(ann_views[r], static_cast<uint64_t>(ctx_.cfg.timeout_s * 1e9),
+                                       static_cast<uint64_t>(kAnnounceGraceS * 1e9), ann_generation,
+                                       ctx_.devices[ordinals[r]]->aux));
   }
 }
 

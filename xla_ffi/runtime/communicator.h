@@ -74,7 +74,7 @@ class Communicator {
   AnnounceSetup AnnounceSetupOf(int r) const;
   static double AnnounceGraceS();  // how long past timeout_s a rank waits for the home's verdict
   static int64_t AnnounceMaxBytes();  // the largest input of a rank of a group spanning hosts
-  void SetAnnounceTimeout();       // the local ranks' views take config.timeout_s (it changed)
+  void SetAnnounceConfig();        // the local ranks' views take config.timeout_s and ann_generation
   // The copy-engine path's sequence number of (local device, key), counted on the host.
   uint64_t NextSeq(int ordinal, uint64_t key_hash) { return ce_seq_[{ordinal, key_hash}]++; }
   void ClearSeqs() { ce_seq_.clear(); }
@@ -110,6 +110,7 @@ class Communicator {
   // latency of another host simulated by the transport (config.testing.cross_host_latency_us).
   std::vector<int32_t> hosts;
   uint64_t latency_ns = 0;
+  uint64_t ann_generation = 0;  // advanced by every reset(): earlier instances' entries never meet later ones
   bool symmetric = false;          // the announced regions are the engine's (Context::engine->pe() >= 0)
 
  private:

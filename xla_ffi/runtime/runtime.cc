@@ -119,7 +119,7 @@ void Runtime::Configure(const std::map<std::string, double>& kv) {
   ctx_.ce.Configure(CeSettings{ctx_.cfg.copy_engine_chunk_bytes, ctx_.cfg.copy_engine_blocks, ctx_.cfg.copy_engine_push});
   if (kv.count("timeout_s"))  // groups spanning hosts keep their deadline on the device (protocol "announce")
     for (auto& [group, c] : ctx_.comms)
-      if (c->announce && c->ready) c->SetAnnounceTimeout();
+      if (c->announce && c->ready) c->SetAnnounceConfig();
 }
 
 std::map<std::string, double> Runtime::Stats(std::vector<std::string>* errors) {
@@ -315,7 +315,11 @@ void Runtime::Reset() {
   for (auto& [name, c] : ctx_.comms) {
     c->ClearSeqs();
     c->ClearFailures();
-    if (c->ready && c->ordinals[0] >= 0) c->InitTable();  // the table's owner (rank 0's process) resets it
+    if (c->ready && c->ordinals[0] >= 0 && c->table) c->InitTable();  // the table's owner (rank 0's process) resets it
+    if (c->announce && c->ready) {  // (every process's reset() advances it alike)
+      c->ann_generation++;
+      c->SetAnnounceConfig();
+    }
   }
 }
 

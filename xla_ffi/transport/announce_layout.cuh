@@ -161,6 +161,15 @@ struct Config {
   uint64_t timeout_ns = 0;  // a task's deadline, and the home's per instance
   uint64_t grace_ns = 0;    // past its deadline, a rank waits this long for the verdict
   uint64_t flush_ns = 0;    // the bound of the flush before a task is ready
+  // The communicator's generation: every rank's reset() advances it alike, and the
+  // daemon keys its instances by it (AnnounceKey), so an entry of an earlier
+  // generation (a tombstone, a record still in flight) never meets a new instance.
+  uint64_t generation = 0;
 };
+
+// The key an instance of the daemon goes by in a generation (generation 0: the key).
+DFCCL_TASK_HD uint64_t AnnounceKey(uint64_t key_hash, uint64_t generation) {
+  return key_hash ^ (generation * 0x9e3779b97f4a7c15ull);
+}
 
 }  // namespace dfccl::gpu::ann

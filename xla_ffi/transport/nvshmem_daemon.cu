@@ -87,9 +87,9 @@ cudaError_t ViewInit(const gpu::AnnounceSetup& s, void* view, cudaStream_t strea
   return e == cudaSuccess ? gpu::AnnounceInit(s, view, stream) : e;
 }
 
-cudaError_t ViewTimeout(void* view, uint64_t timeout_ns, uint64_t grace_ns, cudaStream_t stream) {
+cudaError_t ViewConfig(void* view, uint64_t timeout_ns, uint64_t grace_ns, uint64_t generation, cudaStream_t stream) {
   const cudaError_t e = OnStreamDevice(stream);
-  return e == cudaSuccess ? gpu::AnnounceSetTimeout(view, timeout_ns, grace_ns, stream) : e;
+  return e == cudaSuccess ? gpu::AnnounceSetConfig(view, timeout_ns, grace_ns, generation, stream) : e;
 }
 
 }  // namespace
@@ -117,7 +117,7 @@ void ReleaseHeap() {
 
 uintptr_t DaemonEngineAddress() {
   static const gpu::DaemonEngine e{"nvshmem", &Launch, &gpu::AnnounceRegionBytes, &RegionAlloc,
-                                   &Pe,       &gpu::AnnounceViewBytes, &ViewInit, &ViewTimeout};
+                                   &Pe,       &gpu::AnnounceViewBytes, &ViewInit, &ViewConfig};
   return reinterpret_cast<uintptr_t>(&e);
 }
 
