@@ -90,6 +90,31 @@ def test_groups_spanning_hosts_over_nvshmem_name_a_rank_that_never_starts(tmp_pa
   assert results[0]["ok"], (p.stdout[-3000:], results)
 
 
+# Two hosts of two processes each (config.testing.processes_per_host=2), over NVSHMEM.
+NVSHMEM_2X2 = ("--config", "processes_per_host=2,cross_host_transport=nvshmem")
+
+
+def test_two_hosts_of_two_are_exact_in_any_order_over_nvshmem(tmp_path):
+  _nvshmem_or_skip()
+  p, results = _run("parity", tmp_path, n=4, args=NVSHMEM_2X2)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], p.stderr[-2000:], results)
+
+
+def test_data_parallel_training_across_two_hosts_matches_one_process(tmp_path):
+  _nvshmem_or_skip()
+  p, results = _run("train", tmp_path, n=4, args=NVSHMEM_2X2)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
+  assert all(r["max_rel_err"] < 1e-5 for r in results), results
+
+
+@pytest.mark.parametrize("args", [HOSTS, NVSHMEM_HOSTS], ids=["stores", "nvshmem"])
+def test_reset_across_hosts_lets_a_failed_key_run_again(tmp_path, args):
+  if "nvshmem" in args[1]:
+    _nvshmem_or_skip()
+  p, results = _run("reset", tmp_path, timeout=120, args=args)
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
+
+
 def test_groups_spanning_hosts_name_a_rank_that_never_starts(tmp_path):
   p, results = _run("timeout", tmp_path, timeout=120, args=HOSTS)
   assert results[0]["ok"], (p.stdout[-3000:], results)
@@ -218,12 +243,15 @@ def test_send_recv_between_process_programs(tmp_path):
   assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], results)
 
 
-@pytest.mark.parametrize("stages", [2, 4])
-def test_pipeline_example_on_gpus(tmp_path, stages):
+@pytest.mark.parametrize("stages,config", [(2, ""), (4, ""), (4, "processes_per_host=2,cross_host_transport=nvshmem")],
+                         ids=["2", "4", "4_two_hosts_nvshmem"])
+def test_pipeline_example_on_gpus(tmp_path, stages, config):
+  if config:
+    _nvshmem_or_skip()
   # One launcher under the testbed's MPS daemon; it starts one process per stage.
   cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", "1", "--timeout", "200", "--out", str(tmp_path), "--tail", "0", "--",
          sys.executable, str(ROOT / "examples/pipeline_mpmd.py"), "--gpu", "--processes", str(stages), "--steps", "20",
-         "--json", "--timeout-s", "30", "--deadline-s", "180"]
+         "--json", "--timeout-s", "30", "--deadline-s", "180", *(["--config", config] if config else [])]
   p = subprocess.run(cmd, capture_output=True, text=True, timeout=260, cwd=ROOT)
   log = (tmp_path / "rank0.log").read_text()
   line = next((l for l in log.splitlines() if l.startswith("{")), None)
