@@ -26,9 +26,9 @@ std::vector<std::string> RecentErrors() {
 void TraceEvent(int64_t device, const std::string& key, int64_t seq, const char* event) {
   Globals& g = G();
   if (!g.config.trace.load(std::memory_order_relaxed)) return;
-  const int64_t t = NowNs();
   const size_t cap = static_cast<size_t>(std::max<int64_t>(1, g.config.trace_capacity.load()));
   std::lock_guard<std::mutex> l(g.trace_mu);
+  const int64_t t = NowNs();  // (under the lock: the ring's order is the time order)
   if (cap != g.ring_cap) {  // capacity changed: start over
     g.ring.clear();
     g.ring.reserve(std::min<size_t>(cap, 4096));

@@ -111,6 +111,7 @@ DFCCL_DEV void ShipOutbox(ann::Outbox* ob, int lane) {
     if (lane == 0) an.Sent(j);
     __syncwarp();
   }
+  __syncwarp();  // (every lane read n before lane 0 clears it)
   if (lane == 0) ob->n = 0;
   __syncwarp();
 }
