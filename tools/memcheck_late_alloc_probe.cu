@@ -4,12 +4,13 @@
 // NVSHMEM: docs/design/announce.md.)  Build and run on a GPU machine:
 //   nvcc -arch=sm_90a -o /tmp/late_alloc tools/memcheck_late_alloc_probe.cu
 //   compute-sanitizer --tool memcheck /tmp/late_alloc
-// (as the daemon reads a start form's stage allocated after its launch).
 #include <cstdio>
 #include <cuda_runtime.h>
 __global__ void Persistent(volatile unsigned long long* box, int* out) {
   unsigned long long p = 0;
-  while ((p = *box) == 0) {}
+  const long long t0 = clock64();
+  while ((p = *box) == 0)
+    if (clock64() - t0 > 20000000000ll) return;  // (bounded: about 10 s)
   const uint4 v = __ldcg(reinterpret_cast<const uint4*>(p) + threadIdx.x);
   out[threadIdx.x] = static_cast<int>(v.x + v.y + v.z + v.w);
 }
