@@ -104,11 +104,10 @@ DFCCL_DEV void ShipOutbox(ann::Outbox* ob, int lane) {
     const ann::PutJob j = ob->job[i];
     const AnnounceView* v = static_cast<const AnnounceView*>(j.tag);
     DaemonTransport& t = const_cast<DaemonTransport&>(v->t);
-    DaemonAnnouncer an = AnnouncerOf(v);
-    const uint64_t add = __shfl_sync(0xffffffffu, lane == 0 ? an.Ship(j) : 0ull, 0);
+    const uint64_t add = __shfl_sync(0xffffffffu, lane == 0 ? AnnouncerOf(v).Ship(j) : 0ull, 0);  // (lane 0's table)
     if (add == 1) t.PutWarp(lane, j.peer, j.dst_off, j.src, j.bytes, j.sig_off, 1, j.stage_off);
     else if (lane == 0) t.Put(j.peer, 0, nullptr, 0, j.sig_off, 2);
-    if (lane == 0) an.Sent(j);
+    if (lane == 0) AnnouncerOf(v).Sent(j);
     __syncwarp();
   }
   __syncwarp();  // (every lane read n before lane 0 clears it)

@@ -74,7 +74,13 @@ cudaError_t AnnounceSetConfig(void* view, uint64_t timeout_ns, uint64_t grace_ns
   // The daemon copies the view's Config on every pass: the next one has the new deadline.
   const uint64_t w[4] = {timeout_ns, grace_ns, timeout_ns, generation};  // timeout_ns, grace_ns, flush_ns, generation
   static_assert(offsetof(ann::Config, generation) == offsetof(ann::Config, timeout_ns) + 24, "adjacent");
-  char* dst = static_cast<char*>(view) + offsetof(AnnounceView, c) + offsetof(ann::Config, timeout_ns);
+  // (The view's transport derives from the engine's, DelayedTransport: not standard-layout, so
+  // the Config's place is measured on an instance instead of by offsetof.)
+  static const size_t config_at = [] {
+    const AnnounceView probe{};
+    return static_cast<size_t>(reinterpret_cast<const char*>(&probe.c) - reinterpret_cast<const char*>(&probe));
+  }();
+  char* dst = static_cast<char*>(view) + config_at + offsetof(ann::Config, timeout_ns);
   cudaError_t e = cudaMemcpyAsync(dst, w, sizeof(w), cudaMemcpyHostToDevice, stream);
   return e == cudaSuccess ? cudaStreamSynchronize(stream) : e;
 }

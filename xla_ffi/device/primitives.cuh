@@ -110,19 +110,22 @@ struct CudaTypes {
   using bf16 = __nv_bfloat16;
 };
 
+// d[0:n16) = s[0:n16) in 16-byte vectors by kStride threads (`tid`: this one's
+// index among them), four loads in flight per thread.
+template <int kStride>
+DFCCL_DEV void CopyVec16(uint4* d, const uint4* s, int64_t n16, int tid) {
+  int64_t i = tid;
+  for (; i + 3 * kStride < n16; i += 4 * kStride) {
+    uint4 a = __ldcg(s + i), b = __ldcg(s + i + kStride), c = __ldcg(s + i + 2 * kStride), e = __ldcg(s + i + 3 * kStride);
+    d[i] = a; d[i + kStride] = b; d[i + 2 * kStride] = c; d[i + 3 * kStride] = e;
+  }
+  for (; i < n16; i += kStride) d[i] = __ldcg(s + i);
+}
+
 // dst[0:n) = src[0:n), by the whole block.  vec: both 16-byte aligned and n % 16 == 0.
 DFCCL_DEV void BlockCopy(char* dst, const char* src, int64_t n, bool vec, int elem_bytes) {
   if (vec) {
-    const int64_t n16 = n >> 4;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    int64_t i = threadIdx.x;
-    for (; i + 3 * kThreads < n16; i += 4 * kThreads) {
-      uint4 a = __ldcg(s + i), b = __ldcg(s + i + kThreads), c = __ldcg(s + i + 2 * kThreads),
-            e = __ldcg(s + i + 3 * kThreads);
-      d[i] = a; d[i + kThreads] = b; d[i + 2 * kThreads] = c; d[i + 3 * kThreads] = e;
-    }
-    for (; i < n16; i += kThreads) d[i] = __ldcg(s + i);
+    CopyVec16<kThreads>(reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(src), n >> 4, threadIdx.x);
     return;
   }
   switch (elem_bytes) {

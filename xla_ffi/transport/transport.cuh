@@ -29,8 +29,9 @@
 //       (`lane`: its index): the bytes copied 16 at a time by every lane, then the one
 //       signal add; returns the same on every lane.  stage_off: `bytes` of this rank's
 //       own region the engine may copy the source into first (a network that reads only
-//       memory registered with it); the caller keeps it for this message until a Flush.  The daemon's control warp ships
-//       a message this way (device/announce_path.cuh); a record stays one thread's Put.
+//       memory registered with it); the caller keeps it for this message until a Flush.
+//       The daemon's control warp ships a message this way (device/announce_path.cuh);
+//       a record stays one thread's Put.
 //
 // Waits on a signal go through WaitSignal below, i.e. the one wait of the device
 // (device/wait.cuh): bounded, with an abort check; an engine's own unbounded
@@ -74,22 +75,14 @@ DFCCL_DEV WaitEnd WaitSignal(Transport& t, uint64_t off, uint64_t target, uint64
 
 #if defined(__CUDACC__)
 // dst[0:n) = src[0:n) by the 32 lanes of a warp: 16-byte vectors when both are
-// aligned (four loads in flight per lane), else bytes.  Loads through L2
-// (ld.global.cg): the source is XLA's buffer, rewritten between uses while a
-// persistent kernel's L1 may still hold its old lines.
+// aligned (CopyVec16, loads through L2: the source is XLA's buffer, rewritten
+// between uses while a persistent kernel's L1 may still hold its old lines), the
+// rest (or all, unaligned) bytewise.
 DFCCL_DEV void WarpCopy(int lane, char* dst, const char* src, uint32_t n) {
   uint32_t i = 0;
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
-    const uint32_t n16 = n >> 4;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    uint32_t v = lane;
-    for (; v + 96 < n16; v += 128) {
-      const uint4 a = __ldcg(s + v), b = __ldcg(s + v + 32), c = __ldcg(s + v + 64), e = __ldcg(s + v + 96);
-      d[v] = a; d[v + 32] = b; d[v + 64] = c; d[v + 96] = e;
-    }
-    for (; v < n16; v += 32) d[v] = __ldcg(s + v);
-    i = n16 << 4;
+    CopyVec16<32>(reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(src), n >> 4, lane);
+    i = n >> 4 << 4;
   }
   for (uint32_t b = i + lane; b < n; b += 32) dst[b] = static_cast<char>(__ldcg(reinterpret_cast<const unsigned char*>(src) + b));
 }
