@@ -258,33 +258,28 @@ def prepare_gpu_group(row, wait: bool = False) -> None:
 
 
 def _spans_hosts(row) -> bool:
-  """Whether the devices of ``row`` (global ids) are on more than one host: on more
-  than one machine, or on more than one of the hosts ``config.testing.processes_per_host``
-  simulates.  A group spanning machines needs NVSHMEM under the daemon (CUDA IPC does not
-  reach another machine): refused, naming the setting, without it."""
-  process = {int(d.id): int(d.process_index) for d in jax.devices()}
-  machines = _state.get("machines") or []
-  if len(machines) > 1 and len({machines[process[g]] for g in row}) > 1:
-    if _state.get("engine") != "nvshmem":
-      raise RuntimeError(
-          f"jax_dfccl: the group of GPUs {row} spans machines, and the daemon here reaches its peers by CUDA "
-          f"IPC only (jax_dfccl.config.cross_host_transport is {config.cross_host_transport!r}: 'auto' or "
-          "'nvshmem' sets NVSHMEM up at jax_dfccl.initialize())")
-    return True
-  per_host = int(config.testing.processes_per_host)
-  return per_host > 0 and len({process[g] // per_host for g in row}) > 1
+  """Whether the devices of ``row`` (global ids) are on more than one host (:func:`_hosts`).
+  A group spanning machines needs NVSHMEM under the daemon (CUDA IPC does not reach
+  another machine): refused, naming the setting, without it."""
+  hosts = _hosts(row)
+  if len(set(hosts)) > 1 and len(set(_state.get("machines") or [])) > 1 and _state.get("engine") != "nvshmem":
+    raise RuntimeError(
+        f"jax_dfccl: the group of GPUs {row} spans machines, and the daemon here reaches its peers by CUDA "
+        f"IPC only (jax_dfccl.config.cross_host_transport is {config.cross_host_transport!r}: 'auto' or "
+        "'nvshmem' sets NVSHMEM up at jax_dfccl.initialize())")
+  return len(set(hosts)) > 1
 
 
 def _hosts(row) -> list[int]:
   """The host of each device of ``row``: its machine's index where the job spans machines,
-  else its simulated host (``config.testing.processes_per_host``)."""
+  else the host ``config.testing.processes_per_host`` simulates (0 for all without it)."""
   process = {int(d.id): int(d.process_index) for d in jax.devices()}
   machines = _state.get("machines") or []
   if len(set(machines)) > 1:
     index = {m: i for i, m in enumerate(dict.fromkeys(machines))}
     return [index[machines[process[g]]] for g in row]
-  per_host = max(int(config.testing.processes_per_host), 1)
-  return [process[g] // per_host for g in row]
+  per_host = int(config.testing.processes_per_host)
+  return [process[g] // per_host if per_host > 0 else 0 for g in row]
 
 
 def _import(rt, client, base, row, threaded: bool = False) -> None:
