@@ -48,8 +48,11 @@ class World {
 
 // Rank `rank`'s transport (the contract of transport.cuh).
 struct Transport {
+  static constexpr int kPolled = 512;  // distinct words (rings, acknowledgements, slots' signals)
   World* w;
   int rank;
+  uint64_t* polled[kPolled] = {};  // words polled since the last Acquire
+  int npolled = 0;
 
   int Rank() const { return rank; }
   int Ranks() const { return w->Ranks(); }
@@ -74,6 +77,22 @@ struct Transport {
   }
   uint64_t Signal(uint64_t off) {
     return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(Local(off))).load(std::memory_order_acquire);
+  }
+  // Poll, then Acquire: as the GPU's relaxed load and system fence.  ThreadSanitizer
+  // does not model a standalone fence, so Acquire is an acquire load of each word
+  // polled since the last one (it reads the polled value or a later one of the same
+  // word, so it synchronizes with the same writes: the polls' ordering, nothing more).
+  uint64_t Poll(uint64_t off) {
+    uint64_t* p = reinterpret_cast<uint64_t*>(Local(off));
+    int i = 0;
+    while (i < npolled && polled[i] != p) ++i;
+    if (i == npolled && npolled < kPolled) polled[npolled++] = p;
+    else if (i == npolled) std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire);  // (past the list: at once)
+    return std::atomic_ref<uint64_t>(*p).load(std::memory_order_relaxed);
+  }
+  void Acquire() {
+    for (int i = 0; i < npolled; ++i) std::atomic_ref<uint64_t>(*polled[i]).load(std::memory_order_acquire);
+    npolled = 0;
   }
   bool Flush(uint64_t) { return true; }  // a put is complete when it returns
 };

@@ -311,9 +311,14 @@ __device__ void ControlLoop(const DaemonParams& P) {
   uint64_t t_prog = GlobalTimer(), t_busy = t_prog, t_host = 0;
   while (true) {
     // Ingest: published entries in ticket order (their descriptors are in place).
+    // Polled relaxed, then one fence once something is published (an acquire load
+    // per pass would invalidate this SM's L1, where the protocol state of groups
+    // spanning hosts lives: device/announce_path.cuh).
     uint64_t hs = sub;
-    if (lane == 0)
-      while (hs < sub + kTaskRing && LdAcquireGpu(&dev->pub[hs % kTaskRing]) == Gen(hs)) ++hs;
+    if (lane == 0) {
+      while (hs < sub + kTaskRing && LdVol(&dev->pub[hs % kTaskRing]) == Gen(hs)) ++hs;
+      if (hs > sub) __threadfence();
+    }
     hs = __shfl_sync(0xffffffffu, hs, 0);
     if (hs > sub) {  // (the submit kernel reset the entries' run and lane state)
       if (lane == 0) {

@@ -330,7 +330,10 @@ AnnounceSetup Communicator::AnnounceSetupOf(int r) const {
   s.nranks = n;
   s.depth = kAnnounceDepth;
   s.tasks = kAnnounceTasks;
-  s.entries = std::max(64, 2 * n * kAnnounceTasks);  // >= every member's instances in flight, and tombstones
+  // >= every member's instances in flight, and tombstones; a power of two (the
+  // table's index is then a mask: transport/announce.cuh Home)
+  s.entries = 64;
+  while (s.entries < 2 * n * kAnnounceTasks) s.entries *= 2;
   s.slots = kAnnounceSlots;
   s.slot_bytes = kAnnounceSlotBytes;
   s.group = static_cast<uint32_t>(HashString(GroupText(globals)));

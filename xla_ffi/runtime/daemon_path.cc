@@ -188,7 +188,17 @@ const Site* DaemonPath::Prepare(int ordinal, const CollectiveSpec& spec, const s
   t.site = site->index;
   t.sig_hash = HashString(sig) | 1;  // odd: even identity headers name failures (kSigFailed, kSigLeftBehind)
   site->desc = t;
-  if (staged) MakeStage(*site, c, d, ctx_.ipc, in_bytes, out_bytes);
+  if (staged) {
+    MakeStage(*site, c, d, ctx_.ipc, in_bytes, out_bytes);
+    // A running daemon is relaunched behind itself, so that no kernel reads memory
+    // allocated after its launch: compute-sanitizer's memcheck knows a kernel only
+    // the allocations made before it started, and fails it at the first read of a
+    // later one (tools/memcheck_late_alloc_probe.cu).  Once per staged site.
+    if (proxy_.Running(d)) {
+      d.host->resize = d.launch_id;  // the running daemon quits; its successor is queued behind it
+      proxy_.Launch(d);
+    }
+  }
   if (c.cross_process) site->runs = RunsOf(ordinal, spec.group_devices, spec.key_hash);  // protocol "run"
   if (ctx_.key_names.find(spec.key_hash) == ctx_.key_names.end()) ctx_.key_names.emplace(spec.key_hash, spec.key);
   q.sites.push_back(std::move(site));

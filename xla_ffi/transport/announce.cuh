@@ -169,15 +169,31 @@ class Announcer {
       e->flags |= kFinished;
       e->task = -1;
     }
-    if (k.slot >= 0) slot_[k.slot].busy = 0;  // free once every expected put is in
+    if (k.slot >= 0) {  // free once every expected put is in (Progress looks at the closing ones)
+      slot_[k.slot].busy = 0;
+      st_->closing[k.slot / 64] |= 1ull << (k.slot % 64);
+    }
     k.state = kFree;
   }
 
   // One pass: drain the mailboxes, advance every entry, free slots.  Never waits.
+  // Signal words are polled relaxed (a poll invalidates no cache line, so this
+  // thread's own state stays in L1 through a pass that finds nothing new), and a
+  // pass that acts on something a peer put acquires once (Transport::Acquire):
+  // before it reads records, before a task is ready, before it reuses ring credits.
   DFCCL_DEV void Progress() {
     const uint64_t now = GlobalTimer(), dead = t_.DeadMask();
-    for (int q = 0; q < n_; ++q)
-      if (q != me_) Drain(q, now);
+    uint64_t adv = 0;  // members with new records: their counters polled first, then one acquire
+    for (int q = 0; q < n_; ++q) {
+      if (q == me_) continue;
+      const uint64_t c = t_.Poll(l_.RingSig(q));
+      if (c != st_->consumed[q]) {
+        st_->seen[q] = c;
+        adv |= 1ull << q;
+      }
+    }
+    if (adv) t_.Acquire();
+    for (uint64_t m = adv; m; m &= m - 1) Drain(Lowest(m), now);
     uint32_t min_grant = 0;  // the grant the reserve serves next: the lowest one waiting for a slot here
     for (int i = Next(0); i < l_.g.entries; i = Next(i + 1)) {
       const Entry& e = e_[i];
@@ -192,12 +208,16 @@ class Announcer {
       i = Next(i + 1);
     }
     if (me_ == 0) Grant();
-    for (int s = 0; s < l_.g.slots; ++s) {
-      if (st_->free_bits[s / 64] >> (s % 64) & 1ull || slot_[s].busy) continue;
-      bool in = true;
-      for (uint64_t m = slot_[s].expect & ~dead; m; m &= m - 1)
-        if (t_.Signal(l_.SlotSig(s, Lowest(m))) == base_[s * n_ + Lowest(m)]) in = false;
-      if (in) st_->free_bits[s / 64] |= 1ull << (s % 64);
+    for (int w = 0; w * 64 < l_.g.slots; ++w) {
+      for (uint64_t c = st_->closing[w]; c; c &= c - 1) {
+        const int s = w * 64 + Lowest(c);
+        bool in = true;
+        for (uint64_t m = slot_[s].expect & ~dead; m; m &= m - 1)
+          if (t_.Poll(l_.SlotSig(s, Lowest(m))) == base_[s * n_ + Lowest(m)]) in = false;
+        if (!in) continue;
+        st_->free_bits[w] |= 1ull << (s % 64);
+        st_->closing[w] &= ~(1ull << (s % 64));
+      }
     }
   }
 
@@ -215,7 +235,11 @@ class Announcer {
 
  private:
   DFCCL_DEV Peer& PeerOf(const Entry* e, int q) { return peer_[(e - e_) * n_ + q]; }
-  DFCCL_DEV int Home(uint64_t id) const { return static_cast<int>(id % static_cast<uint64_t>(l_.g.entries)); }
+  DFCCL_DEV int Home(uint64_t id) const {  // (a mask where entries is a power of two: no 64-bit division)
+    const uint32_t n = static_cast<uint32_t>(l_.g.entries);
+    return static_cast<int>((n & (n - 1)) == 0 ? (id & (n - 1)) : id % n);
+  }
+  DFCCL_DEV int After(int j) const { return j + 1 == l_.g.entries ? 0 : j + 1; }
   // The first entry in use at or after i (entries: none).
   DFCCL_DEV int Next(int i) const {
     for (int w = i / 64; w * 64 < l_.g.entries; ++w) {
@@ -233,7 +257,7 @@ class Announcer {
   // Open addressing, linear probing; deletion shifts back (no markers, so probes
   // stay as short as the load allows).
   DFCCL_DEV Entry* Find(uint64_t id) {
-    for (int i = 0, j = Home(id); i < l_.g.entries; ++i, j = (j + 1) % l_.g.entries) {
+    for (int i = 0, j = Home(id); i < l_.g.entries; ++i, j = After(j)) {
       if (e_[j].id == id) return &e_[j];
       if (e_[j].id == 0) return nullptr;
     }
@@ -241,7 +265,7 @@ class Announcer {
   }
   DFCCL_DEV Entry* FindOrAdd(uint64_t key, uint64_t seq, uint64_t now) {
     const uint64_t id = MatchId(key, seq);
-    for (int i = 0, j = Home(id); i < l_.g.entries; ++i, j = (j + 1) % l_.g.entries) {
+    for (int i = 0, j = Home(id); i < l_.g.entries; ++i, j = After(j)) {
       if (e_[j].id == id) return &e_[j];
       if (e_[j].id != 0) continue;
       Entry& e = e_[j];
@@ -259,9 +283,8 @@ class Announcer {
     return nullptr;  // full: the caller leaves the record in its ring for a later pass
   }
   DFCCL_DEV void Erase(int i) {
-    const int n = l_.g.entries;
     for (int j = i;;) {
-      j = (j + 1) % n;
+      j = After(j);
       if (e_[j].id == 0) break;
       const int k = Home(e_[j].id);
       if ((j > i && (k <= i || k > j)) || (j < i && k <= i && k > j)) {
@@ -298,7 +321,18 @@ class Announcer {
     return d;
   }
 
-  DFCCL_DEV bool CanSend(int q) { return st_->sent[q] - t_.Signal(l_.Ack(q)) < static_cast<uint64_t>(l_.g.depth); }
+  // Credits: the member's acknowledgement is read again only once the last value
+  // read leaves none, and a new one is acquired (its reads of the ring happened
+  // before this rank's puts reuse the records).
+  DFCCL_DEV bool CanSend(int q) {
+    const uint64_t depth = static_cast<uint64_t>(l_.g.depth);
+    if (st_->sent[q] - st_->acked[q] < depth) return true;
+    const uint64_t a = t_.Poll(l_.Ack(q));
+    if (st_->sent[q] - a >= depth) return false;
+    t_.Acquire();
+    st_->acked[q] = a;
+    return true;
+  }
   // Puts r into q's ring from this rank; false: no credit (try on a later pass) or q dead.
   DFCCL_DEV bool Send(int q, Record& r) {
     if (!CanSend(q)) return false;
@@ -310,9 +344,12 @@ class Announcer {
     return true;
   }
 
+  // Applies q's records up to the counter the pass polled (and acquired) for it.
+  // The acknowledgement goes back once half the ring is consumed since the last
+  // one (a store and a fence less per record; a sender out of credits has at
+  // least that many records consumed here, so it is always acknowledged).
   DFCCL_DEV void Drain(int q, uint64_t now) {
-    const uint64_t c = t_.Signal(l_.RingSig(q));
-    const uint64_t before = st_->consumed[q];
+    const uint64_t c = st_->seen[q];
     while (st_->consumed[q] < c) {
       const uint64_t* w = reinterpret_cast<const uint64_t*>(t_.Local(l_.RingAt(q, st_->consumed[q])));
       uint64_t v[8];
@@ -325,7 +362,9 @@ class Announcer {
       if (!Apply(q, r, now)) break;
       st_->consumed[q]++;
     }
-    if (st_->consumed[q] != before) t_.PutValue(q, l_.Ack(me_), st_->consumed[q]);
+    if (st_->consumed[q] - st_->acked_out[q] >= static_cast<uint64_t>(l_.g.depth) / 2 &&
+        t_.PutValue(q, l_.Ack(me_), st_->consumed[q]))
+      st_->acked_out[q] = st_->consumed[q];
   }
   DFCCL_DEV bool Apply(int q, const Record& r, uint64_t now) {
     if (r.kind == kRecGrant) {  // only a rank still waiting for a slot needs it (it has the entry)
@@ -374,7 +413,7 @@ class Announcer {
     slot_[s].expect = 0;
     slot_[s].epoch++;
     slot_[s].busy = 1;
-    for (int q = 0; q < n_; ++q) base_[s * n_ + q] = t_.Signal(l_.SlotSig(s, q));
+    for (int q = 0; q < n_; ++q) base_[s * n_ + q] = t_.Poll(l_.SlotSig(s, q));
     k.slot = s;
   }
 
@@ -473,8 +512,10 @@ class Announcer {
     }
     // This rank's task: ready once every member's data is in and its own is out.
     if (k && k->state == kRunning && !e.status && !missing && k->slot >= 0 && (e.sent & others_) == others_ &&
-        !Undelivered(e, *k) && t_.Flush(c_.flush_ns))
+        !Undelivered(e, *k) && t_.Flush(c_.flush_ns)) {
+      t_.Acquire();  // (the members' data, seen by polls, is read after this)
       k->state = kReady;
+    }
     if (e.status && k && k->state == kRunning) FailTask(*k, e);
     // Done with here: this rank started and finished it, every live member has
     // announced it and closed its slot (no record of it can come any more), has
@@ -490,7 +531,7 @@ class Announcer {
     uint64_t u = 0;
     for (uint64_t m = others_; m; m &= m - 1) {
       const int q = Lowest(m);
-      if (t_.Signal(l_.SlotSig(k.slot, q)) - base_[k.slot * n_ + q] != 1) u |= 1ull << q;  // 0: not yet; 2: released
+      if (t_.Poll(l_.SlotSig(k.slot, q)) - base_[k.slot * n_ + q] != 1) u |= 1ull << q;  // 0: not yet; 2: released
     }
     return u;
   }

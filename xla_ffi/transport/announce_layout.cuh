@@ -93,7 +93,11 @@ struct Slot {
 struct State {
   uint64_t sent[kMaxRanks];      // records put to each member
   uint64_t consumed[kMaxRanks];  // records drained from each member
+  uint64_t seen[kMaxRanks];      // each member's ring counter as a pass polled it (drained up to it)
+  uint64_t acked[kMaxRanks];     // each member's acknowledgement as last read (credits: sent - acked)
+  uint64_t acked_out[kMaxRanks]; // what this rank last acknowledged to each member
   uint64_t free_bits[kMaxSlots / 64];
+  uint64_t closing[kMaxSlots / 64];     // slots given up by their task, not free yet (puts still owed)
   uint64_t occupied[kMaxEntries / 64];  // table entries in use (a pass visits only these)
   uint64_t grant_open;           // home: the outstanding grant's id, 0: none
   uint32_t grants;               // home: grants made
@@ -127,14 +131,22 @@ struct Layout {
     l.bytes = o;
     return l;
   }
-  DFCCL_TASK_HD uint64_t RingAt(int src, uint64_t i) const { return ring + (src * static_cast<uint64_t>(g.depth) + i % g.depth) * sizeof(Record); }
+  // (depth and the slots' stride divided as 32-bit or masked: a 64-bit division is a
+  // long subroutine on the GPU, and these are on every pass)
+  DFCCL_TASK_HD uint64_t RingAt(int src, uint64_t i) const {
+    const uint32_t d = static_cast<uint32_t>(g.depth);
+    const uint64_t k = (d & (d - 1)) == 0 ? (i & (d - 1)) : i % d;
+    return ring + (src * static_cast<uint64_t>(d) + k) * sizeof(Record);
+  }
   DFCCL_TASK_HD uint64_t RingSig(int src) const { return ring_sig + src * 8ull; }
   DFCCL_TASK_HD uint64_t Ack(int member) const { return ack + member * 8ull; }
   DFCCL_TASK_HD uint64_t SlotAt(int s) const { return slot + static_cast<uint64_t>(s) * g.nranks * g.slot_bytes; }
   DFCCL_TASK_HD uint64_t SlotData(int s, int src) const { return SlotAt(s) + static_cast<uint64_t>(src) * g.slot_bytes; }
   DFCCL_TASK_HD uint64_t SlotSig(int s, int src) const { return slot_sig + (static_cast<uint64_t>(s) * g.nranks + src) * 8; }
   DFCCL_TASK_HD uint64_t StageAt(int task) const { return stage + static_cast<uint64_t>(task) * g.slot_bytes; }
-  DFCCL_TASK_HD int SlotOf(uint32_t slot_off) const { return static_cast<int>((slot_off - slot) / (static_cast<uint64_t>(g.nranks) * g.slot_bytes)); }
+  DFCCL_TASK_HD int SlotOf(uint32_t slot_off) const {  // (a slot's offset is 32-bit: Record::slot_off)
+    return static_cast<int>((slot_off - static_cast<uint32_t>(slot)) / (static_cast<uint32_t>(g.nranks) * g.slot_bytes));
+  }
 };
 
 // A message put the Announcer leaves to its caller (Progress with an outbox): the

@@ -20,6 +20,7 @@
 //   PutValue  a system-scope fence (this thread's earlier reads and writes), nvshmem_fence
 //             (its earlier puts to the PE), then nvshmem_uint64_p.
 //   Signal    an acquire load of the own word (peers' signal operations land there).
+//   Poll      a volatile load of it; Acquire a system-scope fence.
 //   Flush     nvshmem_quiet, which has no bound of its own: its bound is the host's
 //             watchdog (the caller's timeout), as the contract allows for engines.
 //   DeadMask  the host's liveness report in local memory (scale-out.md §8).
@@ -78,6 +79,8 @@ struct NvshmemTransport {
     return true;
   }
   DFCCL_DEV uint64_t Signal(uint64_t off) { return LdAcquireSys(reinterpret_cast<const uint64_t*>(Local(off))); }
+  DFCCL_DEV uint64_t Poll(uint64_t off) { return LdVol(reinterpret_cast<const uint64_t*>(Local(off))); }
+  DFCCL_DEV void Acquire() { FenceAcqRelSys(); }
   DFCCL_DEV bool Flush(uint64_t) {
     nvshmem_quiet();
     return true;

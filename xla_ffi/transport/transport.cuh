@@ -20,6 +20,11 @@
 //       an 8-byte store into peer's region, ordered after this rank's earlier
 //       reads and writes (a reader that sees v sees them); for credits.
 //   uint64_t Signal(uint64_t off)       an acquire read of this rank's own word
+//   uint64_t Poll(uint64_t off)         a relaxed read of it (no ordering: a poll that
+//                                       costs no cache invalidation; a caller about to
+//                                       act on what the word guards calls Acquire first)
+//   void Acquire()                      orders this thread's later reads and writes after
+//                                       its earlier Polls: Poll, then Acquire, is Signal
 //   bool Flush(uint64_t bound_ns)       every earlier put of this rank complete at
 //                                       its target; false at the bound (never waits longer)
 //   uint64_t DeadMask() const           ranks the host found dead (the proxy's liveness
@@ -134,6 +139,8 @@ struct StoreTransport {
     return true;
   }
   DFCCL_DEV uint64_t Signal(uint64_t off) { return LdAcquireSys(reinterpret_cast<const uint64_t*>(Local(off))); }
+  DFCCL_DEV uint64_t Poll(uint64_t off) { return LdVol(reinterpret_cast<const uint64_t*>(Local(off))); }
+  DFCCL_DEV void Acquire() { FenceAcqRelSys(); }
   // Stores are complete at the peer once the fence of each put passed.
   DFCCL_DEV bool Flush(uint64_t) { return true; }
 };
