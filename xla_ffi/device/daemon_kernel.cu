@@ -96,9 +96,10 @@ struct Recorder {  // per-block trace ring and counters in device memory; this b
 
 // The bucket-lock budget of the daemon's matching (a holder never waits inside).
 constexpr int64_t kLockBudgetNs = 2000000;
-// How often the control warp reads the host's words (aborts, resize), and looks
-// at a slotted task's entry for a failure another rank decided.
-constexpr uint64_t kHostPollNs = 10000;
+// How often the control warp reads the host's words (aborts, resize: two reads
+// across PCIe, ~1 µs each, so not on every pass), and looks at a slotted task's
+// entry for a failure another rank decided.
+constexpr uint64_t kHostPollNs = 50000;
 constexpr uint64_t kFailCheckNs = 20000;
 
 __device__ void CompleteTask(const DaemonParams& P, const TaskDesc& d, uint32_t e, bool aborted, Recorder& rec) {

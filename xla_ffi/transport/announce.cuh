@@ -80,6 +80,12 @@ class Announcer {
     task_ = reinterpret_cast<Task*>(t.Local(l.task));
     slot_ = reinterpret_cast<Slot*>(t.Local(l.slot_state));
     base_ = reinterpret_cast<uint64_t*>(t.Local(l.slot_base));
+#if defined(__CUDA_ARCH__)
+    // The region is global memory (cudaMalloc, VMM, the NVSHMEM heap): said so, the
+    // state's loads are ld.global, cached in L1, not generic ones.
+    __builtin_assume(__isGlobal(st_) && __isGlobal(e_) && __isGlobal(peer_) && __isGlobal(task_) &&
+                     __isGlobal(slot_) && __isGlobal(base_));
+#endif
   }
 
   // This rank's part of the region to its initial state.  Every rank's Init
