@@ -190,12 +190,16 @@ const Site* DaemonPath::Prepare(int ordinal, const CollectiveSpec& spec, const s
   site->desc = t;
   if (staged) {
     MakeStage(*site, c, d, ctx_.ipc, in_bytes, out_bytes);
-    // A running daemon is relaunched behind itself, so that no kernel reads memory
-    // allocated after its launch: compute-sanitizer's memcheck knows a kernel only
-    // the allocations made before it started, and fails it at the first read of a
-    // later one (tools/memcheck_late_alloc_probe.cu).  Once per staged site.
+    // A running daemon is replaced, so that no kernel reads memory allocated after
+    // its launch: compute-sanitizer's memcheck reports a running kernel's reads of
+    // a later allocation as out of bounds (tools/memcheck_late_alloc_probe.cu).  It
+    // is asked to leave (it takes no task once it has seen the request) and waited
+    // for, bounded, before its successor is launched: a task this site publishes
+    // next must not reach it.  Once per staged site.
     if (proxy_.Running(d)) {
-      d.host->resize = d.launch_id;  // the running daemon quits; its successor is queued behind it
+      d.host->resize = d.launch_id;
+      for (const auto t0 = Clock::now(); proxy_.Alive(d) && Clock::now() - t0 < std::chrono::seconds(2);)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       proxy_.Launch(d);
     }
   }
