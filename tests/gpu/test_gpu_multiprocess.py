@@ -22,11 +22,11 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="needs CUDA MPS")]
 
 
-def _run(case, tmp_path, n=2, timeout=240, keep_going=False, args=()):
+def _run(case, tmp_path, n=2, timeout=240, keep_going=False, args=(), prefix=()):
   out = tmp_path / case
   cmd = [str(ROOT / "tools/mps_testbed.sh"), "-n", str(n), "--timeout", str(timeout), "--out", str(out),
          *(["--keep-going"] if keep_going else []), "--",
-         sys.executable, str(ROOT / "tests/gpu/mp_worker.py"), "--case", case, *args]
+         *prefix, sys.executable, str(ROOT / "tests/gpu/mp_worker.py"), "--case", case, *args]
   p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, cwd=ROOT)
   results = []
   for r in range(n):
@@ -88,6 +88,24 @@ def test_groups_spanning_hosts_over_nvshmem_name_a_rank_that_never_starts(tmp_pa
   _nvshmem_or_skip()
   p, results = _run("timeout", tmp_path, timeout=120, args=NVSHMEM_HOSTS)
   assert results[0]["ok"], (p.stdout[-3000:], results)
+
+
+# compute-sanitizer on groups spanning hosts, every op and start/done forms in process-specific
+# orders: a start form's staging is allocated while a daemon runs, and memcheck reports a running
+# kernel's reads of a later allocation (tools/memcheck_late_alloc_probe.cu), so the site replaces
+# the running daemon first (runtime/daemon_path.cc).
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="needs compute-sanitizer")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("transport", ["stores", "nvshmem"])
+def test_groups_spanning_hosts_are_clean_under_compute_sanitizer(tmp_path, tool, transport):
+  if transport == "nvshmem":
+    _nvshmem_or_skip()
+  p, results = _run("parity", tmp_path, timeout=300, args=NVSHMEM_HOSTS if transport == "nvshmem" else HOSTS,
+                    prefix=("compute-sanitizer", "--tool", tool, "--error-exitcode", "9"))
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], p.stderr[-2000:], results)
+  summary = "ERROR SUMMARY: 0 errors" if tool == "memcheck" else "RACECHECK SUMMARY: 0 hazards"
+  for r in range(2):
+    assert summary in (tmp_path / "parity" / f"rank{r}.log").read_text(), r
 
 
 # Two hosts of two processes each (config.testing.processes_per_host=2), over NVSHMEM.
