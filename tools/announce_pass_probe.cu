@@ -225,7 +225,19 @@ __global__ void Costs(uint64_t* own, uint64_t* peer, uint64_t* ns) {
     acc += *reinterpret_cast<const uint64_t*>(own + 16 + (acc & 1));
   }
   ns[6] = GlobalTimer() - t;
-  ns[7] = acc;
+  // A plain load of a line this thread keeps reading, without and with its own store to the line
+  // just before (does the store evict it from L1? the Announcer's state is such lines).
+  volatile uint64_t* line = own + 32;
+  t = GlobalTimer();
+  for (int i = 0; i < k; ++i) acc += *reinterpret_cast<const uint64_t*>(own + 33 + (acc & 1) * 2);
+  ns[7] = GlobalTimer() - t;
+  t = GlobalTimer();
+  for (int i = 0; i < k; ++i) {
+    *reinterpret_cast<uint64_t*>(const_cast<uint64_t*>(line)) = acc;
+    acc += *reinterpret_cast<const uint64_t*>(own + 33 + (acc & 1) * 2);
+  }
+  ns[8] = GlobalTimer() - t;
+  ns[9] = acc;
 }
 
 }  // namespace
@@ -290,14 +302,15 @@ int main(int argc, char** argv) {
   CHECK(cudaMemcpy(&pp, flag + 2, 8, cudaMemcpyDeviceToHost));
   printf("ROW {\"probe\": \"flag_round_trip\", \"us\": %.3f}\n", pp / 1e3 / 10000);
   uint64_t* cost = nullptr;
-  CHECK(cudaMalloc(&cost, 8 * sizeof(uint64_t)));
+  CHECK(cudaMalloc(&cost, 10 * sizeof(uint64_t)));
   Costs<<<2, 32>>>(reinterpret_cast<uint64_t*>(region[0]), reinterpret_cast<uint64_t*>(region[1]), cost);
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
-  uint64_t c[8];
+  uint64_t c[10];
   CHECK(cudaMemcpy(c, cost, sizeof(c), cudaMemcpyDeviceToHost));
   printf("ROW {\"probe\": \"costs_ns\", \"ld_acquire_sys\": %.1f, \"ld_volatile\": %.1f, \"store_fence_sys\": %.1f, "
-         "\"store_fence_gpu\": %.1f, \"atomic_add_system\": %.1f, \"acquire_then_plain\": %.1f, \"volatile_then_plain\": %.1f}\n",
-         c[0] / 1e3, c[1] / 1e3, c[2] / 1e3, c[3] / 1e3, c[4] / 1e3, c[5] / 1e3, c[6] / 1e3);
+         "\"store_fence_gpu\": %.1f, \"atomic_add_system\": %.1f, \"acquire_then_plain\": %.1f, \"volatile_then_plain\": %.1f, "
+         "\"plain_reload\": %.1f, \"own_store_then_plain_reload\": %.1f}\n",
+         c[0] / 1e3, c[1] / 1e3, c[2] / 1e3, c[3] / 1e3, c[4] / 1e3, c[5] / 1e3, c[6] / 1e3, c[7] / 1e3, c[8] / 1e3);
   return errors ? 1 : 0;
 }
