@@ -190,18 +190,9 @@ const Site* DaemonPath::Prepare(int ordinal, const CollectiveSpec& spec, const s
   site->desc = t;
   if (staged) {
     MakeStage(*site, c, d, ctx_.ipc, in_bytes, out_bytes);
-    // A running daemon is replaced, so that no kernel reads memory allocated after
-    // its launch: compute-sanitizer's memcheck reports a running kernel's reads of
-    // a later allocation as out of bounds (tools/memcheck_late_alloc_probe.cu).  It
-    // is asked to leave (it takes no task once it has seen the request) and waited
-    // for, bounded, before its successor is launched: a task this site publishes
-    // next must not reach it.  Once per staged site.
-    if (proxy_.Running(d)) {
-      d.host->resize = d.launch_id;
-      for (const auto t0 = Clock::now(); proxy_.Alive(d) && Clock::now() - t0 < std::chrono::seconds(2);)
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      proxy_.Launch(d);
-    }
+    // The running daemon is older than the staging: replaced before any task of
+    // this site is published (memcheck would report its reads).  Once per staged site.
+    proxy_.Replace(d);
   }
   if (c.cross_process) site->runs = RunsOf(ordinal, spec.group_devices, spec.key_hash);  // protocol "run"
   if (ctx_.key_names.find(spec.key_hash) == ctx_.key_names.end()) ctx_.key_names.emplace(spec.key_hash, spec.key);

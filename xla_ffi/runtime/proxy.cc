@@ -280,4 +280,12 @@ void Proxy::EnsureRunning(Device& d) {
   if (!Running(d)) Launch(d);
 }
 
+void Proxy::Replace(Device& d) {
+  if (!Running(d)) return;
+  d.host->resize = d.launch_id;  // it leaves at its next look at the host's words
+  for (const auto t0 = Clock::now(); Alive(d) && Clock::now() - t0 < std::chrono::seconds(2);)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  Launch(d);
+}
+
 }  // namespace dfccl::gpu

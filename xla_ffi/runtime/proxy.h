@@ -39,6 +39,10 @@ class Proxy {
   bool Alive(Device& d);
   void Launch(Device& d);
   void EnsureRunning(Device& d);
+  // A running daemon asked to leave and waited for (bounded), then a successor
+  // launched: for memory allocated after the running one's launch, which memory
+  // checkers do not let a running kernel read (tools/memcheck_late_alloc_probe.cu).
+  void Replace(Device& d);
   // One device's round: records, completions, watchdog, relaunch (under mu).
   void PollDevice(Device& d, Clock::time_point now);
 
