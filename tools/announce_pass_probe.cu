@@ -46,6 +46,7 @@ struct Args {
   uint64_t* op_ns;     // [n][iters]
   uint64_t* stats;     // [n][kStats]: passes, pass ns, ship ns, errors, idle pass ns (empty table), idle pass ns (one entry)
   volatile uint64_t* flag;  // [2]: the round trip's words
+  int own_shared;      // this rank's own state (Layout::OwnBytes) in the block's shared memory, as the daemon keeps it
 };
 
 __device__ void Barrier(unsigned* b, int n, unsigned round) {
@@ -60,7 +61,8 @@ __global__ void Chain(Args a) {
   const int r = blockIdx.x, lane = threadIdx.x;
   __shared__ ann::Outbox ob;
   __shared__ int state;
-  ann::Announcer<StoreTransport> an(a.t[r], a.l, a.c);
+  extern __shared__ __align__(16) char own[];
+  ann::Announcer<StoreTransport> an(a.t[r], a.l, a.c, a.own_shared ? own : nullptr);
   if (lane == 0) {
     an.Init();
     ob.n = 0;
@@ -276,24 +278,32 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&flag, 3 * sizeof(uint64_t)));
   CHECK(cudaMemset(flag, 0, 3 * sizeof(uint64_t)));
 
-  Chain<<<n, 32>>>(a);
-  CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
-  std::vector<uint64_t> op(n * iters), st(n * kStats);
-  CHECK(cudaMemcpy(op.data(), a.op_ns, op.size() * 8, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(st.data(), a.stats, st.size() * 8, cudaMemcpyDeviceToHost));
+  // Twice: the own state in the region, then in shared memory (the daemon's way).
+  const uint32_t own_bytes = static_cast<uint32_t>(a.l.OwnBytes());
+  CHECK(cudaFuncSetAttribute(Chain, cudaFuncAttributeMaxDynamicSharedMemorySize, own_bytes));
   uint64_t errors = 0;
-  for (int r = 0; r < n; ++r) {
-    std::vector<uint64_t> v(op.begin() + r * iters + iters / 10, op.begin() + (r + 1) * iters);
-    std::sort(v.begin(), v.end());
-    const uint64_t* o = st.data() + r * kStats;
-    printf("ROW {\"probe\": \"announce_pass\", \"nranks\": %d, \"rank\": %d, \"op_us_median\": %.2f, "
-           "\"op_us_p90\": %.2f, \"passes_per_op\": %.1f, \"pass_us\": %.3f, \"ship_us_per_op\": %.3f, "
-           "\"idle_pass_us_empty\": %.3f, \"idle_pass_us_one_entry\": %.3f, \"errors\": %llu}\n",
-           n, r, v[v.size() / 2] / 1e3, v[v.size() * 9 / 10] / 1e3, static_cast<double>(o[0]) / iters,
-           o[0] ? o[1] / 1e3 / o[0] : 0.0, o[2] / 1e3 / iters, o[4] / 1e3 / kIdlePasses, o[5] / 1e3 / kIdlePasses,
-           static_cast<unsigned long long>(o[3]));
-    errors += o[3];
+  for (int mode = 0; mode < 2; ++mode) {
+    a.own_shared = mode;
+    for (int r = 0; r < n; ++r) CHECK(cudaMemset(region[r], 0, a.l.bytes));
+    CHECK(cudaMemset(a.barrier, 0, 4));
+    Chain<<<n, 32, mode ? own_bytes : 0>>>(a);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::vector<uint64_t> op(n * iters), st(n * kStats);
+    CHECK(cudaMemcpy(op.data(), a.op_ns, op.size() * 8, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(st.data(), a.stats, st.size() * 8, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < n; ++r) {
+      std::vector<uint64_t> v(op.begin() + r * iters + iters / 10, op.begin() + (r + 1) * iters);
+      std::sort(v.begin(), v.end());
+      const uint64_t* o = st.data() + r * kStats;
+      printf("ROW {\"probe\": \"announce_pass\", \"own_state\": \"%s\", \"own_bytes\": %u, \"nranks\": %d, \"rank\": %d, "
+             "\"op_us_median\": %.2f, \"op_us_p90\": %.2f, \"passes_per_op\": %.1f, \"pass_us\": %.3f, \"ship_us_per_op\": %.3f, "
+             "\"idle_pass_us_empty\": %.3f, \"idle_pass_us_one_entry\": %.3f, \"errors\": %llu}\n",
+             mode ? "shared" : "region", own_bytes, n, r, v[v.size() / 2] / 1e3, v[v.size() * 9 / 10] / 1e3,
+             static_cast<double>(o[0]) / iters, o[0] ? o[1] / 1e3 / o[0] : 0.0, o[2] / 1e3 / iters,
+             o[4] / 1e3 / kIdlePasses, o[5] / 1e3 / kIdlePasses, static_cast<unsigned long long>(o[3]));
+      errors += o[3];
+    }
   }
   PingPong<<<2, 32>>>(flag, 10000, flag + 2);
   CHECK(cudaGetLastError());

@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -51,6 +52,7 @@ struct Cfg {
   int nranks, per_host, latency_us, slots, dead;  // dead: the rank phase D kills
   bool store;   // StoreTransport (no latency, no kill: phases A, C, B only)
   bool outbox;  // messages shipped by the caller after each pass (as the daemon's warp does)
+  bool moved = false;  // the rank's own state outside its region, moved between phases (as the daemon keeps it)
 };
 
 struct Inst {
@@ -92,7 +94,27 @@ void Die(Shared& s, int rank, const char* what, const Inst* in = nullptr, uint32
 template <class T>
 class Rank {
  public:
-  Rank(Shared& s, T& t, int me) : s_(s), me_(me), a_(t, s.layout, Long()), t_(t) {}
+  Rank(Shared& s, T& t, int me) : s_(s), me_(me), t_(t) {
+    for (auto& b : own_) b.assign(s.layout.OwnBytes(), 0);
+    a_.emplace(t, s.layout, Long(), Own());
+  }
+
+  // Where this rank's own state (Layout::OwnBytes) is: its region, or (cfg->moved)
+  // one of two buffers outside it.  Move: written back to the region, then copied
+  // into the other buffer (the old one poisoned), as the daemon's control block
+  // copies it into shared memory at its first pass and writes it back when it
+  // leaves (device/announce_path.cuh, AnnounceCache); only while no other
+  // Announcer of the rank is live.
+  char* Own() { return s_.cfg->moved ? own_[cur_].data() : nullptr; }
+  void Move() {
+    if (!s_.cfg->moved) return;
+    const ann::Layout& l = s_.layout;
+    std::memcpy(t_.Local(l.state), own_[cur_].data(), l.OwnBytes());
+    std::memset(own_[cur_].data(), 0xA5, l.OwnBytes());
+    cur_ ^= 1;
+    std::memcpy(own_[cur_].data(), t_.Local(l.state), l.OwnBytes());
+    a_.emplace(t_, l, Long(), Own());
+  }
 
   ann::Config Long() const { return ann::Config{7, 30000 * kMs, 5000 * kMs, 1000 * kMs}; }
   ann::Config Short() const { return ann::Config{7, 300 * kMs, 3000 * kMs, 1000 * kMs}; }
@@ -180,9 +202,9 @@ class Rank {
     const auto t0 = std::chrono::steady_clock::now();
     bool in = false;
     for (;;) {
-      Pass(a_);
+      Pass(*a_);
       const int live = s_.cfg->nranks - __builtin_popcountll(s_.world->Dead());
-      if (!in && (!until_empty || a_.Empty())) {
+      if (!in && (!until_empty || a_->Empty())) {
         if (s_.barrier[b].fetch_add(1) + 1 == live)
           s_.passed[b] = std::chrono::steady_clock::now().time_since_epoch().count();
         in = true;
@@ -200,6 +222,7 @@ class Rank {
   // What is left in this rank's table, slots and mailboxes (on a failure).
   void Dump() {
     const ann::Layout& l = s_.layout;
+    if (s_.cfg->moved) std::memcpy(t_.Local(l.state), own_[cur_].data(), l.OwnBytes());
     const auto* st = reinterpret_cast<const ann::State*>(t_.Local(l.state));
     const auto* e = reinterpret_cast<const ann::Entry*>(t_.Local(l.entry));
     const auto* slot = reinterpret_cast<const ann::Slot*>(t_.Local(l.slot_state));
@@ -228,7 +251,7 @@ class Rank {
   }
 
   void Main(uint64_t seed) {
-    a_.Init();
+    a_->Init();
     if (!Barrier(0)) return;  // every region initialised before the first put (the bootstrap's barrier)
     std::mt19937_64 rng(seed * 7919 + me_);
     const auto sum_or_mismatch = [](const Inst& in) -> std::pair<uint32_t, uint64_t> {
@@ -238,9 +261,11 @@ class Rank {
     for (const auto& block : s_.blocks_a) {  // A
       std::vector<Inst> order = block;
       std::shuffle(order.begin(), order.end(), rng);
-      if (!Run(a_, order, sum_or_mismatch)) return;
+      if (!Run(*a_, order, sum_or_mismatch)) return;
+      Move();
     }
     if (!Barrier(1)) return;
+    Move();
     for (const auto& block : s_.blocks_c) {  // C
       std::vector<Inst> order = block;
       std::shuffle(order.begin(), order.end(), rng);
@@ -248,16 +273,17 @@ class Rank {
         uint32_t st = 0;
         const uint64_t one[1] = {1};
         const auto t0 = std::chrono::steady_clock::now();
-        const int h = a_.Start(0xCA9, 0, 1, one, 8, &st);
+        const int h = a_->Start(0xCA9, 0, 1, one, 8, &st);
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (h != -1 || st != PackStatus(kStatusNoEntry, me_, me_) || dt > 0.25)
           Die(s_, me_, "the (I+1)-th start was not refused at once");
       };
-      if (!Run(a_, order, sum_or_mismatch, kPhaseS, refuse)) return;
+      if (!Run(*a_, order, sum_or_mismatch, kPhaseS, refuse)) return;
     }
     if (!Barrier(2)) return;
+    Move();
     {  // B
-      ann::Announcer<T> a(t_, s_.layout, Short());
+      ann::Announcer<T> a(t_, s_.layout, Short(), Own());
       std::vector<Inst> mine;
       for (const Inst& in : s_.late)
         if (in.absent != me_) mine.push_back(in);
@@ -281,6 +307,7 @@ class Rank {
       if (!Run(a, s_.after, sum_or_mismatch)) return;
     }
     if (!Barrier(4)) return;
+    Move();
     if (s_.cfg->dead >= 0) {  // D
       if (me_ == s_.cfg->dead) {
         s_.world->Kill(me_);
@@ -288,7 +315,7 @@ class Rank {
       }
       const int d = s_.cfg->dead;
       const auto t0 = std::chrono::steady_clock::now();
-      if (!Run(a_, s_.dead, [d](const Inst&) { return std::pair<uint32_t, uint64_t>{PackStatus(kStatusFailedPeer, d, d), 1ull << d}; }))
+      if (!Run(*a_, s_.dead, [d](const Inst&) { return std::pair<uint32_t, uint64_t>{PackStatus(kStatusFailedPeer, d, d), 1ull << d}; }))
         return;
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > 5.0)
         return Die(s_, me_, "a dead rank took longer than 5 s to be named");
@@ -299,8 +326,10 @@ class Rank {
  private:
   Shared& s_;
   int me_;
-  ann::Announcer<T> a_;
   T& t_;
+  std::vector<char> own_[2];
+  int cur_ = 0;
+  std::optional<ann::Announcer<T>> a_;
 };
 
 // The plan every rank shares: keys, sequence numbers, sizes, signatures.
@@ -400,10 +429,10 @@ int main() {
   const Cfg cfgs[] = {
       {"2 hosts x 2 ranks", 4, 2, 0, 3, 3, false, false},
       {"2 hosts x 2 ranks, 20 us between hosts, shipped after the pass", 4, 2, 20, 2, 2, false, true},
-      {"4 hosts x 1 rank, the home dies, shipped after the pass", 4, 1, 0, 3, 0, false, true},
+      {"4 hosts x 1 rank, the home dies, shipped after the pass, own state moved", 4, 1, 0, 3, 0, false, true, true},
       {"2 hosts x 1 rank, slots for all", 2, 1, 0, kTasks + 1, 1, false, false},
 #if !defined(__SANITIZE_THREAD__)  // StoreTransport's fence + relaxed add: TSan does not model fences
-      {"4 ranks by stores, shipped after the pass", 4, 4, 0, 3, -1, true, true},
+      {"4 ranks by stores, shipped after the pass, own state moved", 4, 4, 0, 3, -1, true, true, true},
 #endif
   };
   uint64_t seed = 1;

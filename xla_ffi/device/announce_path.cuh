@@ -33,14 +33,67 @@ DFCCL_DEV uint32_t AnnounceStatus(const ann::Task& k, int rank) {
   return (k.status & 0xffffffu) | (static_cast<uint32_t>(ranks & 0xffu) << 24);
 }
 
+// The own state (ann::Layout::OwnBytes: the table, tasks, slots and counters that
+// only this rank's protocol thread reads) of the announced communicators this
+// daemon advances, in the control block's shared memory while it runs.  A pass is
+// a chain of dependent loads of that state, and every acquire it makes (of a
+// peer's put) or the control warp makes (the ingest's fence) invalidates the SM's
+// L1 (CCTL.IVALL), so in the region each of those loads went to L2.  Copied in at
+// a communicator's first pass in this launch, written back before the daemon
+// leaves (ControlLoop), so the next daemon, a later kernel, finds it in the region;
+// nothing else reads it meanwhile (the host never does; its set-up writes only a
+// new communicator's).  No room (kBytes): that communicator's stays in its region.
+struct AnnounceCache {
+  static constexpr int kMax = 4;
+  static constexpr uint32_t kBytes = 32u << 10;  // the daemon's dynamic shared memory (LaunchDaemon)
+  const AnnounceView* view[kMax];
+  uint32_t at[kMax];
+  int n;
+  uint32_t used;
+  char* mem;  // kBytes of the control block's dynamic shared memory
+  DFCCL_DEV void Init(char* m) {
+    mem = m;
+    n = 0;
+    used = 0;
+  }
+  // Lane 0: v's own state here (copied in at its first use), or null.
+  DFCCL_DEV char* Of(const AnnounceView* v) {
+    for (int i = 0; i < n; ++i)
+      if (view[i] == v) return mem + at[i];
+    const uint32_t b = static_cast<uint32_t>(v->l.OwnBytes());  // (a multiple of 64: Layout::Up)
+    if (n == kMax || b > kBytes - used) return nullptr;
+    const uint4* src = reinterpret_cast<const uint4*>(const_cast<DaemonTransport&>(v->t).Local(v->l.state));
+    uint4* dst = reinterpret_cast<uint4*>(mem + used);
+    for (uint32_t i = 0; i < b / 16; ++i) dst[i] = __ldcg(src + i);
+    view[n] = v;
+    at[n] = used;
+    used += b;
+    return mem + at[n++];
+  }
+  // Lane 0, before the daemon leaves: each own state back to its region.
+  DFCCL_DEV void WriteBack() {
+    for (int i = 0; i < n; ++i) {
+      const AnnounceView* v = view[i];
+      uint4* dst = reinterpret_cast<uint4*>(const_cast<DaemonTransport&>(v->t).Local(v->l.state));
+      const uint4* src = reinterpret_cast<const uint4*>(mem + at[i]);
+      for (uint32_t k = 0; k < static_cast<uint32_t>(v->l.OwnBytes()) / 16; ++k) dst[k] = src[k];
+    }
+    n = 0;
+    used = 0;
+    __threadfence();
+  }
+};
+
 // The communicators the control warp advanced in this pass (each once), and the
 // messages they left to ship (the outbox: in shared memory, ShipOutbox empties it).
 struct AnnouncePass {
   static constexpr int kMax = 4;
   ann::Outbox* ob;
+  AnnounceCache* cache;
   const AnnounceView* seen[kMax];
   int n = 0;
-  DFCCL_DEV explicit AnnouncePass(ann::Outbox* o) : ob(o) {}
+  DFCCL_DEV AnnouncePass(ann::Outbox* o, AnnounceCache* c) : ob(o), cache(c) {}
+  DFCCL_DEV DaemonAnnouncer Of(const AnnounceView* v) { return AnnouncerOf(v, cache->Of(v)); }
   DFCCL_DEV void Progress(const AnnounceView* v, DaemonAnnouncer& a) {
     for (int i = 0; i < n; ++i)
       if (seen[i] == v) return;
@@ -50,7 +103,7 @@ struct AnnouncePass {
     a.SetOutbox(nullptr, nullptr);
   }
   DFCCL_DEV void Progress(const AnnounceView* v) {
-    DaemonAnnouncer a = AnnouncerOf(v);
+    DaemonAnnouncer a = Of(v);
     Progress(v, a);
   }
 };
@@ -59,7 +112,7 @@ struct AnnouncePass {
 // announced communicator: start it, advance, and hand it to the lanes or fail it.
 DFCCL_DEV void AnnounceStep(TaskRun* run, TaskDesc* dd, const TaskDesc& d, bool host_abort, AnnouncePass& pass) {
   const AnnounceView* v = d.comm->ann;
-  DaemonAnnouncer an = AnnouncerOf(v);
+  DaemonAnnouncer an = pass.Of(v);
   uint64_t h1 = LdVol(&run->ann);
   if (h1 == 0) {
     if (d.invalid && !d.tomb) { AbortRun(run, d.invalid); return; }
@@ -98,16 +151,16 @@ DFCCL_DEV void AnnounceStep(TaskRun* run, TaskDesc* dd, const TaskDesc& d, bool 
 // Lane 0 asks and records, so nothing between the question and the put can
 // fail the task: only this warp does.  (A task is ready only once its puts are
 // made, so its source, XLA's buffer, is still the task's while it is read.)
-DFCCL_DEV void ShipOutbox(ann::Outbox* ob, int lane) {
+DFCCL_DEV void ShipOutbox(ann::Outbox* ob, AnnounceCache* cache, int lane) {
   const int n = *reinterpret_cast<volatile int*>(&ob->n);
   for (int i = 0; i < n; ++i) {
     const ann::PutJob j = ob->job[i];
     const AnnounceView* v = static_cast<const AnnounceView*>(j.tag);
     DaemonTransport& t = const_cast<DaemonTransport&>(v->t);
-    const uint64_t add = __shfl_sync(0xffffffffu, lane == 0 ? AnnouncerOf(v).Ship(j) : 0ull, 0);  // (lane 0's table)
+    const uint64_t add = __shfl_sync(0xffffffffu, lane == 0 ? AnnouncerOf(v, cache->Of(v)).Ship(j) : 0ull, 0);  // (lane 0's table)
     if (add == 1) t.PutWarp(lane, j.peer, j.dst_off, j.src, j.bytes, j.sig_off, 1, j.stage_off);
     else if (lane == 0) t.Put(j.peer, 0, nullptr, 0, j.sig_off, 2);
-    if (lane == 0) AnnouncerOf(v).Sent(j);
+    if (lane == 0) AnnouncerOf(v, cache->Of(v)).Sent(j);
     __syncwarp();
   }
   __syncwarp();  // (every lane read n before lane 0 clears it)
@@ -116,9 +169,9 @@ DFCCL_DEV void ShipOutbox(ann::Outbox* ob, int lane) {
 }
 
 // Lane 0 of the control warp, a done task that holds a handle: release it.
-DFCCL_DEV void AnnounceFinish(TaskRun* run, const TaskDesc* dd) {
+DFCCL_DEV void AnnounceFinish(TaskRun* run, const TaskDesc* dd, AnnounceCache* cache) {
   const CommDev* cm = LdVol(&dd->comm);
-  DaemonAnnouncer an = AnnouncerOf(cm->ann);
+  DaemonAnnouncer an = AnnouncerOf(cm->ann, cache->Of(cm->ann));
   an.Finish(static_cast<int>(LdVol(&run->ann) - 1));
   StVol(&run->ann, 0ull);
 }

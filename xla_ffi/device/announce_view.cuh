@@ -31,8 +31,9 @@ struct AnnounceView {
 };
 using DaemonAnnouncer = ann::Announcer<DaemonTransport>;
 
-DFCCL_DEV DaemonAnnouncer AnnouncerOf(const AnnounceView* v) {
-  return DaemonAnnouncer(const_cast<DaemonTransport&>(v->t), v->l, v->c);
+// (`own`: the rank's own state where the daemon keeps it, AnnounceCache; null: its region.)
+DFCCL_DEV DaemonAnnouncer AnnouncerOf(const AnnounceView* v, char* own = nullptr) {
+  return DaemonAnnouncer(const_cast<DaemonTransport&>(v->t), v->l, v->c, own);
 }
 
 }  // namespace dfccl::gpu

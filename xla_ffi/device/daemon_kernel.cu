@@ -244,14 +244,14 @@ __device__ void WorkerLoop(const DaemonParams& P) {
 // slot, failure) — see device/match.cuh.  `aborts`: the host's abort words
 // changed since the last pass.
 __device__ void MatchPending(const DaemonParams& P, uint64_t lo, uint64_t sub, bool aborts, uint64_t now,
-                             ann::Outbox* ob) {
+                             ann::Outbox* ob, AnnounceCache* cache) {
   DeviceShared* dev = P.dev;
-  AnnouncePass pass(ob);
+  AnnouncePass pass(ob, cache);
   for (uint64_t t = lo; t < sub; ++t) {
     const uint32_t e = t % kTaskRing, g = Gen(t);
     TaskRun* run = &dev->run[e];
     if (LdVol(&dev->done[e]) == g) {
-      if (LdVol(&run->ann)) AnnounceFinish(run, &dev->desc[e]);  // (protocol "announce")
+      if (LdVol(&run->ann)) AnnounceFinish(run, &dev->desc[e], cache);  // (protocol "announce")
       continue;
     }
     if (LdVol(&run->aborted)) {
@@ -302,7 +302,12 @@ __device__ void ControlLoop(const DaemonParams& P) {
   DeviceShared* dev = P.dev;
   HostShared* host = P.host;
   __shared__ ann::Outbox outbox;  // the messages a pass leaves to the whole warp (ShipOutbox)
-  if (lane == 0) outbox.n = 0;
+  __shared__ AnnounceCache cache;  // groups spanning hosts: their protocol state while this daemon runs
+  extern __shared__ __align__(16) char dyn[];
+  if (lane == 0) {
+    outbox.n = 0;
+    cache.Init(dyn);
+  }
   __syncwarp();
   Recorder rec;
   rec.Load(P);
@@ -343,9 +348,9 @@ __device__ void ControlLoop(const DaemonParams& P) {
       if (aborts && taken0 <= sub) seen_abort = ag;
       resize = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&host->resize) : 0u, 0) == P.launch_id;
     }
-    if (lane == 0) MatchPending(P, lo, sub, aborts, now, &outbox);
+    if (lane == 0) MatchPending(P, lo, sub, aborts, now, &outbox, &cache);
     __syncwarp();
-    ShipOutbox(&outbox, lane);  // (the messages of groups spanning hosts: protocol "announce")
+    ShipOutbox(&outbox, &cache, lane);  // (the messages of groups spanning hosts: protocol "announce")
     if (lane == 0) {
       // (a done task that still holds an Announcer handle is finished by the next pass first)
       while (lo < sub && LdVol(&dev->done[lo % kTaskRing]) == Gen(lo) && LdVol(&dev->run[lo % kTaskRing].ann) == 0) ++lo;
@@ -359,7 +364,10 @@ __device__ void ControlLoop(const DaemonParams& P) {
     const uint64_t taken = __shfl_sync(0xffffffffu, lane == 0 ? LdVol(&dev->next_ticket) : 0ull, 0);
     if (lo < sub || taken > sub) t_busy = now;
     if (resize) {  // the host already queued the next daemon behind this one
-      if (lane == 0) StVol(&dev->quit, P.launch_id);
+      if (lane == 0) {
+        cache.WriteBack();
+        StVol(&dev->quit, P.launch_id);
+      }
       break;
     }
     // Idle; stalled; or a lane needs a range mapped after this launch (direct.cuh):
@@ -371,6 +379,7 @@ __device__ void ControlLoop(const DaemonParams& P) {
       // The host proxy relaunches a daemon that left while work arrives: it sees
       // the submit kernels' records (HostShared::sub) and `exiting`.
       if (lane == 0) {
+        cache.WriteBack();
         StVol(&host->exiting, P.launch_id);
         __threadfence_system();
         StVol(&dev->quit, P.launch_id);
@@ -571,7 +580,12 @@ cudaError_t PreloadInlineSubmit() {
 
 DFCCL_DAEMON_BUILD_BEGIN
 cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream) {
-  DaemonKernel<<<params.workers + 1, kThreads, 0, stream>>>(params);
+  // (the control block's AnnounceCache: dynamic shared memory, so it may pass 48 KiB)
+  constexpr int kDyn = static_cast<int>(AnnounceCache::kBytes);
+  if (const cudaError_t e = cudaFuncSetAttribute(DaemonKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDyn);
+      e != cudaSuccess)
+    return e;
+  DaemonKernel<<<params.workers + 1, kThreads, kDyn, stream>>>(params);
   return cudaGetLastError();
 }
 DFCCL_DAEMON_BUILD_END

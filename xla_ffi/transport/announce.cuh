@@ -69,25 +69,23 @@ DFCCL_DEV int Lowest(uint64_t m) { return __ffsll(static_cast<long long>(m)) - 1
 template <class Transport>
 class Announcer {
  public:
-  DFCCL_DEV Announcer(Transport& t, const Layout& l, const Config& c) : t_(t), l_(l), c_(c) {
+  // `own`: where this rank's own state is (Layout::OwnBytes(): what no peer or host
+  // reads), if not in the region: the daemon's control block keeps it in shared
+  // memory (device/announce_path.cuh, AnnounceCache), because every acquire of a
+  // pass (Acquire, Signal) invalidates the SM's L1 (CCTL.IVALL after the load or
+  // fence), and a pass is a chain of dependent loads of this state.
+  DFCCL_DEV Announcer(Transport& t, const Layout& l, const Config& c, char* own = nullptr) : t_(t), l_(l), c_(c) {
     me_ = t.Rank();
     n_ = l.g.nranks;
     all_ = n_ == 64 ? ~0ull : (1ull << n_) - 1;
     others_ = all_ & ~(1ull << me_);
-    st_ = reinterpret_cast<State*>(t.Local(l.state));
-    e_ = reinterpret_cast<Entry*>(t.Local(l.entry));
-    peer_ = reinterpret_cast<Peer*>(t.Local(l.peer));
-    task_ = reinterpret_cast<Task*>(t.Local(l.task));
-    slot_ = reinterpret_cast<Slot*>(t.Local(l.slot_state));
-    base_ = reinterpret_cast<uint64_t*>(t.Local(l.slot_base));
-#if defined(__CUDA_ARCH__)
-    // The region is global memory (cudaMalloc, VMM, the NVSHMEM heap): said so, the
-    // state's loads are ld.global, not generic ones (measured with
-    // tools/announce_pass_probe.cu: no change in a pass's time; what a pass waits
-    // on is the latency of those loads, docs/design/announce.md).
-    __builtin_assume(__isGlobal(st_) && __isGlobal(e_) && __isGlobal(peer_) && __isGlobal(task_) &&
-                     __isGlobal(slot_) && __isGlobal(base_));
-#endif
+    auto at = [&](uint64_t off) { return own ? own + (off - l.state) : t.Local(off); };
+    st_ = reinterpret_cast<State*>(at(l.state));
+    e_ = reinterpret_cast<Entry*>(at(l.entry));
+    peer_ = reinterpret_cast<Peer*>(at(l.peer));
+    task_ = reinterpret_cast<Task*>(at(l.task));
+    slot_ = reinterpret_cast<Slot*>(at(l.slot_state));
+    base_ = reinterpret_cast<uint64_t*>(at(l.slot_base));
   }
 
   // This rank's part of the region to its initial state.  Every rank's Init

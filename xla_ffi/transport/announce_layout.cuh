@@ -143,6 +143,10 @@ struct Layout {
   DFCCL_TASK_HD uint64_t SlotAt(int s) const { return slot + static_cast<uint64_t>(s) * g.nranks * g.slot_bytes; }
   DFCCL_TASK_HD uint64_t SlotData(int s, int src) const { return SlotAt(s) + static_cast<uint64_t>(src) * g.slot_bytes; }
   DFCCL_TASK_HD uint64_t SlotSig(int s, int src) const { return slot_sig + (static_cast<uint64_t>(s) * g.nranks + src) * 8; }
+  // This rank's own state, [state, state + OwnBytes()): read and written by the
+  // rank's protocol thread alone (no peer puts there, the host never reads it), so
+  // it may live elsewhere while a daemon runs (Announcer's `own`).
+  DFCCL_TASK_HD uint64_t OwnBytes() const { return stage - state; }
   DFCCL_TASK_HD uint64_t StageAt(int task) const { return stage + static_cast<uint64_t>(task) * g.slot_bytes; }
   DFCCL_TASK_HD int SlotOf(uint32_t slot_off) const {  // (a slot's offset is 32-bit: Record::slot_off)
     return static_cast<int>((slot_off - static_cast<uint32_t>(slot)) / (static_cast<uint32_t>(g.nranks) * g.slot_bytes));
