@@ -326,6 +326,12 @@ class Config(_Section):
   #: rank is about 16 x 64 KiB per member plus its rings: 4.3 MiB for a group of
   #: four).  NVSHMEM_SYMMETRIC_SIZE must hold it.  Read by initialize().
   cross_host_region_bytes: int = 64 << 20
+  #: GPUs across hosts: a process of another host whose heartbeat (each process
+  #: writes one to the job's key-value store every ``lost_after_s / 8``) stops
+  #: for this many seconds, or that exited, is lost: the pending collectives with
+  #: a rank there fail naming it, without waiting for ``timeout_s``.  Peers on
+  #: this host are watched by their pids instead.  Read by initialize().
+  lost_after_s: float = 2.0
   #: Scheduling and GPU transport tuning.
   tuning: Tuning = dataclasses.field(default_factory=Tuning)
   #: The fused GEMM + communication kernels.
@@ -398,7 +404,8 @@ DEFAULTS.update(Config().as_dict())
 CPU_ONLY_ENTRIES = frozenset({"trace_capacity", "fault_device", "fault_start_delay_us", "fault_compute_delay_us"})
 
 #: The entries read by jax_dfccl.initialize() (the runtime across processes), not by the runtimes.
-INIT_ENTRIES = frozenset({"shm_arena_bytes", "shm_max_instances", "cross_host_transport", "cross_host_region_bytes"})
+INIT_ENTRIES = frozenset({"shm_arena_bytes", "shm_max_instances", "cross_host_transport", "cross_host_region_bytes",
+                          "lost_after_s"})
 
 #: Entries whose values are one of a few names.
 CHOICES: dict[str, tuple[str, ...]] = {"cross_host_transport": ("auto", "nvshmem", "stores")}

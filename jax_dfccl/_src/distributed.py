@@ -46,7 +46,7 @@ import threading
 
 import jax
 
-from jax_dfccl._src import backend
+from jax_dfccl._src import backend, liveness
 from jax_dfccl.config import config
 
 _lock = threading.Lock()
@@ -160,6 +160,13 @@ def _initialize_gpu(timeout_s: float) -> None:
   _state.update(token=token, process=me, processes=jax.process_count(), gpu=True,
                 timeout_ms=ms, groups=set(), direct=direct, staged_because=staged_because,
                 machines=machines, engine=rt.daemon_engine())
+  # Peers of other hosts have no pid to look at: a heartbeat through the store (liveness.py).
+  devices_of: dict[int, list[int]] = {}
+  for d in jax.devices():
+    devices_of.setdefault(int(d.process_index), []).append(int(d.id))
+  _state["watch"] = liveness.start(client, token, me, jax.process_count(),
+                                   lambda p, why: rt.set_lost_devices(devices_of.get(p, []), why),
+                                   float(config.lost_after_s))
 
 
 def _machine_id() -> str:

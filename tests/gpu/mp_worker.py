@@ -574,6 +574,10 @@ elif case == "killed":
   errs = d.stats()["cuda"]["errors"]
   out["error"], out["errors"] = err[:400], errs[-2:]
   out["seconds_after_kill"] = t_err - killed_at
+  # (a peer on this host by its pid; one of another host, simulated ones included, by the
+  # liveness watch over the key-value store: jax_dfccl/_src/liveness.py)
+  out["named_by"] = ("pid" if any("exited before it completed" in e for e in errs) else
+                     "liveness" if any("was lost before it completed" in e for e in errs) else "other")
   out["ok"] = (any("'victim'" in e and "rank 1" in e for e in errs)
                and 0 <= out["seconds_after_kill"] <= timeout_s + 1)
 elif case == "sendrecv":

@@ -147,6 +147,7 @@ def test_groups_spanning_hosts_name_a_killed_peer(tmp_path):
   p, results = _run("killed", tmp_path, timeout=120, keep_going=True, args=HOSTS)
   assert results[0]["ok"], (p.stdout[-3000:], results)
   assert results[0]["seconds_after_kill"] <= 6.0
+  assert results[0]["named_by"] == "liveness", results[0]  # (another host: no pid to look at)
 
 
 def test_larger_messages_take_the_direct_path_across_processes(tmp_path):
@@ -180,6 +181,7 @@ def test_a_killed_peer_is_named_within_the_timeout(tmp_path):
   p, results = _run("killed", tmp_path, timeout=120, keep_going=True)
   assert results[0]["ok"], (p.stdout[-3000:], results)  # rank 1 was killed (no result)
   assert results[0]["seconds_after_kill"] <= 6.0
+  assert results[0]["named_by"] == "pid", results[0]
 
 
 def test_the_programs_after_a_fault_are_exact(tmp_path, monkeypatch):

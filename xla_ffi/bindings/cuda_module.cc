@@ -86,6 +86,10 @@ NB_MODULE(_dfccl_cuda, m) {
   m.def("set_daemon_engine", [](uintptr_t engine) { Runtime::Get().SetDaemonEngine(engine); }, nb::arg("engine"),
         nb::call_guard<nb::gil_scoped_release>(),
         "The daemon over another engine (_dfccl_nvshmem.daemon_engine()), before the first collective on a GPU");
+  m.def("set_lost_devices", [](std::vector<int64_t> ids, std::string why) { Runtime::Get().SetLostDevices(ids, why); },
+        nb::arg("ids"), nb::arg("why"), nb::call_guard<nb::gil_scoped_release>(),
+        "The devices (global ids) of a process the job lost, and what was seen (jax_dfccl.initialize's "
+        "liveness watch): pending collectives with a rank there fail naming it");
   m.def("daemon_engine", [] { return Runtime::Get().DaemonEngineName(); }, nb::call_guard<nb::gil_scoped_release>(),
         "The daemon's engine under groups spanning hosts: 'stores' (CUDA IPC) or 'nvshmem'");
   m.def("announce_max_bytes", &dfccl::gpu::Communicator::AnnounceMaxBytes,

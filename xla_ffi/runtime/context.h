@@ -191,6 +191,12 @@ struct Context {
   // The daemon's build (device/daemon.h): this module's, or _dfccl_nvshmem's once
   // NVSHMEM is set up (Runtime::SetDaemonEngine, before the first device).
   const DaemonEngine* engine = &ThisDaemonEngine();
+  // Devices of processes the job lost (Runtime::SetLostDevices: jax_dfccl.initialize's
+  // liveness watch over the key-value store, for ranks on other hosts): global id ->
+  // what was seen.  Under lost_mu, not mu (the watch must never wait for a handler).
+  std::mutex lost_mu;
+  std::map<int64_t, std::string> lost;
+  std::atomic<int> nlost{0};
   CopyEngine ce;
   Ipc ipc;
 };

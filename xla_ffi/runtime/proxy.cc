@@ -218,29 +218,57 @@ void Proxy::PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest,
   }
 }
 
-// Daemon-path instances pending on groups spanning processes: a peer process of this
-// host that exited fails them now (naming the rank), not only at the timeout.
+// Daemon-path instances pending on groups spanning processes: a peer process that
+// exited fails them now (naming the rank), not only at the timeout.  A peer on this
+// host: its pid is gone.  On another host (hosts simulated by
+// config.testing.processes_per_host included: no pid across them): the liveness
+// watch of jax_dfccl.initialize reported its process lost (Context::lost).
 void Proxy::CheckPeersAlive(Device& d, Clock::time_point now) {
   DaemonPath::PerDevice& q = daemon_.Of(d);
   if (q.oldest >= q.seen || now < d.next_peer_check) return;
   d.next_peer_check = now + std::chrono::milliseconds(20);
-  std::map<Communicator*, int> dead;  // comm -> its first exited rank (-1: all alive)
+  std::map<Communicator*, std::pair<int, std::string>> dead;  // comm -> its first dead rank (-1: none), why
   for (uint64_t t = q.oldest; t < q.seen; ++t) {
     TaskInfo& ti = q.info[t % kTaskRing];
     if (ti.done || !ti.site || !ti.comm || !ti.comm->cross_process) continue;
     Communicator& c = *ti.comm;
-    auto [it, fresh] = dead.emplace(&c, -1);
-    if (fresh)
-      for (int r = 0; r < static_cast<int>(c.pids.size()) && it->second < 0; ++r)
-        if (c.pids[r] > 0 && !ProcessAlive(c.pids[r])) it->second = r;
-    const int r = it->second;
+    auto [it, fresh] = dead.emplace(&c, std::make_pair(-1, std::string()));
+    if (fresh) it->second = FirstDeadRank(c);
+    const int r = it->second.first;
     if (r < 0 || c.Failed(ti.key_hash, ti.seq)) continue;
-    std::ostringstream why;
-    why << "rank " << r << " (device " << c.globals[r] << ", process " << c.pids[r]
-        << " on this host) exited before it completed";
     daemon_.AbortDaemonInstance(c, ti.key_hash, ti.seq, ErrorCode::kAborted,
-                                c.InstanceName(ti.site->key, ti.seq) + ": " + why.str());
+                                c.InstanceName(ti.site->key, ti.seq) + ": " + it->second.second);
   }
+}
+
+std::pair<int, std::string> Proxy::FirstDeadRank(const Communicator& c) {
+  const int n = static_cast<int>(c.globals.size());
+  const bool hosts = static_cast<int>(c.hosts.size()) == n;
+  int32_t here = -1;  // this process's host (of a local rank)
+  for (int r = 0; r < n && hosts; ++r)
+    if (c.ordinals[r] >= 0) here = c.hosts[r];
+  for (int r = 0; r < n; ++r) {
+    const bool same_host = !hosts || c.hosts[r] == here;
+    if (same_host && r < static_cast<int>(c.pids.size()) && c.pids[r] > 0 && !ProcessAlive(c.pids[r])) {
+      std::ostringstream why;
+      why << "rank " << r << " (device " << c.globals[r] << ", process " << c.pids[r]
+          << " on this host) exited before it completed";
+      return {r, why.str()};
+    }
+  }
+  if (ctx_.nlost.load() == 0) return {-1, {}};
+  std::lock_guard lk(ctx_.lost_mu);
+  for (int r = 0; r < n; ++r) {
+    if (c.ordinals[r] >= 0) continue;
+    auto it = ctx_.lost.find(c.globals[r]);
+    if (it == ctx_.lost.end()) continue;
+    std::ostringstream why;
+    why << "rank " << r << " (device " << c.globals[r];
+    if (hosts) why << ", host " << c.hosts[r];
+    why << ") was lost before it completed: " << it->second;
+    return {r, why.str()};
+  }
+  return {-1, {}};
 }
 
 // No CUDA call.  A daemon leaves only after storing `exiting` (idle/stall quit;

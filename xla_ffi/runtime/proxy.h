@@ -53,6 +53,7 @@ class Proxy {
   void PollRing(Device& d, std::array<TaskInfo, N>& info, uint64_t& oldest, uint64_t next,
                 const volatile uint32_t* done, Clock::time_point now);
   void CheckPeersAlive(Device& d, Clock::time_point now);
+  std::pair<int, std::string> FirstDeadRank(const Communicator& c);  // (-1, ""): every peer alive
 
   Context& ctx_;
   DaemonPath& daemon_;

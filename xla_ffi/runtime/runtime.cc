@@ -41,6 +41,12 @@ void Runtime::SetDeviceIds(const std::vector<std::pair<int64_t, int>>& ids) {
   for (auto [g, o] : ids) { ctx_.ordinal_of[g] = o; ctx_.global_of[o] = g; }
 }
 
+void Runtime::SetLostDevices(const std::vector<int64_t>& ids, const std::string& why) {
+  std::lock_guard lk(ctx_.lost_mu);
+  for (int64_t g : ids) ctx_.lost.emplace(g, why);
+  ctx_.nlost.store(static_cast<int>(ctx_.lost.size()));
+}
+
 void Runtime::SetDaemonEngine(uintptr_t engine) {
   std::lock_guard lk(ctx_.mu);
   const auto* e = reinterpret_cast<const DaemonEngine*>(engine);

@@ -67,6 +67,9 @@ class Runtime {
   // address), before this process's first GPU is set up; its name.
   void SetDaemonEngine(uintptr_t engine);
   std::string DaemonEngineName();
+  // The devices of a process that stopped answering or exited (global ids) and what was
+  // seen: pending instances with a rank there fail naming it (Proxy::CheckPeersAlive).
+  void SetLostDevices(const std::vector<int64_t>& ids, const std::string& why);
   int64_t GlobalOf(int ordinal) const { return ctx_.GlobalOf(ordinal); }
   // spans_hosts: its ranks are on more than one host (protocol "announce").
   // hosts: each rank's host (spanning hosts); latency_ns: a test setting, each put to a
