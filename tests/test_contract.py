@@ -346,7 +346,7 @@ def test_config_sections_are_documented_namespaces():
   assert set(FLAT) == set(DEFAULTS) == set(TYPES)
   user = {f for f, (path, _) in FLAT.items() if path == ""}
   assert user == {"timeout_s", "trace", "trace_capacity", "shm_arena_bytes", "shm_max_instances",
-                  "cross_host_transport", "cross_host_region_bytes"}
+                  "cross_host_transport", "cross_host_region_bytes", "lost_after_s"}
   assert {f for f, (path, _) in FLAT.items() if path == "testing"} >= {"fault_device", "runtime_for_groups_of_one"}
   assert all(f.startswith("overlap_") for f, (path, _) in FLAT.items() if path == "overlap")
   assert dc.config.overlap.tile_n == DEFAULTS["overlap_tile_n"]
