@@ -288,6 +288,10 @@ class TestHooks(_Section):
   #: of another host: the network's latency, simulated (on one machine, with
   #: ``processes_per_host``).  Read when a group is set up.
   cross_host_latency_us: float = 0.0
+  #: Bytes of a rank's input above which a blocking collective runs as several over
+  #: pieces of it, on any backend (0: only where a group spans hosts, above its
+  #: receive slot's section).  Read when a program is lowered.
+  piece_bytes: int = 0
 
 
 @dataclasses.dataclass(repr=False)
@@ -412,4 +416,4 @@ CHOICES: dict[str, tuple[str, ...]] = {"cross_host_transport": ("auto", "nvshmem
 
 #: The entries read when a program is traced or lowered (by the Python layer), not by the runtimes.
 TRACE_TIME_ENTRIES = frozenset({f for f, (path, _) in FLAT.items() if path == "overlap"}
-                               | {"runtime_for_groups_of_one", "processes_per_host", "cross_host_latency_us"})
+                               | {"runtime_for_groups_of_one", "processes_per_host", "cross_host_latency_us", "piece_bytes"})

@@ -40,7 +40,7 @@ def _batch(x, d):
   return x, d + 1
 
 
-OP = c.register_op(c.OpDef("all_gather", "all_gather", _abstract, _transpose, _batch))
+OP = c.register_op(c.OpDef("all_gather", "all_gather", _abstract, _transpose, _batch, split="gather"))
 
 
 _TO = ("varying", "reduced", "invarying")

@@ -28,7 +28,7 @@ def _batch(x, d):
   return jnp.moveaxis(x, d, 1), 1
 
 
-OP = c.register_op(c.OpDef("all_to_all", "all_to_all", _abstract, _transpose, _batch))
+OP = c.register_op(c.OpDef("all_to_all", "all_to_all", _abstract, _transpose, _batch, split="blocks"))
 
 
 def _tiled_post(n, shape, ca):

@@ -97,6 +97,15 @@ class OpDef:
   batch(x, bdim) -> (x with the batch dim where the op allows it, output bdim)
   jvp(x, t, params) -> (y, t_out), or None for linear ops
 
+  ``split`` says how a blocking collective whose rank's input is larger than one
+  collective may carry (a group spanning hosts: a receive slot's section) is run
+  as several, each on a piece of every rank's input (``_split_lowering``):
+  ``"elementwise"`` (pieces of the flat input, outputs joined flat), ``"gather"``
+  (pieces of the flat input, outputs ``(n, piece)`` joined along axis 1),
+  ``"blocks"`` (input ``(n, m)`` cut along m, outputs ``(n, piece)`` joined along
+  axis 1), ``"blocks_reduce"`` (input ``(n, m)`` cut along m, outputs joined
+  flat); ``""``: never split (the collective is refused above the limit).
+
   ``kind`` names the op's row of the C++ op table.  An op whose result starts
   from the caller's values (ragged_all_to_all) binds them as a second operand,
   ``init``, aliased to the output (no JVP/transpose/batching through the
@@ -108,6 +117,7 @@ class OpDef:
   transpose: Callable
   batch: Callable
   jvp: Callable | None = None
+  split: str = ""
 
 
 OPS: dict[str, OpDef] = {}
@@ -570,9 +580,54 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site, route=None, in_place
   return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
 
 
+def _piece_bytes(ctx, params, init) -> int:
+  """The most bytes of a rank's input one collective may carry here, where the op can be
+  split into several (OpDef.split) and its input is larger; else 0 (one collective)."""
+  op = OPS[params["op"]]
+  aval = ctx.avals_in[0]
+  nbytes = int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+  if not op.split or init or not nbytes:
+    return 0
+  from jax_dfccl.config import config
+  limit = int(config.testing.piece_bytes)  # (a test setting: the split on any backend)
+  mesh = _spmd_mesh(ctx, params["op"])
+  if isinstance(mesh, jax.sharding.Mesh):
+    from jax_dfccl._src import distributed
+    theirs = distributed.piece_bytes(ctx, mesh, device_ids(mesh), group_table(mesh, params["axes"], params["groups"]))
+    limit = min(limit, theirs) if limit and theirs else limit or theirs
+  return limit if limit and nbytes > limit else 0
+
+
+def _split_lowering(ctx, x, params, limit):
+  """A blocking collective run as several over pieces of every rank's input, each at
+  most ``limit`` bytes, in order, under keys ``key/piece<j>`` (the same on every rank:
+  every rank lowers the same pieces); the outputs joined as OpDef.split says.  So a
+  group spanning hosts takes inputs larger than its receive slots."""
+  how = OPS[params["op"]].split
+  mesh = _spmd_mesh(ctx, params["op"])
+  n = group_table(mesh, params["axes"], params["groups"]).shape[1]
+  out_shape = ctx.avals_out[0].shape
+  item = np.dtype(ctx.avals_in[0].dtype).itemsize
+
+  def f(v):
+    rows = how in ("blocks", "blocks_reduce")
+    v = v.reshape(n, -1) if rows else v.reshape(-1)
+    per = max(1, limit // (item * (n if rows else 1)))
+    m = v.shape[-1]
+    outs = [collective_p.bind(v[..., s:s + per], **derive(params, f"piece{j}"))
+            for j, s in enumerate(range(0, m, per))]
+    joined = jnp.concatenate(outs, axis=1 if how in ("gather", "blocks") else 0)
+    return joined.reshape(out_shape)
+
+  with core.extend_axis_env_nd(tuple(mesh.shape.items())):
+    return mlir.lower_fun(f, multiple_results=False)(ctx, x)
+
+
 def _collective_lowering(ctx, x, *init, **params):
   if _partially_manual(ctx):
     return _lower_fully_manual(ctx, x, params, *init)
+  if limit := _piece_bytes(ctx, params, init):
+    return _split_lowering(ctx, x, params, limit)
   site = next(_SITES)
   x_aval, (out_aval,) = ctx.avals_in[0], ctx.avals_out
   t_aval = _TICKET
@@ -585,6 +640,8 @@ def _collective_lowering(ctx, x, *init, **params):
 def _collective_lowering_cuda(ctx, x, *init, **params):
   if _partially_manual(ctx):
     return _lower_fully_manual(ctx, x, params, *init)
+  if limit := _piece_bytes(ctx, params, init):
+    return _split_lowering(ctx, x, params, limit)
   # One custom call: the ready write and the done wait go on the stream together.
   return _start_lowering(ctx, x, *init, site=next(_SITES), target="dfccl_collective", aliases={}, **params)
 

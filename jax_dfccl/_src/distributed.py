@@ -225,8 +225,21 @@ def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False, key: str = "", av
     group = [int(ids[i]) for i in row]
     if in_bytes > limit and _spans_hosts(group):  # (which groups span hosts: only asked of a large input)
       raise ValueError(f"jax_dfccl: collective {key!r}: its group of GPUs {group} spans hosts, where a rank's "
-                       f"input is at most {limit} bytes for now (this one: {in_bytes})")
+                       f"input to a start form (or a ragged_all_to_all) is at most {limit} bytes for now (this "
+                       f"one: {in_bytes}; the blocking forms of the other ops take any size)")
     prepare_gpu_group(group, wait)
+
+
+def piece_bytes(ctx, mesh, ids, rows) -> int:
+  """At lowering: the most bytes of a rank's input one collective over ``rows`` carries
+  (a receive slot's section where a group spans hosts; 0: no limit).  A blocking
+  collective over more is run as several (core._split_lowering)."""
+  if (not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
+      or "cuda" not in getattr(ctx.module_context, "platforms", ())):
+    return 0
+  if any(_spans_hosts([int(ids[i]) for i in row]) for row in rows):
+    return int(backend.load()["cuda"].announce_max_bytes())
+  return 0
 
 
 def prepare_gpu_group(row, wait: bool = False) -> None:

@@ -23,7 +23,7 @@ def _batch(x, d):
   return x, d
 
 
-OP = c.register_op(c.OpDef("ppermute", "ppermute", _abstract, _transpose, _batch))
+OP = c.register_op(c.OpDef("ppermute", "ppermute", _abstract, _transpose, _batch, split="elementwise"))
 
 
 def _plan(x, axis_name, perm, *, key=None):

@@ -53,7 +53,7 @@ def _jvp(x, t, params):
   return y, num / cnt
 
 
-OP = c.register_op(c.OpDef("psum", "all_reduce", _abstract, _transpose, _batch, _jvp))
+OP = c.register_op(c.OpDef("psum", "all_reduce", _abstract, _transpose, _batch, _jvp, split="elementwise"))
 
 
 _SIGN = np.uint32(0x80000000)

@@ -37,7 +37,7 @@ def _batch(x, d):
   return jnp.moveaxis(x, d, 1), 0
 
 
-OP = c.register_op(c.OpDef("psum_scatter", "reduce_scatter", _abstract, _transpose, _batch))
+OP = c.register_op(c.OpDef("psum_scatter", "reduce_scatter", _abstract, _transpose, _batch, split="blocks_reduce"))
 
 
 def _plan(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False, key=None):
