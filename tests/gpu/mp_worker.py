@@ -164,13 +164,26 @@ if case == "parity":
   out["us_per_op_fori_chain"] = (time.perf_counter() - t0) / 100 * 1e6
   if d.config.testing.processes_per_host:
     # Each process a host (--config processes_per_host=1): the group is matched by announcements,
-    # where a rank's input is bounded by a receive slot's section (64 KiB): a larger one is refused
-    # naming that when the program is lowered, which shows the collectives above took that path.
-    big = np.ones((n, 32768), np.float32)
-    xb = jax.make_array_from_callback(big.shape, NamedSharding(mesh, P("x")), lambda idx: big[idx])
+    # where one collective carries at most a receive slot's section (64 KiB) of a rank's input: the
+    # blocking forms of larger inputs run as several over pieces of it (core._split_lowering), each
+    # op exact at 1 MiB per rank; a start form above it is refused naming that when the program is
+    # lowered, which shows the collectives above took that path.
+    s1 = d.stats()["cuda"]["started"]
+    bigfull = np.stack([np.random.default_rng(40 + r).standard_normal(1 << 18).astype(np.float32) for r in range(n)])
+    xb = jax.make_array_from_callback(bigfull.shape, NamedSharding(mesh, P("x")), lambda idx: bigfull[idx])
+    check("big_psum", local(smap(lambda v: d.psum(v, "x", key="big"))(xb))[0], bigfull.sum(0), tol=1e-4)
+    check("big_all_gather", local(smap(lambda v: d.all_gather(v[0], "x")[None])(xb))[0], bigfull)
+    check("big_psum_scatter", local(smap(lambda v: d.psum_scatter(v[0], "x", tiled=True)[None])(xb))[0],
+          bigfull.sum(0).reshape(n, -1)[rank], tol=1e-4)
+    check("big_all_to_all", local(smap(lambda v: d.all_to_all(v[0].reshape(n, -1), "x", 0, 0, tiled=True)
+                                       .reshape(1, -1))(xb))[0],
+          np.concatenate([bigfull[r].reshape(n, -1)[rank] for r in range(n)]))
+    check("big_ppermute", local(smap(lambda v: d.ppermute(v, "x", perm))(xb))[0], bigfull[(rank - 1) % n])
+    out["big_pieces_started"] = int(d.stats()["cuda"]["started"] - s1)
+    out["ok"] &= out["big_pieces_started"] >= 5 * 16  # (1 MiB in pieces of at most 64 KiB: 16 per op at least)
     err = ""
     try:
-      smap(lambda v: d.psum(v, "x", key="too_big"))(xb).block_until_ready()
+      smap(lambda v: d.done(d.psum_start(v, "x", key="too_big")))(xb).block_until_ready()
     except Exception as e:  # noqa: BLE001
       err = str(e)
     out["spans_hosts_refusal"] = err[:300]
