@@ -132,6 +132,14 @@ class Tuning(_Section):
   #: staged chunks with credits (the protocol that needs no peer addresses).
   #: Applies to communicators created later.
   direct: bool = True
+  #: Groups spanning hosts of several ranks each (consecutive in the group):
+  #: blocking psum (sum), all_gather and psum_scatter run in two levels, inside
+  #: each host and then across hosts, so a rank sends 1/L of its data between
+  #: hosts (L ranks per host).  Every rank must then run such a collective in the
+  #: blocking form (its start form over such a group is refused when lowered: a
+  #: start form of the key on another rank would never meet the two-level one).
+  #: Read when a program is lowered.
+  two_level_plans: bool = False
   #: GPU, pool 1 (larger messages): instances in flight when staged
   #: (``direct=False``; each holds staging memory) and on the direct path
   #: (flags and addresses only), lanes per instance (1..64), staging depth and
@@ -416,4 +424,5 @@ CHOICES: dict[str, tuple[str, ...]] = {"cross_host_transport": ("auto", "nvshmem
 
 #: The entries read when a program is traced or lowered (by the Python layer), not by the runtimes.
 TRACE_TIME_ENTRIES = frozenset({f for f, (path, _) in FLAT.items() if path == "overlap"}
-                               | {"runtime_for_groups_of_one", "processes_per_host", "cross_host_latency_us", "piece_bytes"})
+                               | {"runtime_for_groups_of_one", "processes_per_host", "cross_host_latency_us", "piece_bytes",
+                                  "two_level_plans"})

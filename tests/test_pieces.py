@@ -46,7 +46,7 @@ def test_split_collectives_match_lax(mesh8, pieces_of_100_bytes, op):
   rows = 8  # per rank: 8 x 13 float32 = 416 bytes (5 pieces of at most 100 bytes, the last short)
   x = put(jnp.asarray(np.random.default_rng(3).integers(-50, 50, (N * rows, 13)), jnp.float32), mesh8, P("x"))
   before = dc.stats()["cpu"]["started"]
-  got = _smap(_ops(dc)[op], mesh8)(x)
+  got = _smap(_ops(dc)[op], mesh8)(x).block_until_ready()
   started = dc.stats()["cpu"]["started"] - before
   want = _smap(_ops(jax.lax)[op], mesh8)(x)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

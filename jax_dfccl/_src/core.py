@@ -20,6 +20,7 @@ call site; the runtime counts ``seq`` per key on each rank.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -448,6 +449,11 @@ class CallSite(int):
 
 
 def _async_start_lowering(ctx, x, *init, site, **params):
+  if _two_level(ctx, params, init):
+    raise ValueError(f"jax_dfccl.{params['op']}_start: collective {params['key']!r} spans hosts of several ranks "
+                     "each, where jax_dfccl.config.tuning.two_level_plans runs it in two levels, in the blocking "
+                     "form only (a start form of it on another rank would never meet that): use the blocking "
+                     "form, or turn two_level_plans off")
   if not getattr(site, "done", True):
     raise ValueError(f"jax_dfccl: the handle of {params['op']} start {params['key']!r} is never "
                      "passed to jax_dfccl.done in this program; every *_start needs exactly one "
@@ -604,6 +610,7 @@ def _split_lowering(ctx, x, params, limit):
   every rank lowers the same pieces); the outputs joined as OpDef.split says.  So a
   group spanning hosts takes inputs larger than its receive slots."""
   how = OPS[params["op"]].split
+  plans_lowered["pieces"] += 1
   mesh = _spmd_mesh(ctx, params["op"])
   n = group_table(mesh, params["axes"], params["groups"]).shape[1]
   out_shape = ctx.avals_out[0].shape
@@ -623,9 +630,71 @@ def _split_lowering(ctx, x, params, limit):
     return mlir.lower_fun(f, multiple_results=False)(ctx, x)
 
 
+#: How many collectives each plan was lowered for in this process (``"two_level"``,
+#: ``"pieces"``): which plans a program got, for tests and debugging.
+plans_lowered: collections.Counter = collections.Counter()
+
+
+def _two_level(ctx, params, init):
+  """(H, L) where a blocking psum (sum), all_gather or psum_scatter over a group spanning
+  hosts runs in two levels: H hosts of L ranks each, every host's ranks consecutive in the
+  group's rank order (the same in every group of the mesh); else None (flat)."""
+  from jax_dfccl.config import config
+  op = params["op"]
+  if (not config.tuning.two_level_plans or op not in ("psum", "all_gather", "psum_scatter") or init or params["groups"]
+      or params.get("mode", "varying") != "varying" or (op == "psum" and params["reduce"] != "sum")):
+    return None
+  mesh = _spmd_mesh(ctx, op)
+  if not isinstance(mesh, jax.sharding.Mesh):
+    return None
+  from jax_dfccl._src import distributed
+  ids = device_ids(mesh)
+  shapes = {distributed.host_blocks([int(ids[i]) for i in row]) for row in group_table(mesh, params["axes"])}
+  return shapes.pop() if len(shapes) == 1 and None not in shapes else None
+
+
+def _two_level_lowering(ctx, x, params, hl):
+  """psum, all_gather and psum_scatter in two levels (docs/design/scale-out.md §5): inside
+  each host (ranks h*L .. h*L+L-1, axis_index_groups) and across hosts (the ranks of equal
+  position l in their hosts), so each rank sends 1/L of what a flat plan sends between
+  hosts.  psum: reduce-scatter inside the host, psum across, all_gather inside; all_gather:
+  across, then inside; psum_scatter: inside, then across.  Keys ``key/host``,
+  ``key/across``, ``key/host2``."""
+  h_, l_ = hl
+  op = params["op"]
+  inside = tuple(tuple(h * l_ + l for l in range(l_)) for h in range(h_))
+  across = tuple(tuple(h * l_ + l for h in range(h_)) for l in range(l_))
+
+  def bind(v, name, tag, groups):
+    return collective_p.bind(v, **{**derive(params, tag), "op": name, "groups": groups, "reduce": "sum"})
+
+  def f(v):
+    if op == "psum":
+      flat = v.reshape(-1)
+      m = flat.shape[0]
+      flat = jnp.pad(flat, (0, (-m) % l_)).reshape(l_, -1)
+      part = bind(flat, "psum_scatter", "host", inside)
+      part = bind(part, "psum", "across", across)
+      return bind(part, "all_gather", "host2", inside).reshape(-1)[:m].reshape(v.shape)
+    if op == "all_gather":
+      a = bind(v, "all_gather", "across", across)  # (H, ...): ranks h*L + l of every host
+      b = bind(a, "all_gather", "host", inside)  # (L, H, ...)
+      return jnp.swapaxes(b, 0, 1).reshape(ctx.avals_out[0].shape)
+    # psum_scatter: v (N, ...) -> (L, H, ...) by position in the host, summed inside, then across
+    w = jnp.swapaxes(v.reshape(h_, l_, *v.shape[1:]), 0, 1)
+    part = bind(w.reshape(l_, h_, *v.shape[1:]), "psum_scatter", "host", inside)  # (H, ...)
+    return bind(part, "psum_scatter", "across", across)
+
+  plans_lowered["two_level"] += 1
+  with core.extend_axis_env_nd(tuple(_spmd_mesh(ctx, op).shape.items())):
+    return mlir.lower_fun(f, multiple_results=False)(ctx, x)
+
+
 def _collective_lowering(ctx, x, *init, **params):
   if _partially_manual(ctx):
     return _lower_fully_manual(ctx, x, params, *init)
+  if hl := _two_level(ctx, params, init):
+    return _two_level_lowering(ctx, x, params, hl)
   if limit := _piece_bytes(ctx, params, init):
     return _split_lowering(ctx, x, params, limit)
   site = next(_SITES)
@@ -640,6 +709,8 @@ def _collective_lowering(ctx, x, *init, **params):
 def _collective_lowering_cuda(ctx, x, *init, **params):
   if _partially_manual(ctx):
     return _lower_fully_manual(ctx, x, params, *init)
+  if hl := _two_level(ctx, params, init):
+    return _two_level_lowering(ctx, x, params, hl)
   if limit := _piece_bytes(ctx, params, init):
     return _split_lowering(ctx, x, params, limit)
   # One custom call: the ready write and the done wait go on the stream together.

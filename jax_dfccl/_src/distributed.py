@@ -302,6 +302,21 @@ def _hosts(row) -> list[int]:
   return [process[g] // per_host if per_host > 0 else 0 for g in row]
 
 
+def host_blocks(row) -> tuple[int, int] | None:
+  """(H, L) when the devices of ``row`` (global ids) are on H > 1 hosts of L > 1 ranks
+  each, every host's ranks consecutive in the row (a two-level plan applies); else None."""
+  if not _state:
+    return None
+  hosts = _hosts(row)
+  n, l = len(hosts), hosts.count(hosts[0])
+  if l < 2 or n % l or n // l < 2:
+    return None
+  blocks = [hosts[i:i + l] for i in range(0, n, l)]
+  if any(len(set(b)) != 1 for b in blocks) or len({b[0] for b in blocks}) != len(blocks):
+    return None
+  return n // l, l
+
+
 def _import(rt, client, base, row, threaded: bool = False) -> None:
   try:
     blobs = []

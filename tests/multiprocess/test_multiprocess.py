@@ -90,6 +90,29 @@ def test_suite(processes, devices):
   assert len({tuple(r["mpmd_orders"]["start_order"]) for r in job.results}) > 1
 
 
+def test_two_level_plans_across_simulated_hosts():
+  """Every process a host (config.testing.processes_per_host = 1), two devices each, with
+  config.tuning.two_level_plans: psum, all_gather and psum_scatter over the whole axis run in
+  two levels (inside each host, then
+  across: core._two_level_lowering), the other ops flat; the same SPMD cases as test_suite
+  against jax.lax in one process."""
+  job = harness.run_workers("suite_hosts", 2, 2, timeout_s=150)
+  _check_job(job, "suite_hosts")
+  ref = _lax_reference(4, 2)
+  got = {}
+  for p in range(2):
+    with np.load(os.path.join(job.out_dir, f"p{p}.npz")) as z:
+      got.update({k: z[k] for k in z.files})
+  for name, outs in ref.items():
+    for i, want in enumerate(outs):
+      tol = dict(rtol=2e-2) if want.dtype == jax.numpy.bfloat16 else dict(rtol=1e-6, atol=1e-5)
+      np.testing.assert_allclose(np.asarray(got[f"{name}/{i}"], np.float64), np.asarray(want, np.float64), **tol,
+                                 err_msg=f"{name} position {i}")
+  for r in job.results:
+    assert r["plans_lowered"].get("two_level", 0) >= 3, r["plans_lowered"]
+    assert "two_level_plans" in r["start_refused"] and "'s'" in r["start_refused"], r["start_refused"]
+
+
 @pytest.mark.parametrize("processes", [2, 4])
 def test_pipeline_example(processes):
   """examples/pipeline_mpmd.py: 1F1B over `processes` stages, losses of 20 steps

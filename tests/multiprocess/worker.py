@@ -35,6 +35,9 @@ import jax_dfccl as dc  # noqa: E402
 
 TIMEOUT = float(os.environ.get("DFCCL_TEST_TIMEOUT_S", "60"))
 dc.configure(timeout_s=TIMEOUT)
+if scenario == "suite_hosts":  # each process a host: psum, all_gather, psum_scatter in two levels
+  dc.config.testing.processes_per_host = 1
+  dc.config.tuning.two_level_plans = True
 if scenario != "noinit":
   dc.initialize()
 
@@ -195,6 +198,17 @@ def mismatch():
   except Exception as e:  # noqa: BLE001
     msg = str(e)
     result["mismatch"] = {"ok": "'mm'" in msg and "mismatch" in msg and "rank" in msg, "error": msg[:300]}
+
+
+def suite_hosts():
+  """The SPMD cases; a start form over a group in two levels is refused when lowered."""
+  spmd()
+  f = smap(lambda v: dc.done(dc.psum_start(v, "x", key="s")), mesh1, P("x"), P("x"), check_vma=False)
+  try:
+    f(make_input(np.ones((n, 2), np.float32), mesh1, P("x")))
+    result["start_refused"] = ""
+  except ValueError as e:
+    result["start_refused"] = str(e)
 
 
 def suite():
@@ -403,12 +417,14 @@ def noinit():
 
 
 try:
-  {"suite": suite, "dead": dead, "stuck": stuck, "abandon": abandon, "retry": retry, "chaos_retry": chaos_retry,
+  {"suite": suite, "suite_hosts": suite_hosts, "dead": dead, "stuck": stuck, "abandon": abandon, "retry": retry, "chaos_retry": chaos_retry,
    "smoke": smoke, "noinit": noinit}[scenario]()
 except Exception:  # noqa: BLE001
   result["exception"] = traceback.format_exc()[-3000:]
 clear_failed_tokens()
 result["stats"] = {k: v for k, v in dc.stats()["cpu"].items() if k.startswith("shm_")}
+from jax_dfccl._src import core as _core  # noqa: E402
+result["plans_lowered"] = dict(_core.plans_lowered)
 print("RESULT " + json.dumps(result), flush=True)
 if scenario == "dead":
   # With recoverability the coordinator's process does not wait for the others
