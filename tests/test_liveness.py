@@ -94,14 +94,14 @@ def test_silent_process_is_lost_after_the_window_and_an_exiting_one_at_once(job)
 
 def test_alive_processes_are_never_lost_and_tokens_do_not_mix(job):
   reports = Reports()
-  old = _watches(job[:2], reports, 0.5, token="old")  # an earlier job's keys under another token
+  old = _watches(job[:2], reports, 1.0, token="old")  # an earlier job's keys under another token
   old[1].start()
   time.sleep(0.2)
   old[1].stop(exiting=True)
-  ws = _watches(job, reports, 0.5, token="new")
+  ws = _watches(job, reports, 1.0, token="new")
   for w in ws:
     w.start()
-  time.sleep(2.0)  # four windows
+  time.sleep(2.5)  # two and a half windows
   assert reports.got == []
   for w in ws:
     w.stop(exiting=False)
