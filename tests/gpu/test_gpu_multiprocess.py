@@ -57,6 +57,18 @@ def test_groups_spanning_hosts_are_exact_in_any_order(tmp_path, n):
     assert r["started"] >= 24 and "spans hosts" in r["spans_hosts_refusal"], r
 
 
+def test_groups_spanning_hosts_in_two_levels_are_exact(tmp_path):
+  """Two hosts of two processes each (processes_per_host=2) over NVSHMEM, with
+  config.tuning.two_level_plans: psum, all_gather and psum_scatter inside each host, then across
+  (core._two_level_lowering), at 4 KiB and at 1 MiB per rank (pieces across hosts), exact."""
+  _nvshmem_or_skip()
+  p, results = _run("parity", tmp_path, n=4,
+                    args=("--config", "processes_per_host=2,cross_host_transport=nvshmem,two_level_plans=1"))
+  assert p.returncode == 0 and all(r["ok"] for r in results), (p.stdout[-3000:], p.stderr[-2000:], results)
+  for r in results:
+    assert r["plans_lowered"].get("two_level", 0) >= 3, r
+
+
 # The same over NVSHMEM (config.cross_host_transport="nvshmem"): the daemon compiled into
 # _dfccl_nvshmem, each rank's region in NVSHMEM's symmetric heap, several PEs on this GPU under MPS.
 NVSHMEM_HOSTS = ("--config", "processes_per_host=1,cross_host_transport=nvshmem")
