@@ -103,7 +103,8 @@ class Rank {
   // one of two buffers outside it.  Move: written back to the region, then copied
   // into the other buffer (the old one poisoned), as the daemon's control block
   // copies it into shared memory at its first pass and writes it back when it
-  // leaves (device/announce_path.cuh, AnnounceCache); only while no other
+  // leaves (device/announce_path.cuh, AnnounceCache): between blocks of
+  // instances and every third pass inside one (Run); only while no other
   // Announcer of the rank is live.
   char* Own() { return s_.cfg->moved ? own_[cur_].data() : nullptr; }
   void Move() {
@@ -123,8 +124,9 @@ class Rank {
   // want(in): the failure expected (status, ranks); {0, 0}: the sum.
   // after_start: called once every instance is started.
   template <class Want, class After = void (*)()>
-  bool Run(ann::Announcer<T>& a, const std::vector<Inst>& order, Want want, double max_s = kPhaseS,
+  bool Run(ann::Announcer<T>& a0, const std::vector<Inst>& order, Want want, double max_s = kPhaseS,
            After after_start = [] {}) {
+    ann::Announcer<T>* ap = &a0;
     std::vector<int> h(order.size(), -1);
     std::vector<std::vector<uint64_t>> src(order.size());
     for (size_t i = 0; i < order.size(); ++i) {
@@ -132,17 +134,21 @@ class Rank {
       src[i].resize(in.bytes / 8);
       for (size_t j = 0; j < src[i].size(); ++j) src[i][j] = Val(in, me_, static_cast<int>(j));
       uint32_t st = 0;
-      h[i] = a.Start(in.key, in.seq, Sig(in, me_), src[i].data(), in.bytes, &st);
+      h[i] = ap->Start(in.key, in.seq, Sig(in, me_), src[i].data(), in.bytes, &st);
       if (h[i] < 0) return Die(s_, me_, "start refused", &in, st), false;
     }
     after_start();
     size_t left = order.size();
     const auto t0 = std::chrono::steady_clock::now();
     while (left > 0 && !s_.failed) {
-      Pass(a);
+      Pass(*ap);
+      if (ap == &*a_ && s_.cfg->moved && ++passes_ % 3 == 0) {  // (mid-instance too, as a daemon may leave)
+        Move();
+        ap = &*a_;
+      }
       for (size_t i = 0; i < order.size(); ++i) {
         if (h[i] < 0) continue;
-        const ann::Task& k = a.TaskOf(h[i]);
+        const ann::Task& k = ap->TaskOf(h[i]);
         if (k.state == ann::kRunning) continue;
         const auto [st, ranks] = want(order[i]);
         if (k.state == ann::kFailed && (k.status != st || k.ranks != ranks)) {
@@ -157,14 +163,14 @@ class Rank {
             uint64_t sum = 0, want_sum = 0;
             for (int r = 0; r < s_.cfg->nranks; ++r) {
               uint64_t v;
-              std::memcpy(&v, a.Received(h[i], r) + 8 * j, 8);
+              std::memcpy(&v, ap->Received(h[i], r) + 8 * j, 8);
               sum += v;
               want_sum += Val(order[i], r, static_cast<int>(j));
             }
             if (sum != want_sum) { Die(s_, me_, "wrong sum", &order[i]); break; }
           }
         }
-        a.Finish(h[i]);
+        ap->Finish(h[i]);
         h[i] = -1;
         --left;
       }
@@ -329,6 +335,7 @@ class Rank {
   T& t_;
   std::vector<char> own_[2];
   int cur_ = 0;
+  uint64_t passes_ = 0;
   std::optional<ann::Announcer<T>> a_;
 };
 
