@@ -1,6 +1,6 @@
 """A blocking collective whose rank's input is larger than one collective may carry (a
 group spanning hosts: a receive slot's section) runs as several over pieces of every
-rank's input (core._split_lowering, OpDef.split).  Here on CPU devices with the test
+rank's input (lowering_plans._split_lowering, OpDef.split).  Here on CPU devices with the test
 setting ``config.testing.piece_bytes``, which applies the same split on any backend: every
 op that splits gives jax.lax's result on the same inputs, with sizes that leave a short
 last piece, under start orders that differ per rank; the runtime saw one collective per

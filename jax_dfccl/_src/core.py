@@ -20,7 +20,6 @@ call site; the runtime counts ``seq`` per key on each rank.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import itertools
@@ -100,7 +99,7 @@ class OpDef:
 
   ``split`` says how a blocking collective whose rank's input is larger than one
   collective may carry (a group spanning hosts: a receive slot's section) is run
-  as several, each on a piece of every rank's input (``_split_lowering``):
+  as several, each on a piece of every rank's input (``lowering_plans``):
   ``"elementwise"`` (pieces of the flat input, outputs joined flat), ``"gather"``
   (pieces of the flat input, outputs ``(n, piece)`` joined along axis 1),
   ``"blocks"`` (input ``(n, m)`` cut along m, outputs ``(n, piece)`` joined along
@@ -449,11 +448,8 @@ class CallSite(int):
 
 
 def _async_start_lowering(ctx, x, *init, site, **params):
-  if _two_level(ctx, params, init):
-    raise ValueError(f"jax_dfccl.{params['op']}_start: collective {params['key']!r} spans hosts of several ranks "
-                     "each, where jax_dfccl.config.tuning.two_level_plans runs it in two levels, in the blocking "
-                     "form only (a start form of it on another rank would never meet that): use the blocking "
-                     "form, or turn two_level_plans off")
+  from jax_dfccl._src import lowering_plans
+  lowering_plans.check_start(ctx, params, init)
   if not getattr(site, "done", True):
     raise ValueError(f"jax_dfccl: the handle of {params['op']} start {params['key']!r} is never "
                      "passed to jax_dfccl.done in this program; every *_start needs exactly one "
@@ -586,117 +582,12 @@ def _done_lowering(ctx, out, x_alias, ticket, *, key, site, route=None, in_place
   return rule(ctx, out, x_alias, ticket, key=key, site=np.int64(site))
 
 
-def _piece_bytes(ctx, params, init) -> int:
-  """The most bytes of a rank's input one collective may carry here, where the op can be
-  split into several (OpDef.split) and its input is larger; else 0 (one collective)."""
-  op = OPS[params["op"]]
-  aval = ctx.avals_in[0]
-  nbytes = int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
-  if not op.split or init or not nbytes:
-    return 0
-  from jax_dfccl.config import config
-  limit = int(config.testing.piece_bytes)  # (a test setting: the split on any backend)
-  mesh = _spmd_mesh(ctx, params["op"])
-  if isinstance(mesh, jax.sharding.Mesh):
-    from jax_dfccl._src import distributed
-    theirs = distributed.piece_bytes(ctx, mesh, device_ids(mesh), group_table(mesh, params["axes"], params["groups"]))
-    limit = min(limit, theirs) if limit and theirs else limit or theirs
-  return limit if limit and nbytes > limit else 0
-
-
-def _split_lowering(ctx, x, params, limit):
-  """A blocking collective run as several over pieces of every rank's input, each at
-  most ``limit`` bytes, in order, under keys ``key/piece<j>`` (the same on every rank:
-  every rank lowers the same pieces); the outputs joined as OpDef.split says.  So a
-  group spanning hosts takes inputs larger than its receive slots."""
-  how = OPS[params["op"]].split
-  plans_lowered["pieces"] += 1
-  mesh = _spmd_mesh(ctx, params["op"])
-  n = group_table(mesh, params["axes"], params["groups"]).shape[1]
-  out_shape = ctx.avals_out[0].shape
-  item = np.dtype(ctx.avals_in[0].dtype).itemsize
-
-  def f(v):
-    rows = how in ("blocks", "blocks_reduce")
-    v = v.reshape(n, -1) if rows else v.reshape(-1)
-    per = max(1, limit // (item * (n if rows else 1)))
-    m = v.shape[-1]
-    outs = [collective_p.bind(v[..., s:s + per], **derive(params, f"piece{j}"))
-            for j, s in enumerate(range(0, m, per))]
-    joined = jnp.concatenate(outs, axis=1 if how in ("gather", "blocks") else 0)
-    return joined.reshape(out_shape)
-
-  with core.extend_axis_env_nd(tuple(mesh.shape.items())):
-    return mlir.lower_fun(f, multiple_results=False)(ctx, x)
-
-
-#: How many collectives each plan was lowered for in this process (``"two_level"``,
-#: ``"pieces"``): which plans a program got, for tests and debugging.
-plans_lowered: collections.Counter = collections.Counter()
-
-
-def _two_level(ctx, params, init):
-  """(H, L) where a blocking psum (sum), all_gather or psum_scatter over a group spanning
-  hosts runs in two levels: H hosts of L ranks each, every host's ranks consecutive in the
-  group's rank order (the same in every group of the mesh); else None (flat)."""
-  from jax_dfccl.config import config
-  op = params["op"]
-  if (not config.tuning.two_level_plans or op not in ("psum", "all_gather", "psum_scatter") or init or params["groups"]
-      or params.get("mode", "varying") != "varying" or (op == "psum" and params["reduce"] != "sum")):
-    return None
-  mesh = _spmd_mesh(ctx, op)
-  if not isinstance(mesh, jax.sharding.Mesh):
-    return None
-  from jax_dfccl._src import distributed
-  ids = device_ids(mesh)
-  shapes = {distributed.host_blocks([int(ids[i]) for i in row]) for row in group_table(mesh, params["axes"])}
-  return shapes.pop() if len(shapes) == 1 and None not in shapes else None
-
-
-def _two_level_lowering(ctx, x, params, hl):
-  """psum, all_gather and psum_scatter in two levels (docs/design/scale-out.md §5): inside
-  each host (ranks h*L .. h*L+L-1, axis_index_groups) and across hosts (the ranks of equal
-  position l in their hosts), so each rank sends 1/L of what a flat plan sends between
-  hosts.  psum: reduce-scatter inside the host, psum across, all_gather inside; all_gather:
-  across, then inside; psum_scatter: inside, then across.  Keys ``key/host``,
-  ``key/across``, ``key/host2``."""
-  h_, l_ = hl
-  op = params["op"]
-  inside = tuple(tuple(h * l_ + l for l in range(l_)) for h in range(h_))
-  across = tuple(tuple(h * l_ + l for h in range(h_)) for l in range(l_))
-
-  def bind(v, name, tag, groups):
-    return collective_p.bind(v, **{**derive(params, tag), "op": name, "groups": groups, "reduce": "sum"})
-
-  def f(v):
-    if op == "psum":
-      flat = v.reshape(-1)
-      m = flat.shape[0]
-      flat = jnp.pad(flat, (0, (-m) % l_)).reshape(l_, -1)
-      part = bind(flat, "psum_scatter", "host", inside)
-      part = bind(part, "psum", "across", across)
-      return bind(part, "all_gather", "host2", inside).reshape(-1)[:m].reshape(v.shape)
-    if op == "all_gather":
-      a = bind(v, "all_gather", "across", across)  # (H, ...): ranks h*L + l of every host
-      b = bind(a, "all_gather", "host", inside)  # (L, H, ...)
-      return jnp.swapaxes(b, 0, 1).reshape(ctx.avals_out[0].shape)
-    # psum_scatter: v (N, ...) -> (L, H, ...) by position in the host, summed inside, then across
-    w = jnp.swapaxes(v.reshape(h_, l_, *v.shape[1:]), 0, 1)
-    part = bind(w.reshape(l_, h_, *v.shape[1:]), "psum_scatter", "host", inside)  # (H, ...)
-    return bind(part, "psum_scatter", "across", across)
-
-  plans_lowered["two_level"] += 1
-  with core.extend_axis_env_nd(tuple(_spmd_mesh(ctx, op).shape.items())):
-    return mlir.lower_fun(f, multiple_results=False)(ctx, x)
-
-
 def _collective_lowering(ctx, x, *init, **params):
   if _partially_manual(ctx):
     return _lower_fully_manual(ctx, x, params, *init)
-  if hl := _two_level(ctx, params, init):
-    return _two_level_lowering(ctx, x, params, hl)
-  if limit := _piece_bytes(ctx, params, init):
-    return _split_lowering(ctx, x, params, limit)
+  from jax_dfccl._src import lowering_plans  # (one collective lowered as several, where it must)
+  if (several := lowering_plans.lower(ctx, x, params, init)) is not None:
+    return several
   site = next(_SITES)
   x_aval, (out_aval,) = ctx.avals_in[0], ctx.avals_out
   t_aval = _TICKET
@@ -709,10 +600,9 @@ def _collective_lowering(ctx, x, *init, **params):
 def _collective_lowering_cuda(ctx, x, *init, **params):
   if _partially_manual(ctx):
     return _lower_fully_manual(ctx, x, params, *init)
-  if hl := _two_level(ctx, params, init):
-    return _two_level_lowering(ctx, x, params, hl)
-  if limit := _piece_bytes(ctx, params, init):
-    return _split_lowering(ctx, x, params, limit)
+  from jax_dfccl._src import lowering_plans  # (one collective lowered as several, where it must)
+  if (several := lowering_plans.lower(ctx, x, params, init)) is not None:
+    return several
   # One custom call: the ready write and the done wait go on the stream together.
   return _start_lowering(ctx, x, *init, site=next(_SITES), target="dfccl_collective", aliases={}, **params)
 

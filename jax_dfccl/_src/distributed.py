@@ -220,25 +220,27 @@ def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False, key: str = "", av
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return
   in_bytes = math.prod(aval.shape) * aval.dtype.itemsize if aval is not None else 0
-  limit = int(backend.load()["cuda"].announce_max_bytes()) if in_bytes else 0
+  if limit := piece_bytes(ctx, mesh, ids, rows, in_bytes):  # (a blocking form got here in pieces)
+    raise ValueError(f"jax_dfccl: collective {key!r}: its group spans hosts, where a rank's input to a start "
+                     f"form (or a ragged_all_to_all) is at most {limit} bytes for now (this one: {in_bytes}; "
+                     "the blocking forms of the other ops take any size)")
   for row in rows:
     group = [int(ids[i]) for i in row]
-    if in_bytes > limit and _spans_hosts(group):  # (which groups span hosts: only asked of a large input)
-      raise ValueError(f"jax_dfccl: collective {key!r}: its group of GPUs {group} spans hosts, where a rank's "
-                       f"input to a start form (or a ragged_all_to_all) is at most {limit} bytes for now (this "
-                       f"one: {in_bytes}; the blocking forms of the other ops take any size)")
     prepare_gpu_group(group, wait)
 
 
-def piece_bytes(ctx, mesh, ids, rows) -> int:
-  """At lowering: the most bytes of a rank's input one collective over ``rows`` carries
-  (a receive slot's section where a group spans hosts; 0: no limit).  A blocking
-  collective over more is run as several (core._split_lowering)."""
-  if (not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
+def piece_bytes(ctx, mesh, ids, rows, in_bytes: int) -> int:
+  """At lowering: where a rank's input of ``in_bytes`` is more than one collective over
+  ``rows`` carries (a receive slot's section, where a group spans hosts), that limit;
+  else 0.  A blocking collective over more runs as several (lowering_plans); a start
+  form is refused (prepare_gpu_rows).  Which groups span hosts is asked of large inputs
+  only."""
+  if (not in_bytes or not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return 0
-  if any(_spans_hosts([int(ids[i]) for i in row]) for row in rows):
-    return int(backend.load()["cuda"].announce_max_bytes())
+  limit = int(backend.load()["cuda"].announce_max_bytes())
+  if in_bytes > limit and any(_spans_hosts([int(ids[i]) for i in row]) for row in rows):
+    return limit
   return 0
 
 

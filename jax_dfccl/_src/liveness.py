@@ -57,7 +57,7 @@ class Watch(threading.Thread):
         seen = dict(self._client.key_value_dir_get(self._dir))
         answered = now
       except Exception as e:  # noqa: BLE001  (the store unreachable: its server, process 0, may be gone)
-        if now - answered > self._lost_after and self._me != 0:
+        if now - answered > self._lost_after and self._me != 0 and 0 not in self.lost:
           self._lose(0, f"the job's key-value store (served by process 0) has not answered for "
                      f"{now - answered:.1f} s ({type(e).__name__})")
         continue

@@ -149,8 +149,9 @@ if case == "parity":
   if not d.config.tuning.two_level_plans:  # (there, start forms over groups in two levels are refused)
     check("chaos_order_async", local(smap(lambda v: starts_then_dones(v, order, "/async"))(x))[0],
           full.sum(0) * sum(1 + i for i in range(8)), tol=1e-4)
-  from jax_dfccl._src import core as _core  # noqa: E402
-  out["plans_lowered"] = dict(_core.plans_lowered)
+  import re  # (the stages the psum was lowered into: their keys in the lowered program)
+  out["psum_stages"] = sorted(set(re.findall(r"two/(host2|host|across|piece\d+)\b", smap(
+      lambda v: d.psum(v, "x", key="two")).lower(x).as_text())))
 
   def loop(v):
     return jax.lax.fori_loop(0, 10, lambda i, y: d.psum(y, "x", key="loop") / n, v)
@@ -168,7 +169,7 @@ if case == "parity":
   if d.config.testing.processes_per_host:
     # Each process a host (--config processes_per_host=1): the group is matched by announcements,
     # where one collective carries at most a receive slot's section (64 KiB) of a rank's input: the
-    # blocking forms of larger inputs run as several over pieces of it (core._split_lowering), each
+    # blocking forms of larger inputs run as several over pieces of it (lowering_plans._split_lowering), each
     # op exact at 1 MiB per rank; a start form above it is refused naming that when the program is
     # lowered, which shows the collectives above took that path.
     s1 = d.stats()["cuda"]["started"]

@@ -201,8 +201,17 @@ def mismatch():
 
 
 def suite_hosts():
-  """The SPMD cases; a start form over a group in two levels is refused when lowered."""
+  """The SPMD cases; the stages each op was lowered into (their keys in the lowered
+  program); a start form over a group in two levels is refused when lowered."""
   spmd()
+  import re
+  arr = make_input(np.ones((n, 8), np.float32), mesh1, P("x"))
+  progs = {"psum": lambda v: dc.psum(v, "x", key="tl"),
+           "all_gather": lambda v: dc.all_gather(v, "x", tiled=True, key="tl"),
+           "psum_scatter": lambda v: dc.psum_scatter(v, "x", scatter_dimension=1, tiled=True, key="tl")}
+  result["two_level_stages"] = {
+      op: sorted(set(re.findall(r"tl/(host2|host|across)\b", smap(f, mesh1, P("x"), P("x")).lower(arr).as_text())))
+      for op, f in progs.items()}
   f = smap(lambda v: dc.done(dc.psum_start(v, "x", key="s")), mesh1, P("x"), P("x"), check_vma=False)
   try:
     f(make_input(np.ones((n, 2), np.float32), mesh1, P("x")))
@@ -423,8 +432,6 @@ except Exception:  # noqa: BLE001
   result["exception"] = traceback.format_exc()[-3000:]
 clear_failed_tokens()
 result["stats"] = {k: v for k, v in dc.stats()["cpu"].items() if k.startswith("shm_")}
-from jax_dfccl._src import core as _core  # noqa: E402
-result["plans_lowered"] = dict(_core.plans_lowered)
 print("RESULT " + json.dumps(result), flush=True)
 if scenario == "dead":
   # With recoverability the coordinator's process does not wait for the others

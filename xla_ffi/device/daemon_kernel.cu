@@ -11,6 +11,7 @@
 // are not done, and gives each of its lanes one step
 // (RunLane) under a spin budget; a lane that cannot move is preempted and the
 // block goes on to the next task.  The last lane to finish completes the task.
+#include <atomic>
 #include <cstdio>
 
 #include "device/collectives/all_gather.cuh"
@@ -580,11 +581,19 @@ cudaError_t PreloadInlineSubmit() {
 
 DFCCL_DAEMON_BUILD_BEGIN
 cudaError_t LaunchDaemon(const DaemonParams& params, cudaStream_t stream) {
-  // (the control block's AnnounceCache: dynamic shared memory, so it may pass 48 KiB)
+  // (the control block's AnnounceCache: dynamic shared memory, so it may pass 48 KiB;
+  // the kernel's attribute is per device, set at its first launch there)
   constexpr int kDyn = static_cast<int>(AnnounceCache::kBytes);
-  if (const cudaError_t e = cudaFuncSetAttribute(DaemonKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDyn);
-      e != cudaSuccess)
-    return e;
+  static std::atomic<uint64_t> attributed{0};
+  int dev = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = 1ull << (dev & 63);
+  if (!(attributed.load(std::memory_order_relaxed) & bit)) {
+    if (const cudaError_t e = cudaFuncSetAttribute(DaemonKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDyn);
+        e != cudaSuccess)
+      return e;
+    attributed.fetch_or(bit, std::memory_order_relaxed);
+  }
   DaemonKernel<<<params.workers + 1, kThreads, kDyn, stream>>>(params);
   return cudaGetLastError();
 }
