@@ -43,6 +43,7 @@ import pathlib
 import secrets
 import socket
 import threading
+from collections.abc import Callable, Sequence
 
 import jax
 
@@ -220,7 +221,7 @@ def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False, key: str = "", av
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return
   in_bytes = math.prod(aval.shape) * aval.dtype.itemsize if aval is not None else 0
-  if limit := piece_bytes(ctx, mesh, ids, rows, in_bytes):  # (a blocking form got here in pieces)
+  if limit := piece_bytes(ctx, mesh, ids, lambda: rows, in_bytes):  # (a blocking form got here in pieces)
     raise ValueError(f"jax_dfccl: collective {key!r}: its group spans hosts, where a rank's input to a start "
                      f"form (or a ragged_all_to_all) is at most {limit} bytes for now (this one: {in_bytes}; "
                      "the blocking forms of the other ops take any size)")
@@ -229,17 +230,17 @@ def prepare_gpu_rows(ctx, mesh, ids, rows, wait: bool = False, key: str = "", av
     prepare_gpu_group(group, wait)
 
 
-def piece_bytes(ctx, mesh, ids, rows, in_bytes: int) -> int:
+def piece_bytes(ctx, mesh, ids, rows: Callable[[], Sequence], in_bytes: int) -> int:
   """At lowering: where a rank's input of ``in_bytes`` is more than one collective over
   ``rows`` carries (a receive slot's section, where a group spans hosts), that limit;
   else 0.  A blocking collective over more runs as several (lowering_plans); a start
-  form is refused (prepare_gpu_rows).  Which groups span hosts is asked of large inputs
-  only."""
+  form is refused (prepare_gpu_rows).  The groups (``rows()``) and which of them span
+  hosts are asked of large inputs only."""
   if (not in_bytes or not _state.get("gpu") or not isinstance(mesh, jax.sharding.Mesh)
       or "cuda" not in getattr(ctx.module_context, "platforms", ())):
     return 0
   limit = int(backend.load()["cuda"].announce_max_bytes())
-  if in_bytes > limit and any(_spans_hosts([int(ids[i]) for i in row]) for row in rows):
+  if in_bytes > limit and any(_spans_hosts([int(ids[i]) for i in row]) for row in rows()):
     return limit
   return 0
 

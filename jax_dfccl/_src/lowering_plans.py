@@ -67,7 +67,7 @@ def _piece_bytes(ctx, params, init) -> int:
   if isinstance(mesh, jax.sharding.Mesh):
     from jax_dfccl._src import distributed
     theirs = distributed.piece_bytes(ctx, mesh, c.device_ids(mesh),
-                                     c.group_table(mesh, params["axes"], params["groups"]), nbytes)
+                                     lambda: c.group_table(mesh, params["axes"], params["groups"]), nbytes)
     limit = min(limit, theirs) if limit and theirs else limit or theirs
   return limit if limit and nbytes > limit else 0
 
